@@ -1,0 +1,55 @@
+"""Timing and memory measurement helpers: the only place that synchronises a device."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+from typing import Callable
+
+import torch
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for queued work on ``device`` (a no-op on the CPU)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time_s(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
+                device: torch.device | str | None = None) -> float:
+    """Best wall time of ``fn()`` over ``repeats`` runs, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def environment() -> dict:
+    """Device, versions and date, recorded with every benchmark JSON."""
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["device_name"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+        try:
+            import triton
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = None
+    else:
+        info["device_name"] = "cpu"
+    return info

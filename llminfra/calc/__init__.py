@@ -1,0 +1,1 @@
+"""Closed-form models: memory (and, in later chapters, flops, roofline, cost, communication)."""

@@ -1,0 +1,266 @@
+"""The memory model: weights, KV cache, activations, training state, and what fits on a GPU.
+
+All results are bytes (ints where exact). Say GB (1e9) or GiB (2**30) when printing them:
+:func:`gb` and :func:`gib` convert.
+
+Rules, each worked by hand in ``tests/test_memory.py``:
+
+* weights: ``params · bytes(dtype)``; for quantized dtypes (fp8 / int8 / int4 / nf4) only the
+  blocks' linear weights are quantized, each group of ``group_size`` weights adds one fp16 scale
+  (and one zero point for asymmetric schemes), and the rest stays in 16 bits;
+* KV cache per token: ``2 · layers · kv_heads · head_dim · bytes(kv_dtype)`` (K and V);
+* inference activations: the live tensors of one layer for the tokens in flight, plus the
+  last position's logits in fp32 (see :func:`activation_bytes_inference`);
+* training activations: Korthikanti et al., 2022 (arXiv:2205.05198), eq. 1 per layer;
+* training state: mixed-precision AdamW keeps 16 bytes per parameter (Rajbhandari et al., 2019,
+  ZeRO, arXiv:1910.02054, §3.1): 16-bit weights (2) and gradients (2), fp32 master weights (4)
+  and two fp32 moments (8).
+
+Taught in chapters 01 and 02.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from llminfra.calc.params import active_param_count, linear_weight_count, param_count
+from llminfra.specs.formats import DTYPE_BYTES, dtype_bytes
+from llminfra.specs.gpus import get_gpu
+from llminfra.specs.models import ModelSpec, get_model
+
+#: dtypes stored with per-group scales when used for weights
+QUANTIZED = ("fp8", "fp8-e4m3", "fp8-e5m2", "int8", "int4", "nf4")
+
+#: share of GPU memory held back for the runtime (CUDA context, allocator, graphs):
+#: vLLM's default ``gpu_memory_utilization=0.9`` (vLLM engine arguments documentation)
+DEFAULT_RESERVE_FRACTION = 0.10
+
+#: training optimizer layouts: bytes per parameter for (weights, gradients, master, moments)
+TRAINING_RECIPES = {
+    "adamw-mixed": (2, 2, 4, 8),   # ZeRO §3.1: 2 + 2 + 12 = 16 bytes per parameter
+    "adamw-8bit": (2, 2, 4, 2),    # 8-bit moments (Dettmers et al., 2021, arXiv:2110.02861)
+    "adamw-no-master": (2, 2, 0, 8),  # pure bf16 weights, fp32 moments
+    "adamw-fp32": (4, 4, 0, 8),    # everything in fp32
+    "sgd-mixed": (2, 2, 4, 0),     # no moments (momentum-free SGD)
+}
+
+
+def gb(n_bytes: float) -> float:
+    """Bytes to GB (1e9 bytes)."""
+    return n_bytes / 1e9
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes to GiB (2**30 bytes)."""
+    return n_bytes / 2**30
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int,)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_context(spec: ModelSpec, context) -> int:
+    context = _positive_int("context", context)
+    if spec.max_positions is not None and context > spec.max_positions:
+        raise ValueError(f"context {context} exceeds {spec.name}'s max_position_embeddings "
+                         f"{spec.max_positions}; allowed: 1..{spec.max_positions}")
+    return context
+
+
+def weight_bytes(model: str | ModelSpec, dtype: str = "bf16", group_size: int | None = 128,
+                 zero_point: bool = False, rest_dtype: str = "bf16") -> int:
+    """Bytes of the weights stored in ``dtype``.
+
+    For 16/32-bit dtypes: ``params · bytes``. For quantized dtypes the blocks' linear weights
+    take ``bytes(dtype)`` each plus, per group of ``group_size`` weights (``None`` = one group per
+    output row), a 2-byte scale (and a 2-byte zero point if ``zero_point``); embeddings,
+    lm_head, norms and biases stay in ``rest_dtype``.
+    """
+    spec = get_model(model)
+    b = dtype_bytes(dtype)
+    total = param_count(spec)
+    if dtype.lower() not in QUANTIZED:
+        return int(total * b)
+    if group_size is not None:
+        _positive_int("group_size", group_size)
+    linear = linear_weight_count(spec)
+    if group_size is None:  # per output channel: one group per row of each matrix
+        h, kv, i = spec.hidden_size, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
+        rows = 2 * h + 2 * kv + (2 * i + h if spec.mlp == "gated" else i + h) * spec.num_experts
+        groups = spec.num_layers * rows
+    else:
+        groups = -(-linear // group_size)
+    overhead = groups * (2 + (2 if zero_point else 0))
+    return int(linear * b + overhead + (total - linear) * dtype_bytes(rest_dtype))
+
+
+def kv_bytes_per_token(model: str | ModelSpec, kv_dtype: str = "bf16") -> int:
+    """``2 · layers · kv_heads · head_dim · bytes``: one token's keys and values, all layers.
+
+    Llama-2-7B in bf16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes (512 KiB).
+    """
+    spec = get_model(model)
+    return int(2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * dtype_bytes(kv_dtype))
+
+
+def kv_bytes(model: str | ModelSpec, context: int, batch: int = 1, kv_dtype: str = "bf16") -> int:
+    """KV cache of ``batch`` sequences of ``context`` tokens each."""
+    spec = get_model(model)
+    context = _check_context(spec, context)
+    return kv_bytes_per_token(spec, kv_dtype) * context * _positive_int("batch", batch)
+
+
+def activation_bytes_inference(model: str | ModelSpec, batch: int = 1, tokens: int = 1,
+                               dtype: str = "bf16", attention: str = "flash") -> int:
+    """Peak transient activations of one forward pass over ``batch · tokens`` new tokens.
+
+    Layers run one after another, so only one layer's tensors are alive at once:
+    residual and normed input (2h), q, k, v (h + 2·kv_dim), attention output (h) and the MLP's
+    intermediate tensors (3·I when gated: gate, up, their product; 2·I when plain), all per
+    token in ``dtype``; plus ``heads · tokens²`` scores per sequence when ``attention="naive"``
+    (FlashAttention never forms them) and the last position's logits in fp32 (4 · vocab bytes
+    per sequence, as serving engines compute only those).
+    """
+    spec = get_model(model)
+    batch, tokens = _positive_int("batch", batch), _positive_int("tokens", tokens)
+    if attention not in ("flash", "naive"):
+        raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
+    b = dtype_bytes(dtype)
+    h, kv, i = spec.hidden_size, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
+    per_token = 4 * h + 2 * kv + (3 if spec.mlp == "gated" else 2) * i
+    total = batch * tokens * per_token * b
+    if attention == "naive":
+        total += batch * spec.num_heads * tokens * tokens * b
+    total += batch * spec.vocab_size * 4
+    return int(total)
+
+
+def activation_bytes_training(model: str | ModelSpec, batch: int, seq_len: int,
+                              checkpointing: bool = False, flash: bool = True) -> int:
+    """Activations stored for the backward pass in 16-bit training.
+
+    Korthikanti et al., 2022 (arXiv:2205.05198), eq. 1: per layer ``s·b·h·(34 + 5·a·s/h)``
+    bytes for a GPT block (4h MLP, dropout). The ``5·a·s²·b`` term is the attention matrix
+    (scores, softmax, dropout mask), which FlashAttention does not store (``flash=True``).
+    Full activation checkpointing stores only each layer's input (``2·s·b·h``) and recomputes
+    one layer at a time during backward (that layer's full activations).
+    """
+    spec = get_model(model)
+    b, s = _positive_int("batch", batch), _positive_int("seq_len", seq_len)
+    h, a = spec.hidden_size, spec.num_heads
+    per_layer = s * b * h * 34 + (0 if flash else 5 * a * s * s * b)
+    if checkpointing:
+        return int(spec.num_layers * 2 * s * b * h + per_layer)
+    return int(spec.num_layers * per_layer)
+
+
+def training_memory(model: str | ModelSpec, batch: int = 1, seq_len: int = 2048,
+                    recipe: str = "adamw-mixed", checkpointing: bool = False,
+                    flash: bool = True) -> dict[str, int]:
+    """Memory of full training with ``recipe`` (see :data:`TRAINING_RECIPES`), in bytes by part:
+    ``weights``, ``gradients``, ``master_weights``, ``optimizer_states``, ``activations``,
+    ``total``. Mixed-precision AdamW costs 16 bytes per parameter before activations."""
+    spec = get_model(model)
+    if recipe not in TRAINING_RECIPES:
+        raise KeyError(f"unknown training recipe {recipe!r}; allowed: {', '.join(TRAINING_RECIPES)}")
+    P = param_count(spec)
+    w, g, m, o = TRAINING_RECIPES[recipe]
+    parts = {"weights": w * P, "gradients": g * P, "master_weights": m * P,
+             "optimizer_states": o * P,
+             "activations": activation_bytes_training(spec, batch, seq_len, checkpointing, flash)}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+@dataclass(frozen=True)
+class InferenceMemory:
+    """What serving ``batch`` sequences of ``context`` tokens needs, in bytes."""
+
+    model: str
+    dtype: str
+    kv_dtype: str
+    context: int
+    batch: int
+    params: int
+    active_params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str | None = None,
+                     context: int = 2048, batch: int = 1, group_size: int | None = 128,
+                     prefill_chunk: int | None = None) -> InferenceMemory:
+    """Weights + KV cache + activations for serving. ``kv_dtype`` defaults to the 16-bit
+    compute dtype (``bf16`` for quantized weights). Activations are for a prefill of
+    ``prefill_chunk`` tokens per sequence (default: the whole context) with FlashAttention."""
+    spec = get_model(model)
+    if kv_dtype is None:
+        kv_dtype = dtype if dtype in ("fp32", "fp16", "bf16") else "bf16"
+    for name, d in (("dtype", dtype), ("kv_dtype", kv_dtype)):
+        if d.lower() not in DTYPE_BYTES:
+            raise KeyError(f"unknown {name} {d!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    context = _check_context(spec, context)
+    batch = _positive_int("batch", batch)
+    compute = dtype if dtype in ("fp32", "fp16", "bf16") else "bf16"
+    chunk = context if prefill_chunk is None else min(_positive_int("prefill_chunk", prefill_chunk), context)
+    return InferenceMemory(
+        model=spec.name, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
+        params=param_count(spec), active_params=active_param_count(spec),
+        weight_bytes=weight_bytes(spec, dtype, group_size),
+        kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype),
+        kv_bytes=kv_bytes(spec, context, batch, kv_dtype),
+        activation_bytes=activation_bytes_inference(spec, batch, chunk, compute))
+
+
+def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
+         context: int = 2048, batch: int = 1, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+         num_gpus: int = 1) -> dict:
+    """Whether serving fits on ``num_gpus`` of ``gpu`` after holding back ``reserve_fraction``
+    of each card for the runtime. Returns the estimate's keys plus ``fits``,
+    ``gpu_memory_bytes``, ``usable_bytes``, ``reserve_fraction``, ``gpu``."""
+    g = get_gpu(gpu)
+    if not 0 <= reserve_fraction < 1:
+        raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    num_gpus = _positive_int("num_gpus", num_gpus)
+    est = inference_memory(model, dtype, kv_dtype, context, batch)
+    memory = g.memory_bytes * num_gpus
+    usable = memory * (1 - reserve_fraction)
+    d = est.to_dict()
+    d.update(gpu=g.name, num_gpus=num_gpus, gpu_memory_bytes=int(memory),
+             usable_bytes=int(usable), reserve_fraction=reserve_fraction,
+             fits=est.total_bytes <= usable, gpu_confidence=g.confidence)
+    return d
+
+
+def max_batch(model: str | ModelSpec, gpu: str, context: int = 2048, dtype: str = "bf16",
+              kv_dtype: str | None = None, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+              num_gpus: int = 1) -> int:
+    """The largest batch of ``context``-token sequences that fits (0 if even one does not).
+
+    Memory grows linearly in the batch, so the answer is found by bisection on :func:`fits`.
+    """
+    if not fits(model, gpu, dtype, kv_dtype, context, 1, reserve_fraction, num_gpus)["fits"]:
+        return 0
+    lo, hi = 1, 2
+    while fits(model, gpu, dtype, kv_dtype, context, hi, reserve_fraction, num_gpus)["fits"]:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(model, gpu, dtype, kv_dtype, context, mid, reserve_fraction, num_gpus)["fits"]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,1 @@
+"""Answer checkers, one module per chapter: ``from llminfra.course.checks import ch02``."""

@@ -1,0 +1,102 @@
+"""Generate ``exercises/`` from ``solutions/``: ``python -m llminfra.course.exercises [--check]``.
+
+Between nbgrader's markers ``### BEGIN SOLUTION`` and ``### END SOLUTION`` the solution's code is
+replaced by ``raise NotImplementedError("…")`` at the same indentation; everything else is kept,
+and every output is cleared so the learner starts from a fresh notebook. ``--check`` writes
+nothing and exits 1 when ``exercises/`` differs from what would be generated (stale or missing),
+or holds a notebook with no solution twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+STUB = 'raise NotImplementedError("your code here")'
+
+
+def strip_solution(source: str) -> str:
+    """Replace every marked block in ``source`` by one stub line at the block's indentation.
+
+    Raises ``ValueError`` for unbalanced markers.
+    """
+    out, inside, found = [], False, False
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise ValueError(f"nested {BEGIN!r}")
+            inside, found = True, True
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(indent + STUB)
+        elif stripped == END:
+            if not inside:
+                raise ValueError(f"{END!r} without {BEGIN!r}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{BEGIN!r} without {END!r}")
+    return "\n".join(out) if found else source
+
+
+def make_exercise(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The exercise twin of a solution notebook: stubs in, outputs out."""
+    nb = nbformat.from_dict(solution)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = strip_solution(cell.source)
+            cell.outputs = []
+            cell.execution_count = None
+        cell.get("metadata", {}).pop("execution", None)
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
+def _render(nb: nbformat.NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def generate(solutions: Path, exercises: Path, check: bool = False) -> list[str]:
+    """Write (or with ``check``, compare) every exercise; return the problems found."""
+    problems = []
+    wanted = {}
+    for path in sorted(solutions.glob("*.ipynb")):
+        wanted[path.name] = _render(make_exercise(nbformat.read(path, as_version=4)))
+    for name, text in wanted.items():
+        target = exercises / name
+        current = target.read_text() if target.exists() else None
+        if current == text:
+            continue
+        if check:
+            problems.append(f"{target} is {'missing' if current is None else 'stale'}")
+        else:
+            exercises.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    for extra in sorted(exercises.glob("*.ipynb")):
+        if extra.name not in wanted:
+            problems.append(f"{extra} has no twin in {solutions}/")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
+    p.add_argument("--solutions", type=Path, default=Path("solutions"))
+    p.add_argument("--exercises", type=Path, default=Path("exercises"))
+    args = p.parse_args(argv)
+    problems = generate(args.solutions, args.exercises, check=args.check)
+    for prob in problems:
+        print(prob, file=sys.stderr)
+    if args.check and problems:
+        print("run `python -m llminfra.course.exercises` to regenerate", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
