@@ -1,0 +1,90 @@
+"""Paged attention in plain PyTorch: attend to K/V gathered through each sequence's block table.
+
+The pool stores keys and values per layer as ``(num_blocks, B, H_kv, d)``; seen as a flat array
+of ``num_blocks · B`` slots, token ``p`` of a sequence sits at slot
+``block_table[p // B] · B + p % B`` (:func:`llminfra.kvcache.block_table.slot_mapping`). Decode
+attention for one new query per sequence is then ordinary attention over the gathered tokens:
+
+    o = softmax(q Kᵀ / √d) V,    K, V = pool[slots of tokens 0 .. context_len-1]
+
+(Kwon et al., 2023, arXiv:2309.06180, §4.1, eq. 4). This is the readable reference; the fused
+GPU version that never materialises the gathered K/V is
+:func:`llminfra.kvcache.paged_attention_triton.paged_attention_triton`.
+
+Taught in chapter 04.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check_pool(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError("k_cache and v_cache must both be (num_blocks, block_size, H_kv, d); got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+
+
+def gather_kv(cache: torch.Tensor, block_ids: list[int] | torch.Tensor,
+              num_tokens: int) -> torch.Tensor:
+    """One sequence's first ``num_tokens`` keys (or values): ``(H_kv, num_tokens, d)``.
+
+    ``cache`` is ``(num_blocks, B, H_kv, d)``; ``block_ids`` its block table.
+    """
+    B = cache.shape[1]
+    ids = torch.as_tensor(block_ids, dtype=torch.long, device=cache.device)
+    if num_tokens > ids.numel() * B:
+        raise ValueError(f"{num_tokens} tokens do not fit in {ids.numel()} blocks of {B}")
+    x = cache[ids].reshape(-1, cache.shape[2], cache.shape[3])[:num_tokens]   # (S, H_kv, d)
+    return x.transpose(0, 1)                                                     # (H_kv, S, d)
+
+
+def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                context_lens: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Reference decode attention on padded contiguous K/V.
+
+    q ``(N, H, d)``, k/v ``(N, H_kv, S_max, d)``, ``context_lens`` ``(N,)``: sequence ``i``
+    attends to its first ``context_lens[i]`` positions. Returns ``(N, H, d)``. GQA: query head
+    ``h`` reads K/V head ``h // (H / H_kv)``.
+    """
+    N, H, d = q.shape
+    group = H // k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    K = k.repeat_interleave(group, dim=1).float()                     # (N, H, S, d)
+    V = v.repeat_interleave(group, dim=1).float()
+    s = torch.einsum("nhd,nhsd->nhs", q.float(), K) * scale            # (N, H, S)
+    pos = torch.arange(k.shape[2], device=q.device)
+    mask = pos[None, :] >= context_lens.to(q.device)[:, None]          # (N, S)
+    s = s.masked_fill(mask[:, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("nhs,nhsd->nhd", p, V).to(q.dtype)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    scale: float | None = None) -> torch.Tensor:
+    """Decode attention of one query per sequence through block tables (PyTorch gather).
+
+    Shapes: q ``(N, H, d)``; k_cache/v_cache ``(num_blocks, B, H_kv, d)``; block_tables
+    ``(N, max_blocks)`` long (entries past a sequence's last block are ignored, any valid id);
+    context_lens ``(N,)``. Returns ``(N, H, d)``, equal to
+    :func:`contiguous_decode_attention` on the same tokens stored contiguously.
+    """
+    _check_pool(k_cache, v_cache)
+    N, H, d = q.shape
+    num_blocks, B, H_kv, d_k = k_cache.shape
+    if d_k != d or H % H_kv:
+        raise ValueError(f"q has H={H}, d={d}; the pool has H_kv={H_kv}, d={d_k}: need equal d "
+                         "and H a multiple of H_kv")
+    if block_tables.shape[0] != N or context_lens.shape != (N,):
+        raise ValueError(f"need block_tables (N={N}, max_blocks) and context_lens ({N},); got "
+                         f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
+    if int(context_lens.max()) > block_tables.shape[1] * B or int(context_lens.min()) < 1:
+        raise ValueError(f"context_lens must lie in 1..{block_tables.shape[1] * B} "
+                         f"(max_blocks · block_size); got {context_lens.tolist()}")
+    bt = block_tables.to(device=k_cache.device, dtype=torch.long)
+    K = k_cache[bt].reshape(N, -1, H_kv, d).transpose(1, 2)      # (N, H_kv, max_blocks·B, d)
+    V = v_cache[bt].reshape(N, -1, H_kv, d).transpose(1, 2)
+    return contiguous_decode_attention(q, K, V, context_lens, scale)

@@ -1,0 +1,211 @@
+"""A small Llama-style decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
+
+The architecture of Llama (Touvron et al. 2023, arXiv:2302.13971, section 2.2), kept plain,
+single-device and float (gpt-fast's habit): quantization, tensor parallelism and other
+attention kernels are applied from outside, by replacing the ``nn.Linear`` layers
+(``layers[i].attention.{wq,wk,wv,wo}``, ``layers[i].feed_forward.{w1,w2,w3}``) or by
+:meth:`Transformer.set_attention`. One block (pre-norm)::
+
+    h   = x + wo · attn_fn(rope(wq · rms(x)), rope(wk · rms(x)), wv · rms(x))
+    out = h + w2 · (silu(w1 · rms(h)) ⊙ (w3 · rms(h)))
+
+Taught in chapter 01; every later chapter runs on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llminfra.model.attention_ref import reference_attention
+from llminfra.model.config import ModelConfig
+
+#: attn_fn(q (B, H, T, d), k (B, H_kv, S, d), v (B, H_kv, S, d), causal) -> (B, H, T, d)
+AttentionFn = Callable[..., torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm: y = x / sqrt(mean(x²) + ε) · g (a learned gain, no bias,
+    no mean subtraction). Zhang & Sennrich 2019, arXiv:1910.07467, eq. 4.
+
+    Shape: ``(..., dim)`` -> same; computed in float32, returned in the input's dtype.
+    Worked example: x = (3, 4), g = 1, ε = 0 -> rms = sqrt(12.5) = 3.536, y = (0.849, 1.131).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rotary_angles(head_dim: int, start_pos: int, n_tokens: int, theta: float,
+                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles m·θ_i for positions m = start_pos .. start_pos+T-1.
+
+    θ_i = theta^(-2i/d), i = 0 .. d/2-1 (Su et al. 2021, arXiv:2104.09864, eq. 15).
+    Returns two float32 tensors of shape ``(T, d/2)``.
+    """
+    i = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+    inv_freq = theta ** (-i / head_dim)  # (d/2,)
+    m = torch.arange(start_pos, start_pos + n_tokens, device=device, dtype=torch.float32)
+    angles = torch.outer(m, inv_freq)  # (T, d/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x_2i, x_2i+1) of every head by angle m·θ_i (RoPE, Su et al. 2021,
+    arXiv:2104.09864, eq. 34; the pairing of Meta's Llama code).
+
+    x ``(B, heads, T, d)``, cos/sin ``(T, d/2)`` -> ``(B, heads, T, d)``. Dot products of
+    rotated q and k depend only on the distance between their positions.
+    """
+    xp = x.float().unflatten(-1, (-1, 2))  # (B, heads, T, d/2, 2)
+    x0, x1 = xp[..., 0], xp[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with grouped-query K/V heads (Ainslie et al. 2023,
+    arXiv:2305.13245) and rotary positions, calling a pluggable ``attn_fn``.
+
+    x ``(B, T, dim)`` -> ``(B, T, dim)``. q is ``(B, H, T, d)``; k/v ``(B, H_kv, T, d)`` are
+    rotated, handed to ``cache.update(layer_idx, k, v)`` when a cache is given (which returns all
+    S keys/values so far), then ``attn_fn(q, k, v, causal=True)`` runs.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int, attn_fn: AttentionFn):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = (config.n_heads, config.n_kv_heads,
+                                                        config.head_dim)
+        kv_dim = config.n_kv_heads * config.head_dim
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, kv_dim, bias=False)
+        self.wv = nn.Linear(config.dim, kv_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        self.attn_fn = attn_fn
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache=None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, d)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, d)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S, d)
+        out = self.attn_fn(q, k, v, causal=True)  # (B, H, T, d)
+        return self.wo(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2 · (silu(w1 · x) ⊙ w3 · x) (Shazeer 2020, arXiv:2002.05202, eq. 6 with
+    Swish_1 = SiLU). x ``(B, T, dim)`` -> ``(B, T, dim)``, inner size ``ffn_dim``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_dim, bias=False)  # gate
+        self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False)  # down
+        self.w3 = nn.Linear(config.dim, config.ffn_dim, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """One pre-norm decoder block: attention then SwiGLU, each behind an RMSNorm and a
+    residual (Touvron et al. 2023, arXiv:2302.13971, section 2.2)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, attn_fn: AttentionFn):
+        super().__init__()
+        self.attention = Attention(config, layer_idx, attn_fn)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, cos, sin, cache=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The decoder: token embedding -> L blocks -> RMSNorm -> untied output projection.
+
+    ``model(tokens (B, T) long, cache=None, start_pos=0) -> logits (B, T, vocab_size)``.
+    ``start_pos`` is the position of ``tokens[:, 0]`` (the number of tokens already in the
+    cache); positions must stay below ``config.max_seq_len``. Weights are drawn from
+    ``generator`` (seed 0 when omitted, so ``Transformer(config)`` is reproducible): normal with
+    std 0.02, the residual projections wo and w2 with 0.02/√(2L) (GPT-2's scaling).
+    """
+
+    def __init__(self, config: ModelConfig, generator: torch.Generator | None = None):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config, i, reference_attention)
+                                    for i in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Redraw every weight from ``generator`` (a fresh one seeded 0 when None)."""
+        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        std_residual = 0.02 / (2 * self.config.n_layers) ** 0.5
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+                continue
+            std = std_residual if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
+
+    def set_attention(self, fn: AttentionFn | None) -> None:
+        """Use ``fn(q, k, v, causal=True)`` in every layer (None restores
+        :func:`llminfra.model.attention_ref.reference_attention`). Chapter 06 plugs
+        ``flash_attention`` in this way."""
+        if fn is None:
+            fn = reference_attention
+        if not callable(fn):
+            raise ValueError(f"set_attention wants a callable attn_fn(q, k, v, causal=True), "
+                             f"got {type(fn).__name__}")
+        for layer in self.layers:
+            layer.attention.attn_fn = fn
+
+    def forward(self, tokens: torch.Tensor, cache=None, start_pos: int = 0) -> torch.Tensor:
+        self._check_inputs(tokens, start_pos)
+        T = tokens.shape[1]
+        cos, sin = rotary_angles(self.config.head_dim, start_pos, T, self.config.rope_theta,
+                                 device=tokens.device)  # (T, d/2) each
+        h = self.tok_embeddings(tokens)  # (B, T, dim)
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache)
+        return self.output(self.norm(h))  # (B, T, vocab)
+
+    def _check_inputs(self, tokens: torch.Tensor, start_pos: int) -> None:
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            raise ValueError(f"tokens must be a (batch, tokens) LongTensor, got "
+                             f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids (int64), got dtype {tokens.dtype}")
+        if tokens.shape[1] == 0:
+            raise ValueError("tokens has no positions (shape (B, 0)); give at least one token")
+        if not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos must be an int >= 0, got {start_pos!r}")
+        end = start_pos + tokens.shape[1]
+        if end > self.config.max_seq_len:
+            raise ValueError(f"positions {start_pos}..{end - 1} exceed max_seq_len "
+                             f"{self.config.max_seq_len} of this model")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range "
+                             f"[{lo}, {hi}]")

@@ -1,0 +1,217 @@
+"""The ``World``: who am I (``rank``), how many are we (``size``), and the collectives we use.
+
+Every parallel layer in :mod:`llminfra.parallel` takes a ``World`` as an explicit argument: no
+global process group is read inside the math. Two implementations share one interface:
+
+* :class:`SimulatedWorld` — the ranks are threads of one process, meeting at a barrier. It
+  needs no ``torch.distributed`` and is what chapter 07 uses to step through the algorithms;
+  :func:`run_simulated` runs one function on every simulated rank and returns what each gave.
+* :class:`DistributedWorld` — a thin wrapper over ``torch.distributed`` (gloo on CPU, NCCL on
+  CUDA), started by ``torchrun`` or by :func:`llminfra.parallel.launch.launch`.
+
+Collectives (all return new tensors and never modify their input, so autograd stays correct):
+
+* ``all_reduce(x)``  — every rank gets ``Σ_r x_r``;
+* ``all_gather(x, dim)`` — every rank gets ``cat([x_0, …, x_{n-1}], dim)``;
+* ``send(x, dst)`` / ``recv(shape, dtype, src)`` — point to point (pipeline parallelism).
+
+A tests ties the two: the same layer gives the same numbers on both (``tests/test_parallel_dist.py``).
+Taught in chapter 07.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+
+class World:
+    """Interface: ``rank`` in ``0..size-1``, ``size`` ranks, and the collectives above."""
+
+    rank: int
+    size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of ``x`` over all ranks, same shape as ``x`` (a new tensor)."""
+        raise NotImplementedError
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenation of every rank's ``x`` along ``dim``, in rank order."""
+        raise NotImplementedError
+
+    def send(self, x: torch.Tensor, dst: int) -> None:
+        """Send ``x`` to rank ``dst`` (blocks until ``dst`` takes it)."""
+        raise NotImplementedError
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+        """Receive a tensor of ``shape`` and ``dtype`` from rank ``src``."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives here."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+def check_rank(rank: int, size: int) -> None:
+    """``ValueError`` unless ``size >= 1`` and ``0 <= rank < size``."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"world size must be a positive integer, got {size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+        raise ValueError(f"rank must be an integer in 0..{size - 1}, got {rank!r}")
+
+
+class _Meeting:
+    """State the simulated ranks share: one slot per rank, a barrier, mailboxes for send/recv."""
+
+    def __init__(self, size: int, timeout_s: float):
+        self.size = size
+        self.timeout_s = timeout_s
+        self.slots: list = [None] * size
+        self.barrier = threading.Barrier(size, timeout=timeout_s)
+        self.mail: dict[tuple[int, int], list] = {}
+        self.cond = threading.Condition()
+
+    def exchange(self, rank: int, value) -> list:
+        """Every rank posts ``value``; every rank gets the list of all values, in rank order."""
+        self.slots[rank] = value
+        self.barrier.wait()
+        values = list(self.slots)
+        self.barrier.wait()  # nobody overwrites a slot before everyone has read it
+        return values
+
+
+class SimulatedWorld(World):
+    """One rank of ``size`` ranks simulated by threads of this process.
+
+    Build all ranks at once with :meth:`group` (they share one meeting point) and run a
+    function on each with :func:`run_simulated`. The sum in ``all_reduce`` is taken in rank
+    order, so every rank gets bit-identical results.
+    """
+
+    def __init__(self, rank: int, size: int, meeting: _Meeting):
+        check_rank(rank, size)
+        self.rank, self.size, self._m = rank, size, meeting
+
+    @classmethod
+    def group(cls, size: int, timeout_s: float = 60.0) -> list["SimulatedWorld"]:
+        """``size`` worlds, one per rank, sharing one meeting point."""
+        check_rank(0, size)
+        meeting = _Meeting(size, timeout_s)
+        return [cls(r, size, meeting) for r in range(size)]
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        values = self._m.exchange(self.rank, x.detach())
+        out = values[0].clone()
+        for v in values[1:]:
+            out = out + v
+        return out
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        values = self._m.exchange(self.rank, x.detach())
+        return torch.cat([v.clone() for v in values], dim=dim)
+
+    def send(self, x: torch.Tensor, dst: int) -> None:
+        check_rank(dst, self.size)
+        with self._m.cond:
+            self._m.mail.setdefault((self.rank, dst), []).append(x.detach().clone())
+            self._m.cond.notify_all()
+
+    def recv(self, shape, dtype, src, device="cpu") -> torch.Tensor:
+        check_rank(src, self.size)
+        key = (src, self.rank)
+        with self._m.cond:
+            ok = self._m.cond.wait_for(lambda: self._m.mail.get(key), timeout=self._m.timeout_s)
+            if not ok:
+                raise TimeoutError(f"rank {self.rank}: nothing from rank {src} after "
+                                   f"{self._m.timeout_s} s")
+            x = self._m.mail[key].pop(0)
+        if tuple(x.shape) != tuple(shape) or x.dtype != dtype:
+            raise ValueError(f"rank {self.rank} expected {tuple(shape)} {dtype} from rank {src}, "
+                             f"got {tuple(x.shape)} {x.dtype}")
+        return x.to(device)
+
+    def barrier(self) -> None:
+        self._m.barrier.wait()
+
+    def abort(self) -> None:
+        """Break the barrier so ranks waiting in a collective raise instead of hanging."""
+        self._m.barrier.abort()
+
+
+def run_simulated(fn: Callable, size: int, *args, timeout_s: float = 60.0, **kwargs) -> list:
+    """Run ``fn(world, *args, **kwargs)`` on ``size`` simulated ranks (threads); return the
+    results in rank order. If a rank raises, the others are released and the first error is
+    re-raised here (with its rank in the message)."""
+    worlds = SimulatedWorld.group(size, timeout_s)
+    results: list = [None] * size
+    errors: list = [None] * size
+
+    def target(r: int) -> None:
+        try:
+            results[r] = fn(worlds[r], *args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller below
+            errors[r] = e
+            worlds[r].abort()
+
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if any(t.is_alive() for t in threads):
+        worlds[0].abort()
+        raise TimeoutError(f"simulated ranks still running after {timeout_s} s")
+    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
+                 next((e for e in errors if e is not None), None))
+    if first is not None:
+        rank = errors.index(first)
+        raise RuntimeError(f"simulated rank {rank} raised {type(first).__name__}: {first}") from first
+    return results
+
+
+class DistributedWorld(World):
+    """This process's rank in a ``torch.distributed`` process group (gloo or NCCL).
+
+    ``group=None`` uses the default group that the launcher (or ``torchrun``) initialised; the
+    group is stored here and passed to every call, never looked up inside the layers.
+    """
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("torch.distributed is not initialised: start the ranks with "
+                             "llminfra.parallel.launch.launch(...) or torchrun")
+        self._dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.backend = dist.get_backend(group)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.detach().clone().contiguous()
+        self._dist.all_reduce(out, group=self.group)
+        return out
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        x = x.detach().contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        self._dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def send(self, x: torch.Tensor, dst: int) -> None:
+        check_rank(dst, self.size)
+        self._dist.send(x.detach().contiguous(), dst=dst, group=self.group)
+
+    def recv(self, shape, dtype, src, device="cpu") -> torch.Tensor:
+        check_rank(src, self.size)
+        out = torch.empty(tuple(shape), dtype=dtype, device=device)
+        self._dist.recv(out, src=src, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self.group)
