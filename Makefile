@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: install course test test-fast notebooks exercises bench-quick clean
 
-$(BIN)/.installed: pyproject.toml Makefile
+$(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
@@ -21,8 +21,11 @@ $(BIN)/.installed: pyproject.toml Makefile
 
 install: $(BIN)/.installed
 
+# as root (containers), JupyterLab refuses to start without --allow-root
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 course: install
-	$(BIN)/jupyter lab notebooks/00_start_here.ipynb
+	$(BIN)/jupyter lab $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: install
 	$(BIN)/python -m llminfra.course.exercises --check
