@@ -264,3 +264,45 @@ def max_batch(model: str | ModelSpec, gpu: str, context: int = 2048, dtype: str 
         else:
             hi = mid
     return lo
+
+
+def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 2048,
+                      dtype: str = "bf16", kv_dtype: str | None = None) -> int:
+    """Bytes read from GPU memory by one decode step of ``batch`` sequences at ``context``
+    tokens: every weight once (shared by the batch) plus each sequence's whole KV cache,
+    ``weight_bytes(dtype) + kv_bytes(context, batch)``. The embedding table is counted although
+    only ``batch`` rows of it are read (an upper bound; 2% of Llama-2-7B).
+
+    Llama-2-7B, bf16, batch 1, context 1: 13,476,831,232 + 524,288 bytes.
+    Taught in chapter 01 (why decode is memory-bound) and chapter 08 (roofline).
+    """
+    spec = get_model(model)
+    if kv_dtype is None:
+        kv_dtype = dtype if dtype in ("fp32", "fp16", "bf16") else "bf16"
+    return weight_bytes(spec, dtype) + kv_bytes(spec, context, batch, kv_dtype)
+
+
+def decode_step_flops(model: str | ModelSpec, batch: int = 1, context: int = 2048) -> int:
+    """FLOPs of one decode step (one new token for each of ``batch`` sequences):
+    ``B · (2 · active_params + 4 · L · H · head_dim · context)`` — a multiply and an add per
+    weight (Kaplan et al., 2020, arXiv:2001.08361, Table 1, C_forward ≈ 2N) plus QKᵀ and AV
+    over the ``context`` cached positions.
+
+    Llama-2-7B, batch 1, context 1: 2 · 6,738,415,616 + 4 · 32 · 32 · 128 = 13,477,355,520.
+    """
+    spec = get_model(model)
+    batch, context = _positive_int("batch", batch), _check_context(spec, context)
+    attention = 4 * spec.num_layers * spec.num_heads * spec.head_dim * context
+    return batch * (2 * active_param_count(spec) + attention)
+
+
+def decode_arithmetic_intensity(model: str | ModelSpec, batch: int = 1, context: int = 2048,
+                                dtype: str = "bf16", kv_dtype: str | None = None) -> float:
+    """FLOPs per byte of one decode step: :func:`decode_step_flops` / :func:`decode_step_bytes`.
+
+    At batch 1 in bf16 this is about 1 (2 FLOPs per weight, 2 bytes per weight), far below a
+    GPU's peak FLOP/s divided by its bandwidth (H100: ~300), so decode waits on memory
+    (Williams et al., 2009, roofline model). Taught in chapter 01.
+    """
+    return decode_step_flops(model, batch, context) / decode_step_bytes(model, batch, context,
+                                                                        dtype, kv_dtype)

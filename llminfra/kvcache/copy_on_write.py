@@ -15,7 +15,8 @@ from __future__ import annotations
 from llminfra.kvcache.block_allocator import BlockAllocator
 
 
-def copy_on_write(allocator: BlockAllocator, blocks: list[int], index: int) -> tuple[int, int] | None:
+def copy_on_write(allocator: BlockAllocator, blocks: list[int],
+                  index: int) -> tuple[int, int] | None:
     """Make ``blocks[index]`` private before it is written; return the copy ``(src, dst)`` or None.
 
     If the block's reference count is 1 the writer already owns it: nothing happens. Otherwise a

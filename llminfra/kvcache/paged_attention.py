@@ -42,7 +42,8 @@ def gather_kv(cache: torch.Tensor, block_ids: list[int] | torch.Tensor,
 
 
 def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                context_lens: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                                context_lens: torch.Tensor,
+                                scale: float | None = None) -> torch.Tensor:
     """Reference decode attention on padded contiguous K/V.
 
     q ``(N, H, d)``, k/v ``(N, H_kv, S_max, d)``, ``context_lens`` ``(N,)``: sequence ``i``

@@ -68,7 +68,8 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         causal: bool = False) -> torch.Tensor:
-    """softmax(Q Kᵀ / √d + mask) V, the naive way (Vaswani et al. 2017, arXiv:1706.03762, eq. 1).
+    """softmax(Q Kᵀ / √d + mask) V, the naive way (Vaswani et al. 2017, arXiv:1706.03762,
+    eq. 1).
 
     Shapes: q ``(B, H, T, d)``, k/v ``(B, H_kv, S, d)`` with S >= T and H_kv | H; returns
     ``(B, H, T, d)``. With ``causal`` the queries are the last T of S positions

@@ -37,7 +37,8 @@ class DenseKVCache:
 
     def update(self, layer_idx: int, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v ``(B, H_kv, T, d)`` to layer ``layer_idx``; return all ``(B, H_kv, S, d)``."""
+        """Append k, v ``(B, H_kv, T, d)`` to layer ``layer_idx``; return all
+        ``(B, H_kv, S, d)``."""
         if not 0 <= layer_idx < self.n_layers:
             raise ValueError(f"layer_idx {layer_idx} out of range [0, {self.n_layers})")
         if k.dim() != 4 or k.shape != v.shape:

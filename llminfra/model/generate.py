@@ -40,7 +40,11 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int
 
 
 def _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k) -> list[int]:
-    ids = [int(t) for t in prompt_ids]
+    try:
+        ids = [int(t) for t in prompt_ids]
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"prompt_ids must be a flat sequence of token ids, got "
+                         f"{type(prompt_ids).__name__}") from err
     vocab, max_len = model.config.vocab_size, model.config.max_seq_len
     if not ids:
         raise ValueError("prompt_ids is empty; give at least one token")

@@ -159,10 +159,13 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Redraw every weight from ``generator`` (a fresh one seeded 0 when None)."""
+        """Redraw every weight from ``generator`` (a fresh one seeded 0 when None); parameters on
+        the meta device are left alone."""
         g = generator if generator is not None else torch.Generator().manual_seed(0)
         std_residual = 0.02 / (2 * self.config.n_layers) ** 0.5
         for name, p in self.named_parameters():
+            if p.is_meta:  # built on the meta device (shapes only): nothing to draw
+                continue
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
                 continue

@@ -42,12 +42,21 @@ class World:
         raise NotImplementedError
 
     def send(self, x: torch.Tensor, dst: int) -> None:
-        """Send ``x`` to rank ``dst`` (blocks until ``dst`` takes it)."""
+        """Send ``x`` to rank ``dst`` (may block until ``dst`` posts the matching receive)."""
         raise NotImplementedError
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int,
              device: torch.device | str = "cpu") -> torch.Tensor:
         """Receive a tensor of ``shape`` and ``dtype`` from rank ``src``."""
+        raise NotImplementedError
+
+    def isend(self, x: torch.Tensor, dst: int) -> "Handle":
+        """Start sending ``x`` to ``dst``; ``handle.wait()`` before reusing ``x``."""
+        raise NotImplementedError
+
+    def irecv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int,
+              device: torch.device | str = "cpu") -> "Handle":
+        """Start receiving from ``src``; ``handle.wait()`` returns the tensor."""
         raise NotImplementedError
 
     def barrier(self) -> None:
@@ -56,6 +65,19 @@ class World:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+class Handle:
+    """A started ``isend`` / ``irecv``: ``wait()`` blocks until it is done and returns the
+    received tensor (``None`` for a send)."""
+
+    def __init__(self, wait_fn: Callable[[], torch.Tensor | None]):
+        self._wait_fn, self._done, self._value = wait_fn, False, None
+
+    def wait(self) -> torch.Tensor | None:
+        if not self._done:
+            self._value, self._done = self._wait_fn(), True
+        return self._value
 
 
 def check_rank(rank: int, size: int) -> None:
@@ -136,6 +158,13 @@ class SimulatedWorld(World):
                              f"got {tuple(x.shape)} {x.dtype}")
         return x.to(device)
 
+    def isend(self, x: torch.Tensor, dst: int) -> Handle:
+        self.send(x, dst)  # the mailbox never blocks
+        return Handle(lambda: None)
+
+    def irecv(self, shape, dtype, src, device="cpu") -> Handle:
+        return Handle(lambda: self.recv(shape, dtype, src, device))
+
     def barrier(self) -> None:
         self._m.barrier.wait()
 
@@ -212,6 +241,25 @@ class DistributedWorld(World):
         out = torch.empty(tuple(shape), dtype=dtype, device=device)
         self._dist.recv(out, src=src, group=self.group)
         return out
+
+    def isend(self, x: torch.Tensor, dst: int) -> Handle:
+        check_rank(dst, self.size)
+        x = x.detach().contiguous()
+        work = self._dist.isend(x, dst=dst, group=self.group)
+
+        def wait(x=x) -> None:  # the closure keeps x alive until the send is done
+            work.wait()
+        return Handle(wait)
+
+    def irecv(self, shape, dtype, src, device="cpu") -> Handle:
+        check_rank(src, self.size)
+        out = torch.empty(tuple(shape), dtype=dtype, device=device)
+        work = self._dist.irecv(out, src=src, group=self.group)
+
+        def wait() -> torch.Tensor:
+            work.wait()
+            return out
+        return Handle(wait)
 
     def barrier(self) -> None:
         self._dist.barrier(group=self.group)

@@ -76,7 +76,7 @@ def summary_lines(data: dict) -> list[str]:
         f"weights     {_both(data['weight_bytes'])}",
         f"KV cache    {_both(data['kv_bytes'])} "
         f"({data['kv_bytes_per_token']:,} bytes per token)",
-        f"activations {_both(data['activation_bytes'])}",
+        f"activations {_both(data['activation_bytes'])} (prefill of batch x context tokens)",
         f"total       {_both(data['total_bytes'])}",
         f"{data['gpu']} [{data['gpu_confidence']}]: {_both(data['gpu_memory_bytes'])}, usable "
         f"{_both(data['usable_bytes'])} after a {data['reserve_fraction']:.0%} reserve",

@@ -1,0 +1,179 @@
+"""Answer checkers for chapter 02 (``solutions/02_gpu_memory.ipynb``): KV bytes per token, KV
+cache of one sequence in GiB, and the largest batch that fits on a GPU.
+
+Each checker draws fresh cases (presets and random GQA / MQA / MHA architectures), compares the
+learner's function with the package's (:mod:`llminfra.calc.memory`) and, on a mismatch, names the
+usual mistake when the wrong answer matches it: the missing factor 2 for K and V, ``num_heads``
+instead of ``num_kv_heads``, bits instead of bytes, GB (1e9) instead of GiB (2**30), the runtime
+reserve or the activations left out.
+
+KV cache rule: Kwon et al., 2023 (vLLM, arXiv:2309.06180), §3: per token
+``2 · layers · kv_heads · head_dim · bytes`` (K and V of every layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+from llminfra.calc.memory import (DEFAULT_RESERVE_FRACTION, inference_memory, kv_bytes,
+                                  kv_bytes_per_token, max_batch)
+from llminfra.course.checking import fresh_rng, run_checks
+from llminfra.specs.formats import dtype_bytes
+from llminfra.specs.gpus import get_gpu, gpu_names
+from llminfra.specs.models import ModelSpec, get_model, model_names
+
+KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
+
+
+class CaseSpec(ModelSpec):
+    """A :class:`ModelSpec` whose repr names only what the KV cache depends on, so that a
+    checker's message stays readable."""
+
+    def __repr__(self) -> str:
+        return (f"<{self.name}: num_layers={self.num_layers}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}>")
+
+
+def _case(spec: ModelSpec) -> CaseSpec:
+    return CaseSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+
+
+def random_spec(rng: random.Random) -> ModelSpec:
+    """A random Llama-style architecture with grouped-query attention (``num_kv_heads`` strictly
+    between 1 and ``num_heads``, so a ``num_heads`` mix-up always shows) and a long window."""
+    head_dim = rng.choice([64, 80, 96, 128])
+    kv_heads = rng.choice([2, 4, 8])
+    heads = kv_heads * rng.choice([2, 4, 8])
+    return dataclasses.replace(
+        get_model("llama-2-7b"), name=f"random-gqa-{heads}q{kv_heads}kv",
+        display_name="random GQA model", num_layers=rng.randint(2, 96), num_heads=heads,
+        num_kv_heads=kv_heads, hidden_size=heads * head_dim,
+        intermediate_size=rng.randint(1, 8) * 1024 * 2, max_positions=131072)
+
+
+def _specs(rng: random.Random, n_random: int = 4) -> list[ModelSpec]:
+    presets = [get_model(n) for n in rng.sample(model_names(), 4)]
+    presets.append(get_model(rng.choice(["llama-2-70b", "mistral-7b", "llama-3-8b"])))  # GQA
+    return [_case(s) for s in presets + [random_spec(rng) for _ in range(n_random)]]
+
+
+def _kv_hint(args, kwargs, expected, got) -> str:
+    spec, kv_dtype = args
+    L, Hkv, H, d = spec.num_layers, spec.num_kv_heads, spec.num_heads, spec.head_dim
+    b = dtype_bytes(kv_dtype)
+    wrong = {
+        "you forgot the factor 2: the cache holds both K and V": L * Hkv * d * b,
+        "you used num_heads (query heads) instead of num_kv_heads: with GQA/MQA only "
+        f"{Hkv} K/V heads are stored, not {H}": 2 * L * H * d * b,
+        "you forgot both the factor 2 and num_kv_heads": L * H * d * b,
+        "you counted elements, not bytes: multiply by the bytes per element of kv_dtype":
+            2 * L * Hkv * d,
+        "you counted bits, not bytes (divide by 8)": 2 * L * Hkv * d * b * 8,
+        "you forgot the number of layers": 2 * Hkv * d * b,
+    }
+    return _matching(wrong, got, expected) or \
+        "expected 2 · num_layers · num_kv_heads · head_dim · bytes(kv_dtype)"
+
+
+def _matching(wrong: dict, got, expected) -> str:
+    """The messages whose wrong value equals ``got`` (joined by "; or "), else ''."""
+    try:
+        got = float(got)
+    except (TypeError, ValueError):
+        return ""
+    hits = [message for message, value in wrong.items()
+            if math.isclose(got, value, rel_tol=1e-9) and not math.isclose(value, expected)]
+    return "; or ".join(hits)
+
+
+def check_kv_bytes_per_token(fn) -> int:
+    """Check ``fn(spec, kv_dtype) -> int``: KV-cache bytes of one token over all layers,
+    against :func:`llminfra.calc.memory.kv_bytes_per_token` on fresh presets and random GQA
+    models. Llama-2-7B in bf16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes."""
+    rng = fresh_rng()
+    cases = [((spec, rng.choice(KV_DTYPES)), {}) for spec in _specs(rng)]
+    return run_checks("kv_bytes_per_token", fn, kv_bytes_per_token, cases, hint=_kv_hint)
+
+
+def _kv_gib_reference(spec: ModelSpec, context: int, kv_dtype: str) -> float:
+    return kv_bytes(spec, context, 1, kv_dtype) / 2**30
+
+
+def _gib_hint(args, kwargs, expected, got) -> str:
+    spec, context, kv_dtype = args
+    n_bytes = kv_bytes(spec, context, 1, kv_dtype)
+    per_token = kv_bytes_per_token(spec, kv_dtype)
+    wrong = {
+        "GiB vs GB: you divided by 1e9 (GB); a GiB is 2**30 = 1,073,741,824 bytes":
+            n_bytes / 1e9,
+        "you returned bytes, not GiB (divide by 2**30)": n_bytes,
+        "you divided by 1024**2 (MiB), not 1024**3 (GiB)": n_bytes / 2**20,
+        "you forgot to multiply by the context length (that is one token's cache)":
+            per_token / 2**30,
+        "you forgot the factor 2 for K and V": n_bytes / 2 / 2**30,
+    }
+    heads_wrong = 2 * spec.num_layers * spec.num_heads * spec.head_dim * dtype_bytes(kv_dtype)
+    wrong["you used num_heads instead of num_kv_heads"] = heads_wrong * context / 2**30
+    return _matching(wrong, got, expected) or "expected kv_bytes_per_token · context / 2**30"
+
+
+def check_kv_sequence_gib(fn) -> int:
+    """Check ``fn(spec, context, kv_dtype) -> float``: the KV cache of ONE sequence of
+    ``context`` tokens, in GiB (2**30 bytes). Llama-2-13B, 2048 tokens, bf16:
+    819,200 · 2048 / 2**30 = 1.5625 GiB (= 1.678 GB)."""
+    rng = fresh_rng()
+    cases = []
+    for spec in _specs(rng):
+        top = spec.max_positions or 2048
+        cases.append(((spec, rng.randint(1, top), rng.choice(KV_DTYPES)), {}))
+    return run_checks("kv_sequence_gib", fn, _kv_gib_reference, cases, hint=_gib_hint)
+
+
+def _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve_fraction,
+                              memory_bytes=None, with_activations=True) -> int:
+    """``floor((usable - weights) / (KV + activations of one sequence))``, clipped at 0."""
+    est = inference_memory(model, dtype, kv_dtype, context, batch=1)
+    memory = get_gpu(gpu).memory_bytes if memory_bytes is None else memory_bytes
+    per_seq = est.kv_bytes + (est.activation_bytes if with_activations else 0)
+    return max(0, math.floor((memory * (1 - reserve_fraction) - est.weight_bytes) / per_seq))
+
+
+def _batch_hint(args, kwargs, expected, got) -> str:
+    model, gpu, context, dtype, kv_dtype, reserve = args
+    g = get_gpu(gpu)
+    wrong = {
+        "you left out the runtime reserve: only (1 - reserve_fraction) of the card is usable":
+            _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, 0.0),
+        "you left out the activations, which also grow with the batch":
+            _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve,
+                                      with_activations=False),
+        "GiB vs GB: the datasheet's memory_gb is 1e9 bytes per GB, not 2**30":
+            _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve,
+                                      memory_bytes=g.memory_gb * 2**30),
+    }
+    wrong["one too many: the batch must fit, so round down (floor), not up"] = expected + 1
+    return _matching(wrong, got, expected) or ("expected floor((usable - weights) / (KV + activations of one sequence)), "
+            "usable = memory_bytes · (1 - reserve_fraction)")
+
+
+def check_largest_batch(fn) -> int:
+    """Check ``fn(model, gpu, context, dtype, kv_dtype, reserve_fraction) -> int``: the
+    largest batch of ``context``-token sequences that fits, against the package's bisection
+    :func:`llminfra.calc.memory.max_batch` (0 when even one sequence does not fit)."""
+    rng = fresh_rng()
+    cases = []
+    for name in rng.sample(model_names(), 7):
+        spec = get_model(name)
+        context = rng.randint(1, spec.max_positions or 2048)
+        dtype = rng.choice(["bf16", "fp16", "int8", "int4"])
+        kv = rng.choice(["bf16", "fp8"])
+        reserve = rng.choice([DEFAULT_RESERVE_FRACTION, 0.05, 0.2])
+        cases.append(((name, rng.choice(gpu_names()), context, dtype, kv, reserve), {}))
+
+    def reference(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+        return max_batch(model, gpu, context=context, dtype=dtype, kv_dtype=kv_dtype,
+                         reserve_fraction=reserve_fraction)
+
+    return run_checks("largest_batch", fn, reference, cases, hint=_batch_hint)

@@ -1,0 +1,39 @@
+"""KV caches: contiguous, paged, shared (copy-on-write), prefix-cached, offloaded (chapter 04).
+
+The design follows vLLM (Kwon et al., 2023, "Efficient Memory Management for Large Language
+Model Serving with PagedAttention", arXiv:2309.06180). Modules, one concept each:
+
+* :mod:`.contiguous` — caches reserved at the maximum length, or grown by doubling;
+* :mod:`.block_allocator` — the block pool: reference counts and a free list;
+* :mod:`.block_table` — per-sequence block tables and the slot mapping;
+* :mod:`.copy_on_write` — forks that share blocks, copying a block only when it is written;
+* :mod:`.paged_attention` / :mod:`.paged_attention_triton` — attention through block tables
+  (PyTorch gather; a Triton kernel for CUDA, also run under ``TRITON_INTERPRET=1``);
+* :mod:`.paged_cache` — the paged cache behind the model's ``cache.update`` protocol;
+* :mod:`.prefix_cache` — blocks found again by the hash of their prefix, LRU eviction;
+* :mod:`.offload` — swap to CPU memory and back, or recompute, with their costs;
+* :mod:`.trace`, :mod:`.simulate`, :mod:`.sharing` — request traces and the measurements.
+"""
+
+from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
+from llminfra.kvcache.block_table import BlockTable, blocks_needed, slot_mapping
+from llminfra.kvcache.contiguous import ContiguousKVCache, GrowingKVCache, contiguous_waste
+from llminfra.kvcache.copy_on_write import copy_on_write, fork_blocks
+from llminfra.kvcache.offload import (SwappedSequence, recompute_time_s, swap_in, swap_out,
+                                      swap_time_s)
+from llminfra.kvcache.paged_attention import (contiguous_decode_attention, gather_kv,
+                                              paged_attention)
+from llminfra.kvcache.paged_attention_triton import paged_attention_triton
+from llminfra.kvcache.paged_cache import PagedKVCache
+from llminfra.kvcache.prefix_cache import (PrefixCachingAllocator, block_hash, match_prefix,
+                                           prefix_block_hashes, register_prefix)
+from llminfra.kvcache.trace import Request, request_trace, trace_summary
+
+__all__ = [
+    "BlockAllocator", "BlockPoolExhausted", "BlockTable", "blocks_needed", "slot_mapping",
+    "ContiguousKVCache", "GrowingKVCache", "contiguous_waste", "copy_on_write", "fork_blocks",
+    "SwappedSequence", "swap_in", "swap_out", "swap_time_s", "recompute_time_s",
+    "contiguous_decode_attention", "gather_kv", "paged_attention", "paged_attention_triton",
+    "PagedKVCache", "PrefixCachingAllocator", "block_hash", "match_prefix",
+    "prefix_block_hashes", "register_prefix", "Request", "request_trace", "trace_summary",
+]

@@ -1,0 +1,145 @@
+"""Start ``n`` real processes, each a rank of a ``torch.distributed`` group, and collect results.
+
+``launch(fn, n, *args)`` spawns ``n`` fresh Python processes (``spawn``, never ``fork``:
+forked children that use several threads can hang), connects them over gloo (CPU) or NCCL
+(CUDA) through a TCP store on a free port of 127.0.0.1, calls ``fn(world, *args)`` on each with
+its :class:`~llminfra.parallel.world.DistributedWorld`, and returns the results in rank order.
+
+Works from a notebook: ``fn`` must be importable by the children (a function of the package,
+e.g. in :mod:`llminfra.parallel.workers`), because spawn pickles it by name. Guarantees:
+
+* every child is gone when ``launch`` returns or raises (terminated, then killed);
+* an exception in any rank reaches the caller as :class:`RankError` with that rank's traceback;
+* nothing hangs: the whole run has a deadline (``timeout_s``), and so do the collectives.
+
+Each child runs with one intra-op thread (``torch.set_num_threads(1)``) so that ``n`` ranks on
+a small CPU do not fight over cores. A spawn costs a few seconds (mostly importing torch): share
+one launch across several checks. Taught in chapter 07.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import pickle
+import queue
+import socket
+import time
+import traceback
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+class RankError(RuntimeError):
+    """A rank raised (or died); the message holds its rank and traceback."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} failed:\n{message}")
+        self.rank = rank
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn: Callable, rank: int, size: int, port: int, backend: str, timeout_s: float,
+           threads: int, args: tuple, kwargs: dict, out: mp.Queue) -> None:
+    """Entry point of one spawned rank: init the group, run ``fn``, report, tear down."""
+    import torch
+    import torch.distributed as dist
+
+    from llminfra.parallel.world import DistributedWorld
+    torch.set_num_threads(threads)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=size, timeout=datetime.timedelta(seconds=timeout_s))
+        result = fn(DistributedWorld(), *args, **kwargs)
+        out.put((rank, "ok", pickle.dumps(result)))  # bytes: no shared-memory handles to outlive us
+    except BaseException:  # noqa: BLE001 - sent to the parent
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - peers may be gone already
+                pass
+
+
+def _stop(procs: list) -> None:
+    """Terminate, then kill, every child still alive; reap them all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _collect(procs: list, out, size: int, timeout_s: float) -> list:
+    results: list = [None] * size
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(done) < size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"launch: ranks {sorted(set(range(size)) - done)} not finished "
+                               f"after {timeout_s} s")
+        try:
+            rank, status, payload = out.get(timeout=0.1)
+        except queue.Empty:
+            for r, p in enumerate(procs):  # a rank that died without a word (killed, segfault)
+                if r not in done and p.exitcode is not None and out.empty():
+                    time.sleep(0.2)
+                    if out.empty():
+                        raise RankError(r, f"process exited with code {p.exitcode} and no result")
+            continue
+        if status == "error":
+            raise RankError(rank, payload)
+        results[rank] = pickle.loads(payload)
+        done.add(rank)
+    return results
+
+
+def launch(fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
+           threads_per_rank: int = 1, **kwargs) -> list:
+    """Run ``fn(world, *args, **kwargs)`` on ``world_size`` spawned ranks; results in rank order.
+
+    ``backend`` is ``"gloo"`` (CPU tensors, or CUDA tensors copied through the host) or
+    ``"nccl"`` (one CUDA device per rank). ``fn`` and its arguments must be picklable, and
+    ``fn`` importable from a module (not defined in a notebook). Raises :class:`RankError`
+    when a rank fails, ``TimeoutError`` after ``timeout_s``; every child is reaped either way.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if getattr(fn, "__module__", "__main__") == "__main__" or "<locals>" in fn.__qualname__:
+        raise ValueError(f"{fn!r} cannot be pickled by spawn: define it in a module "
+                         "(e.g. llminfra.parallel.workers), not in a notebook or a closure")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, daemon=True,
+                         args=(fn, r, world_size, port, backend, timeout_s, threads_per_rank,
+                               args, kwargs, out)) for r in range(world_size)]
+    t0 = time.monotonic()
+    try:
+        for p in procs:
+            p.start()
+        results = _collect(procs, out, world_size, timeout_s)
+    finally:
+        _stop(procs)
+        out.close()
+        out.join_thread()
+    log.info("launch: %d ranks of %s done in %.2f s", world_size, fn.__qualname__,
+             time.monotonic() - t0)
+    return results

@@ -1,0 +1,1 @@
+"""matplotlib figure functions (one module per chapter topic); the widgets and notebooks call them."""

@@ -1,0 +1,110 @@
+"""Figures for chapter 06 (FlashAttention): the tile grid of the stepper, memory and time vs N
+from the attention bench, and bytes moved vs Theorem 2 of Dao et al. 2022 (arXiv:2205.14135)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from llminfra.attention.tile_trace import TileTrace
+
+_COLORS = {"naive": "tab:red", "flash": "tab:blue", "sdpa": "tab:green"}
+
+
+def tile_grid_figure(trace: TileTrace, step: int) -> Figure:
+    """Left: the T x S score matrix cut into tiles — done (light), current (dark), skipped by
+    the causal mask (hatched), to come (white). Right: bytes moved to/from slow memory so far by
+    the tiled run against the naive run's total."""
+    s = trace.steps[step]
+    done = {(t.i0, t.j0) for t in trace.steps[:step]}
+    computed = {(t.i0, t.j0) for t in trace.steps}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8.0, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    for i0 in range(0, trace.T, trace.block_q):
+        for j0 in range(0, trace.S, trace.block_k):
+            h, w = min(trace.block_q, trace.T - i0), min(trace.block_k, trace.S - j0)
+            if (i0, j0) == (s.i0, s.j0):
+                style = {"facecolor": "tab:blue"}
+            elif (i0, j0) in done:
+                style = {"facecolor": "lightsteelblue"}
+            elif (i0, j0) not in computed:
+                style = {"facecolor": "0.9", "hatch": "//"}
+            else:
+                style = {"facecolor": "white"}
+            ax.add_patch(Rectangle((j0, i0), w, h, edgecolor="0.3", **style))
+    ax.set_xlim(0, trace.S)
+    ax.set_ylim(trace.T, 0)
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    ax.set_title(f"tile {step + 1}/{len(trace.steps)}: rows {s.i0}-{s.i1 - 1}, "
+                 f"keys {s.j0}-{s.j1 - 1}")
+    read_kb, write_kb = s.slow_read_bytes / 1e3, s.slow_write_bytes / 1e3
+    bx.bar(["tiled\nso far"], [read_kb], color="tab:blue", label="read")
+    bx.bar(["tiled\nso far"], [write_kb], bottom=[read_kb], color="lightsteelblue", label="written")
+    bx.bar(["naive\ntotal"], [trace.naive_slow_bytes / 1e3], color="tab:red")
+    bx.set_ylabel("slow-memory traffic (kB)")
+    bx.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _by_causal(rows: list[dict], causal: bool) -> list[dict]:
+    return sorted((r for r in rows if r["causal"] == causal), key=lambda r: r["N"])
+
+
+def memory_vs_n_figure(rows: list[dict], causal: bool = False) -> Figure:
+    """Measured peak extra memory of each method vs N (log-log): naive grows as N², tiled and
+    SDPA as N."""
+    rows = _by_causal(rows, causal)
+    fig, ax = plt.subplots()
+    Ns = [r["N"] for r in rows]
+    for name, color in _COLORS.items():
+        ax.loglog(Ns, [r[f"{name}_peak_bytes"] / 1e6 for r in rows], "o-", color=color, label=name)
+    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_ylabel("measured peak memory (MB)")
+    ax.set_title(f"peak memory of one attention call ({'causal' if causal else 'non-causal'})")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def time_vs_n_figure(rows: list[dict]) -> Figure:
+    """Best wall time of each method vs N, non-causal (solid) and causal (dashed), log-log."""
+    fig, ax = plt.subplots()
+    for causal, style in ((False, "o-"), (True, "s--")):
+        sub = _by_causal(rows, causal)
+        for name, color in _COLORS.items():
+            ax.loglog([r["N"] for r in sub], [r[f"{name}_s"] for r in sub], style, color=color,
+                      label=f"{name}{' causal' if causal else ''}")
+    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_ylabel("best time (s)")
+    ax.set_title("time of one attention call (CPU)")
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def io_figure(rows: list[dict]) -> Figure:
+    """Counted slow-memory bytes vs N: naive, and tiled for each fast-memory size M, with the
+    Theorem 2 terms (scaled by their fitted constants) as dotted lines."""
+    fig, ax = plt.subplots()
+    Ms = sorted({r["sram_elements"] for r in rows})
+    naive = sorted({(r["N"], r["naive_bytes"], r["naive_formula_bytes"]) for r in rows})
+    ax.loglog([n for n, _, _ in naive], [b for _, b, _ in naive], "o-", color="tab:red",
+              label="naive (counted)")
+    for M in Ms:
+        sub = sorted((r for r in rows if r["sram_elements"] == M), key=lambda r: r["N"])
+        line, = ax.loglog([r["N"] for r in sub], [r["flash_bytes"] for r in sub], "o-",
+                          label=f"tiled, M = {M:,} elements")
+        c = sub[-1]["flash_ratio"]
+        ax.loglog([r["N"] for r in sub], [c * r["flash_formula_bytes"] for r in sub], ":",
+                  color=line.get_color())
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("bytes moved to/from slow memory")
+    ax.set_title("IO: counted (solid) vs Theorem 2's N²d²/M (dotted)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,107 @@
+"""``QuantLinear``: a drop-in for ``nn.Linear`` that stores a :class:`QuantizedTensor`
+(packed codes + scales) and dequantizes on the fly, ``y = x · dequant(W)ᵀ + b``.
+
+With ``act_quant="int8"`` it is the dynamic W8A8 scheme instead (Dettmers et al., 2022,
+LLM.int8(), arXiv:2208.07339, §3.1 "vector-wise quantization", without the outlier split):
+each token's activations are quantized on the fly with their own absmax scale ``s_x``, the
+weights carry one scale per output row ``s_w``, the product is an integer matmul with int32
+accumulation, and ``y = (x_q W_qᵀ) · s_x s_wᵀ``. Chapter 03.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from llminfra.quant.tensor import QuantizedTensor
+
+_BUFFERS = ("codes", "scale", "zero", "input_scale")
+
+
+def int8_matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a (M, K) int8 @ b (K, N) int8`` accumulated exactly (float64), returned as int32."""
+    return (a.double() @ b.double()).to(torch.int32)
+
+
+def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a (M, K) int8 @ b (K, N) int8 -> int32`` with ``torch._int_mm`` where it runs,
+    else :func:`int8_matmul_reference` (the two are equal; tested)."""
+    try:
+        return torch._int_mm(a.contiguous(), b.contiguous())
+    except (RuntimeError, AttributeError):
+        return int8_matmul_reference(a, b)
+
+
+def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x (M, K)`` -> ``(x_q int8 (M, K), s_x (M, 1))`` with ``s_x = max_k |x| / 127``."""
+    s = x.abs().amax(-1, keepdim=True).float() / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round(x.float() / s).clamp(-127, 127).to(torch.int8), s
+
+
+class QuantLinear(nn.Module):
+    """Linear layer with quantized weight ``W (out, in)``; see the module docstring.
+
+    Build it with :meth:`from_linear` (``QuantLinear.from_linear(linear, "int4-g128")``) or from a
+    ready :class:`QuantizedTensor` (GPTQ / AWQ). ``act_quant`` is ``None`` (weight-only) or
+    ``"int8"`` (dynamic activations; needs an ``int8-channel`` weight).
+    """
+
+    def __init__(self, qweight: QuantizedTensor, bias: torch.Tensor | None = None,
+                 act_quant: str | None = None):
+        super().__init__()
+        if len(qweight.shape) != 2:
+            raise ValueError(f"QuantLinear needs a 2-D weight, got shape {qweight.shape}")
+        if act_quant not in (None, "int8"):
+            raise ValueError(f"act_quant must be None or 'int8', got {act_quant!r}")
+        if act_quant == "int8" and not (qweight.kind == "int" and qweight.bits == 8
+                                        and qweight.zero is None and qweight.layout.group == qweight.shape[1]
+                                        and qweight.input_scale is None):
+            raise ValueError(f"act_quant='int8' needs an int8-channel (symmetric, per output row) "
+                             f"weight, got scheme {qweight.scheme!r}")
+        self.out_features, self.in_features = qweight.shape
+        self.act_quant = act_quant
+        self._meta = dataclasses.replace(qweight, codes=torch.empty(0), scale=torch.empty(0),
+                                         zero=None, input_scale=None)
+        for name in _BUFFERS:
+            self.register_buffer(name, getattr(qweight, name))
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: str, act_quant: str | None = None) -> "QuantLinear":
+        """Quantize ``linear.weight`` with round-to-nearest ``scheme`` (see :func:`quantize`)."""
+        from llminfra.quant import quantize
+        return cls(quantize(linear.weight.detach(), scheme), linear.bias, act_quant)
+
+    @property
+    def qweight(self) -> QuantizedTensor:
+        """The stored weight as a :class:`QuantizedTensor` (views of this module's buffers)."""
+        return dataclasses.replace(self._meta, **{n: getattr(self, n) for n in _BUFFERS})
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Bytes the weight takes (codes, scales, zero points, input scales)."""
+        return self.qweight.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (..., in) -> (..., out)``."""
+        if self.act_quant == "int8":
+            return self._forward_w8a8(x)
+        w = self.qweight.dequantize(x.dtype)
+        return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+    def _forward_w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        xq, sx = quantize_per_token_int8(x.reshape(-1, self.in_features))
+        wq = (self.codes.to(torch.int16) - 128).to(torch.int8)            # (out, in)
+        acc = int8_matmul(xq, wq.T)                                          # (M, out) int32
+        y = acc.float() * sx * self.scale.float().reshape(1, -1)
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"scheme={self._meta.scheme!r}, act_quant={self.act_quant!r}")

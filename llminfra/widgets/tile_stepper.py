@@ -1,0 +1,66 @@
+"""The tile stepper: walk through tiled attention one tile at a time (chapter 06).
+
+A slider picks the step; an Image shows the tile grid and the slow-memory byte counters
+(:func:`llminfra.plots.attention.tile_grid_figure`), and an HTML table shows, for the rows of
+the current query block, the running max ``m_i``, the running sum ``l_i`` and the first values
+of the partial output ``O_i`` (Dao et al. 2022, arXiv:2205.14135, Algorithm 1), with the bytes
+read and written so far and the bytes the tile holds in fast memory. Thin wiring over
+:func:`llminfra.attention.tile_trace.tile_trace`.
+"""
+
+from __future__ import annotations
+
+import io
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+
+from llminfra.attention.tile_trace import TileTrace, tile_trace
+from llminfra.plots.attention import tile_grid_figure
+
+
+def step_html(trace: TileTrace, step: int) -> str:
+    """The numbers of one step as an HTML table (4 significant digits)."""
+    s = trace.steps[step]
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{s.m[i].item():.4g}</td><td>{s.l[i].item():.4g}</td>"
+        f"<td>{', '.join(f'{x:.3g}' for x in s.O[i, :3].tolist())}</td></tr>"
+        for i in range(s.i0, s.i1))
+    return (f"<b>step {step + 1} of {len(trace.steps)}</b>: query rows {s.i0}–{s.i1 - 1} × "
+            f"keys {s.j0}–{s.j1 - 1}<br>"
+            f"slow memory so far: {s.slow_read_bytes:,} B read, {s.slow_write_bytes:,} B written "
+            f"(naive total: {trace.naive_slow_bytes:,} B); fast memory for this tile: "
+            f"{s.fast_bytes:,} B (naive score matrix: {trace.naive_peak_scores_bytes:,} B)"
+            f"<table><tr><th>row i</th><th>m_i (running max)</th><th>l_i (running sum)</th>"
+            f"<th>O_i[:3] (partial output)</th></tr>{rows}</table>")
+
+
+def _png(trace: TileTrace, step: int) -> bytes:
+    fig = tile_grid_figure(trace, step)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def tile_stepper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                 block_q: int = 4, block_k: int = 4) -> tuple[widgets.VBox, widgets.IntSlider,
+                                                              widgets.HTML]:
+    """Build the stepper for one head (q ``(T, d)``, k/v ``(S, d)``).
+
+    Returns ``(box, slider, html)``: display ``box``; set ``slider.value`` to move (the
+    ``observe`` callback redraws the image and rewrites ``html.value``).
+    """
+    trace = tile_trace(q, k, v, causal, block_q, block_k)
+    slider = widgets.IntSlider(value=0, min=0, max=len(trace.steps) - 1, description="tile",
+                               continuous_update=False)
+    image = widgets.Image(format="png", value=_png(trace, 0))
+    html = widgets.HTML(value=step_html(trace, 0))
+
+    def update(change):
+        image.value = _png(trace, change["new"])
+        html.value = step_html(trace, change["new"])
+
+    slider.observe(update, names="value")
+    return widgets.VBox([slider, image, html]), slider, html

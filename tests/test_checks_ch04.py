@@ -1,0 +1,125 @@
+"""Chapter 04 checkers: each passes on the package's own answer and fails, with the right
+diagnosis, on the usual wrong answers."""
+
+from collections import deque
+
+import pytest
+
+from llminfra.course.checking import CheckFailed
+from llminfra.course.checks import ch04
+from llminfra.kvcache import BlockAllocator, BlockPoolExhausted, contiguous_waste, slot_mapping
+
+
+class LifoAllocator(BlockAllocator):
+    """Wrong: hands out the most recently freed block first."""
+
+    def allocate(self):
+        if not self._free:
+            raise BlockPoolExhausted("empty")
+        b = self._free.pop()
+        self._ref[b] = 1
+        return b
+
+
+class NoRefCount:
+    """Wrong: fork does not add a holder, free always returns the block."""
+
+    def __init__(self, num_blocks, block_size):
+        self.free_ids, self.ref = deque(range(num_blocks)), [0] * num_blocks
+
+    def allocate(self):
+        if not self.free_ids:
+            raise BlockPoolExhausted("empty")
+        b = self.free_ids.popleft()
+        self.ref[b] = 1
+        return b
+
+    def incref(self, b):
+        pass
+
+    def free(self, b):
+        self.ref[b] = 0
+        self.free_ids.append(b)
+
+    def ref_count(self, b):
+        return self.ref[b]
+
+    def free_list(self):
+        return list(self.free_ids)
+
+
+class ReturnsNone(NoRefCount):
+    """Wrong: returns None instead of raising when the pool is empty."""
+
+    def incref(self, b):
+        self.ref[b] += 1
+
+    def free(self, b):
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            self.free_ids.append(b)
+
+    def allocate(self):
+        if not self.free_ids:
+            return None
+        return super().allocate()
+
+
+def test_checkers_pass_on_the_package():
+    assert ch04.check_block_allocator(BlockAllocator) == 8
+    assert ch04.check_slot_mapping(slot_mapping) == 10
+    assert ch04.check_contiguous_waste(contiguous_waste) == 10
+
+
+@pytest.mark.parametrize("attempt", range(3))
+@pytest.mark.parametrize("wrong, message", [
+    (NoRefCount, "reference counts became"),
+    (ReturnsNone, "must raise BlockPoolExhausted"),
+])
+def test_allocator_diagnoses(attempt, wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch04.check_block_allocator(wrong)
+
+
+def test_lifo_allocator_fails():
+    """LIFO reuse differs as soon as two blocks are freed and one reallocated; over 8 random
+    cases of up to 25 operations that is all but certain (we retry to keep the test exact)."""
+    for _ in range(5):
+        try:
+            ch04.check_block_allocator(LifoAllocator)
+        except CheckFailed as e:
+            assert "allocate returned" in str(e) or "free list" in str(e)
+            return
+    pytest.fail("a LIFO allocator passed five times")
+
+
+def test_allocator_checker_wants_a_class():
+    with pytest.raises(CheckFailed, match="wants a class"):
+        ch04.check_block_allocator(BlockAllocator(2, 2))
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda b, p, B: [b[i // B] + i % B for i in p], "multiply the block id"),
+    (lambda b, p, B: [i for i in p], "logical block index"),
+    (lambda b, p, B: [b[i // B] * B + i // B for i in p], "offset"),
+])
+def test_slot_mapping_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch04.check_slot_mapping(wrong)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda ls, m: sum(ls) / (len(ls) * m), "utilisation"),
+    (lambda ls, m: 1 - sum(ls) / (len(ls) * max(ls)), "not the longest request"),
+    (lambda ls, m: len(ls) * m - sum(ls), "not a count"),
+])
+def test_contiguous_waste_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch04.check_contiguous_waste(wrong)
+
+
+def test_stub_fails_with_not_implemented():
+    def stub(*args):
+        raise NotImplementedError("your code here")
+    with pytest.raises(CheckFailed, match="not implemented"):
+        ch04.check_slot_mapping(stub)

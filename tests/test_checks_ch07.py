@@ -1,0 +1,53 @@
+"""Chapter 07 checkers: pass on the package's functions, fail with a precise message on the
+usual wrong answers."""
+
+import pytest
+
+from llminfra.course.checking import CheckFailed
+from llminfra.course.checks import ch07
+from llminfra.parallel.pipeline import bubble_fraction
+from llminfra.parallel.tensor_parallel import shard_cols, shard_rows
+
+
+def column_right(A, rank, size):
+    return shard_rows(A.T, rank, size).T
+
+
+def row_right(A, rank, size):
+    return shard_cols(A.T, rank, size).T
+
+
+def test_checkers_pass_on_the_package():
+    assert ch07.check_column_shard(column_right) == 6
+    assert ch07.check_row_shard(row_right) == 6
+    assert ch07.check_bubble(bubble_fraction) == 9
+
+
+def test_shards_swapped_are_diagnosed():
+    with pytest.raises(CheckFailed, match="row-parallel shard: you split the other dimension"):
+        ch07.check_column_shard(row_right)
+    with pytest.raises(CheckFailed, match="column-parallel shard"):
+        ch07.check_row_shard(column_right)
+
+
+def test_wrong_block_and_stub():
+    def last_block(A, rank, size):
+        return column_right(A, size - 1 - rank, size)
+    with pytest.raises(CheckFailed, match="wrong block"):
+        for _ in range(5):  # rank r == size-1-r can pass a case by luck; not five fresh sets
+            ch07.check_column_shard(last_block)
+
+    def stub(A, rank, size):
+        raise NotImplementedError("your code here")
+    with pytest.raises(CheckFailed, match="not implemented yet"):
+        ch07.check_row_shard(stub)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda p, m: (p - 1) / m, "relative to the busy time"),
+    (lambda p, m: m / (m + p - 1), "busy share"),
+    (lambda p, m: (p - 1) / (m + p), "not m\\+p"),
+])
+def test_bubble_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch07.check_bubble(wrong)

@@ -1,0 +1,128 @@
+"""The model on every cache: identical tokens; forks, prefix hits and swaps keep K/V exact."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from llminfra.kvcache import (BlockPoolExhausted, ContiguousKVCache, GrowingKVCache,
+                              PagedKVCache, PrefixCachingAllocator, gather_kv, swap_in, swap_out)
+from llminfra.model import DenseKVCache, ModelConfig, Transformer, generate
+
+CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
+                  max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(CFG, generator=torch.Generator().manual_seed(1234)).eval()
+
+
+def _caches(block_size):
+    return {"dense": DenseKVCache(CFG.n_layers),
+            "paged": PagedKVCache.for_model(CFG, num_blocks=64, block_size=block_size),
+            "contiguous": ContiguousKVCache(CFG.n_layers, 1, CFG.n_kv_heads, CFG.head_dim, 64),
+            "growing": GrowingKVCache(CFG.n_layers, initial_capacity=3)}
+
+
+@settings(max_examples=8, deadline=None)
+@given(prompt=st.lists(st.integers(0, 255), min_size=1, max_size=20),
+       block_size=st.sampled_from([1, 3, 16]), seed=st.integers(0, 2**31))
+@torch.no_grad()
+def test_generation_identical_on_every_cache(model, prompt, block_size, seed):
+    out = {}
+    for name, cache in _caches(block_size).items():
+        g = torch.Generator().manual_seed(seed)
+        out[name] = generate(model, prompt, 12, temperature=1.0, generator=g, cache=cache)
+    assert len(set(map(tuple, out.values()))) == 1, out
+
+
+@torch.no_grad()
+def test_paged_logits_equal_dense(model, gen):
+    tokens = torch.randint(0, 256, (3, 13), generator=gen)
+    dense, paged = DenseKVCache(CFG.n_layers), PagedKVCache.for_model(CFG, 30, block_size=4)
+    a = model(tokens[:, :9], cache=dense)
+    b = model(tokens[:, :9], cache=paged)
+    torch.testing.assert_close(a, b)
+    a = model(tokens[:, 9:], cache=dense, start_pos=9)
+    b = model(tokens[:, 9:], cache=paged, start_pos=9)
+    torch.testing.assert_close(a, b)
+    assert paged.allocator.num_used == 3 * 4      # 13 tokens -> 4 blocks of 4, per sequence
+
+
+@torch.no_grad()
+def test_forked_samples_match_independent_runs(model, gen):
+    """n = 3 samples forked from one prefill (shared prompt blocks, copy-on-write) produce the
+    same logits as three independent dense runs."""
+    prompt = torch.randint(0, 256, (1, 10), generator=gen)
+    nxt = torch.randint(0, 256, (3, 4), generator=gen)
+    paged = PagedKVCache.for_model(CFG, 40, block_size=4)
+    model(prompt, cache=paged)
+    paged.batch = [0, paged.fork(0), paged.fork(0)]
+    used_before = paged.allocator.num_used
+    for t in range(4):
+        got = model(nxt[:, t:t + 1], cache=paged, start_pos=10 + t)
+        if t == 0:                                # 3rd block (2 tokens) copied for 2 children
+            assert paged.allocator.num_used == used_before + 2
+    for i in range(3):
+        dense = DenseKVCache(CFG.n_layers)
+        want = model(torch.cat([prompt, nxt[i:i + 1]], dim=1), cache=dense)[:, -1]
+        torch.testing.assert_close(got[i:i + 1, -1], want)
+
+
+@torch.no_grad()
+def test_prefix_hit_returns_identical_kv(model, gen):
+    B = 4
+    cache = PagedKVCache.for_model(CFG, 40, block_size=B,
+                                   allocator=PrefixCachingAllocator(40, B))
+    system = torch.randint(0, 256, (11,), generator=gen).tolist()
+    first = system + [1, 2, 3]
+    seq, n = cache.add_prefix_sequence(first)
+    assert n == 0
+    cache.batch = [seq]
+    model(torch.tensor([first]), cache=cache)
+    cache.cache_prefix(seq, first)
+    k_first = [gather_kv(cache.k[layer], cache.tables[seq].blocks, 8) for layer in range(2)]
+    cache.free(seq)
+    second = system + [9, 9]
+    seq2, n = cache.add_prefix_sequence(second)
+    assert n == 8                                 # two full blocks of the system prompt
+    cache.batch = [seq2]
+    logits = model(torch.tensor([second[n:]]), cache=cache, start_pos=n)
+    want = model(torch.tensor([second]), cache=DenseKVCache(CFG.n_layers))
+    torch.testing.assert_close(logits[:, -1], want[:, -1])
+    for layer in range(2):
+        torch.testing.assert_close(
+            gather_kv(cache.k[layer], cache.tables[seq2].blocks, 8), k_first[layer])
+
+
+@torch.no_grad()
+def test_swap_out_and_in_restores_kv(model, gen):
+    cache = PagedKVCache.for_model(CFG, 12, block_size=4)
+    model(torch.randint(0, 256, (1, 10), generator=gen), cache=cache)
+    before = [gather_kv(cache.k[i], cache.tables[0].blocks, 10) for i in range(2)]
+    blocker = cache.add_sequence()
+    cache.tables[blocker].append(4)               # hold block 3 so the swap-in gets new ids
+    swapped = swap_out(cache, 0)
+    assert cache.allocator.num_free == 11 and swapped.num_tokens == 10
+    seq = swap_in(cache, swapped)
+    assert cache.tables[seq].blocks != [0, 1, 2]
+    for i in range(2):
+        torch.testing.assert_close(gather_kv(cache.k[i], cache.tables[seq].blocks, 10), before[i])
+
+
+@torch.no_grad()
+def test_model_on_a_full_pool_raises_a_helpful_error(model, gen):
+    cache = PagedKVCache.for_model(CFG, 2, block_size=4)
+    with pytest.raises(BlockPoolExhausted, match="preempt.*swap.*wait"):
+        model(torch.randint(0, 256, (1, 9), generator=gen), cache=cache)
+    cache.allocator.check_invariants()
+    assert cache.allocator.num_free == 2          # nothing leaked
+
+
+def test_contiguous_cache_refuses_overflow(gen):
+    cache = ContiguousKVCache(1, 1, 2, 4, max_seq_len=5)
+    k = torch.randn(1, 2, 4, 4, generator=gen)
+    cache.update(0, k, k)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        cache.update(0, k[:, :, :2], k[:, :, :2])
+    assert cache.used_bytes * 5 == cache.nbytes * 4
