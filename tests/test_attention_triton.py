@@ -25,6 +25,8 @@ CASES = [  # B, H, H_kv, T, S, d, causal, dtype
     (1, 2, 2, 30, 30, 80, True, "float32"),    # d not a power of two
     (1, 2, 1, 18, 40, 64, True, "float16"),
     (1, 2, 2, 18, 18, 32, False, "bfloat16"),
+    (1, 4, 1, 1, 37, 32, True, "float32"),     # one decode query against 37 cached keys
+    (1, 1, 1, 1, 1, 16, True, "float32"),
 ]
 
 SCRIPT = textwrap.dedent("""

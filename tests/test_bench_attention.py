@@ -1,6 +1,7 @@
 """The attention bench: peak memory is measured (validated on known allocations), rows carry the
 keys the issue asks for, and the table prints them."""
 
+import pytest
 import torch
 
 from llminfra.bench import attention as bench
@@ -43,3 +44,24 @@ def test_rows_and_table():
     table = bench.format_table(result)
     assert "128" in table and "flash/naive peak" in table
     assert result["criteria"]["N"] == 128
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+def test_run_gpu_fails_loudly_without_cuda():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        bench.run_gpu()
+
+
+def test_gpu_table_and_tflops():
+    """4·B·H·N²·d FLOPs: B=1, H=1, N=1024, d=64 non-causal in 1 ms → 0.2684 TFLOP/s; causal half."""
+    from llminfra.attention.flash_triton import attention_tflops
+    assert abs(attention_tflops(1, 1, 1024, 1024, 64, False, 1e-3) - 0.268435456) < 1e-9
+    assert abs(attention_tflops(1, 1, 1024, 1024, 64, True, 1e-3) - 0.134217728) < 1e-9
+    row = {"N": 1024, "d": 64, "causal": False, "triton_tflops": 101.25, "sdpa_tflops": 99.0}
+    assert "101.2" in bench.format_gpu_table({"rows": [row]})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not counted as a pass)")
+def test_run_gpu_on_gpu():
+    result = bench.run_gpu()
+    assert result["rows"] and all(r["triton_tflops"] > 0 for r in result["rows"])

@@ -164,3 +164,27 @@ def test_tiny_transformer_parts_match_the_calculator():
     assert act[4] - 2 * act[3] + act[2] == 0 and act[3] > act[2]
     peak = {B: res.inference_peak for B, res in results.items()}
     assert peak[2] < peak[3] < peak[4]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (cross-check with "
+                    "the CUDA caching allocator's statistics)")
+def test_peak_forward_matches_the_cuda_allocator():
+    """On a GPU the caching allocator counts every byte handed out: its peak above the baseline
+    during a no-grad forward must be the tracker's peak (sizes are multiples of 512 bytes, the
+    allocator's rounding; a warm-up call creates cuBLAS's workspace first)."""
+    B, d = 64, 256
+    gen = torch.Generator().manual_seed(0)
+    m = _mlp(d, nn.GELU(), gen).cuda()
+    x = torch.randn(B, d, generator=gen).cuda()
+    with torch.no_grad():
+        m(x)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        y = m(x)
+        del y
+    torch.cuda.synchronize()
+    allocator_peak = torch.cuda.max_memory_allocated() - base
+    assert peak_forward_bytes(m, x) == 32 * B * d
+    assert allocator_peak == pytest.approx(32 * B * d, rel=0.05)

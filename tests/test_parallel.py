@@ -155,7 +155,8 @@ def test_bubble_formula_by_hand():
     assert bubble_fraction(3, 4) == pytest.approx(1 / 3)
     assert bubble_fraction(1, 5) == 0.0
     for p, m in ((2, 1), (4, 8), (3, 7)):
-        assert measured_bubble(gpipe_schedule(p, m, 0.01), p) == pytest.approx(bubble_fraction(p, m))
+        events = gpipe_schedule(p, m, 0.01)
+        assert measured_bubble(events, p) == pytest.approx(bubble_fraction(p, m))
     with pytest.raises(ValueError):
         bubble_fraction(0, 3)
 

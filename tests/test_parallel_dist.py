@@ -14,7 +14,7 @@ from llminfra.model.cache import DenseKVCache
 from llminfra.model.generate import generate
 from llminfra.parallel.launch import RankError, launch
 from llminfra.parallel.workers import (distributed_selfcheck, fail_on_rank, mlp_case,
-                                       pipeline_logits, selfcheck, tiny_model)
+                                       pipeline_logits, selfcheck, sleep_for, tiny_model)
 from llminfra.parallel.world import run_simulated
 
 SEED = 1234
@@ -105,6 +105,14 @@ def test_rank_error_reaches_caller_and_nothing_is_left():
         launch(fail_on_rank, 2, 1, timeout_s=60)  # rank 0 blocks in an all-reduce meanwhile
     assert info.value.rank == 1
     assert time.monotonic() - t0 < 60
+    assert not multiprocessing.active_children()
+
+
+def test_a_hung_rank_hits_the_deadline_and_is_killed():
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="not finished after 4"):
+        launch(sleep_for, 1, 600.0, timeout_s=4)
+    assert time.monotonic() - t0 < 30
     assert not multiprocessing.active_children()
 
 

@@ -52,14 +52,19 @@ def peak_bytes(fn: Callable[[], object]) -> int:
 
     Runs ``fn`` once under ``torch.profiler`` with ``profile_memory=True``, takes its allocator
     events (+bytes on allocation, -bytes on free) in time order and returns the largest running
-    sum: the high-water mark above what was allocated before the call.
+    sum: the high-water mark above what was allocated before the call. Validated in
+    ``tests/test_bench_attention.py`` on allocations of known size.
     """
     with _quiet_stderr_fd():
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             out = fn()
         del out
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
+    try:
+        raw = prof.profiler.kineto_results.events()
+    except AttributeError as e:  # the profiler's internals moved: say so rather than guess
+        raise RuntimeError(f"peak_bytes: this torch ({torch.__version__}) does not expose the "
+                           "profiler's memory events (kineto_results)") from e
+    events = sorted((e.start_ns(), e.nbytes()) for e in raw if e.name() == "[memory]")
     running = peak = 0
     for _, nbytes in events:
         running += nbytes
@@ -224,8 +229,10 @@ def run_gpu() -> dict:
     check = _gpu_check(device)
     rows = [_gpu_row(N, d, causal, device)
             for d in (64, 128) for causal in (False, True) for N in GPU_N]
-    return {"suite": "attention", "check": check, "blocks": GPU_BLOCKS, "rows": rows,
-            "environment": environment()}
+    result = {"suite": "attention", "check": check, "blocks": GPU_BLOCKS, "rows": rows,
+              "environment": environment()}
+    result["table"] = format_gpu_table(result)
+    return result
 
 
 def format_gpu_table(result: dict) -> str:

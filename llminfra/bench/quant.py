@@ -22,7 +22,7 @@ from llminfra.bench.timing import best_time_s, environment
 
 SCHEMES = ("int8-absmax", "int8-zeropoint", "int8-channel", "int8-dynamic", "fp8-e4m3",
            "fp8-e5m2", "nf4", "int4-g128", "gptq-int4-g128", "awq-int4-g128", "int4-channel",
-           "gptq-int4-channel", "int3-g128", "gptq-int3-g128")
+           "gptq-int4-channel", "int3-g128", "gptq-int3-g128", "int3-channel", "int2-g32")
 QUICK_SCHEMES = ("int8-absmax", "int8-zeropoint", "int8-channel", "fp8-e4m3", "nf4", "int4-g128",
                  "gptq-int4-g128", "awq-int4-g128", "int4-channel", "int3-g128")
 TIMED = ("int8-channel", "int8-dynamic", "fp8-e4m3", "int4-g128", "nf4")
@@ -97,7 +97,7 @@ def _kv(model, eval_ids) -> dict:
 def _gguf(model, eval_ids) -> dict:
     from llminfra.model import perplexity
     from llminfra.quant.gguf_export import export_gguf, load_state_dict_from_gguf
-    out = {}
+    out = {"fp32_perplexity": perplexity(model, eval_ids), "eval_tokens": int(eval_ids.numel())}
     with tempfile.TemporaryDirectory() as d:
         for qtype in ("Q8_0", "Q4_0"):
             path = export_gguf(model, Path(d) / f"tiny-{qtype}.gguf", qtype)
@@ -172,6 +172,7 @@ def format_table(result: dict) -> str:
     kv = result["kv_cache"]
     lines.append("KV cache: " + ", ".join(f"{k} ppl {v['perplexity']:.4f} ({v['bytes_per_token']:.0f} B/token)"
                                           for k, v in kv.items()))
-    lines.append("GGUF: " + ", ".join(f"{k} {v['file_bytes']} B, ppl {v['perplexity']:.4f}"
-                                      for k, v in result["gguf"].items()))
+    gg = result["gguf"]
+    lines.append(f"GGUF (ppl on {gg['eval_tokens']} tokens, fp32 {gg['fp32_perplexity']:.4f}): " + ", ".join(
+        f"{k} {v['file_bytes']} B, ppl {v['perplexity']:.4f}" for k, v in gg.items() if isinstance(v, dict)))
     return "\n".join(lines)

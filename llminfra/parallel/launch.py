@@ -6,7 +6,9 @@ forked children that use several threads can hang), connects them over gloo (CPU
 its :class:`~llminfra.parallel.world.DistributedWorld`, and returns the results in rank order.
 
 Works from a notebook: ``fn`` must be importable by the children (a function of the package,
-e.g. in :mod:`llminfra.parallel.workers`), because spawn pickles it by name. Guarantees:
+e.g. in :mod:`llminfra.parallel.workers`), because spawn pickles it by name. From a script,
+call ``launch`` under ``if __name__ == "__main__":`` (spawn re-imports the main module).
+Guarantees:
 
 * every child is gone when ``launch`` returns or raises (terminated, then killed);
 * an exception in any rank reaches the caller as :class:`RankError` with that rank's traceback;

@@ -77,9 +77,10 @@ def apply_tensor_parallel(model: nn.Module, world: World) -> nn.Module:
 
 
 def make_mlp(dim: int, ffn_dim: int, generator: torch.Generator | None = None) -> nn.Module:
-    """A plain SwiGLU MLP of the tiny model's kind (:class:`~llminfra.model.transformer.FeedForward`)
-    with weights ``N(0, 0.02²)`` drawn from ``generator`` (seed 0 when None), for benchmarks
-    and tests on shapes of one's own. Input ``(..., dim)`` -> output ``(..., dim)``."""
+    """A plain SwiGLU MLP of the tiny model's kind
+    (:class:`~llminfra.model.transformer.FeedForward`) with weights ``N(0, 0.02²)`` drawn from
+    ``generator`` (seed 0 when None), for benchmarks and tests on shapes of one's own.
+    Input ``(..., dim)`` -> output ``(..., dim)``."""
     from llminfra.model.config import ModelConfig
     from llminfra.model.transformer import FeedForward
     if dim % 2:

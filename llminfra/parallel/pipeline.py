@@ -117,11 +117,12 @@ def run_stage(world: World, stage: Callable[[torch.Tensor], torch.Tensor],
     (``irecv`` / ``isend``), so transfers overlap the work as in real pipelines. An event spans
     from the moment micro-batch ``i``'s input is in hand to the moment its output is handed on:
     the gaps between events are the time spent waiting for the stage before (the bubble).
-    With ``stage_time_s``, a sleep that wakes late (a busy CPU) shortens the next pads by as
+
+    ``stage_time_s``, if given, pads each micro-batch's work with sleep to that fixed duration
+    (a calibrated stage cost, so that the schedule can be measured on a shared CPU; the real
+    computation still runs). A sleep that wakes late (a busy CPU) shortens the next pads by as
     much, so that each stage's mean cost per micro-batch stays ``stage_time_s``.
-    Returns (the last stage's outputs, ``[]`` elsewhere; this stage's events). ``stage_time_s``, if given,
-    pads each micro-batch's work with sleep to that fixed duration (a calibrated stage cost, so
-    that the schedule can be measured on a shared CPU); the real computation still runs.
+    Returns (the last stage's outputs, ``[]`` elsewhere; this stage's events).
     """
     s, p = world.rank, world.size
     _check_first_stage(s, micro_batches, n_micro)

@@ -168,7 +168,8 @@ class RowParallelLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         local = shard_size(in_features, world.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+                     if bias else None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, world: World, input_is_parallel: bool = True):

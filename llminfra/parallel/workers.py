@@ -1,5 +1,6 @@
-"""Functions that run on every rank: ``fn(world, *args)`` for :func:`~llminfra.parallel.launch.launch`
-(real processes) or :func:`~llminfra.parallel.world.run_simulated` (threads).
+"""Functions that run on every rank: ``fn(world, *args)`` for
+:func:`~llminfra.parallel.launch.launch` (real processes) or
+:func:`~llminfra.parallel.world.run_simulated` (threads).
 
 They live in the package, not in a notebook, because ``spawn`` pickles a function by its module
 and name. Each builds its inputs from a seed, so every rank (and the caller, for the reference)
@@ -10,12 +11,15 @@ Taught in chapter 07.
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 
 from llminfra.parallel.megatron import apply_tensor_parallel, make_mlp, parallel_mlp
 from llminfra.parallel.pipeline import pipeline_forward, run_stage, split_micro_batches
 from llminfra.parallel.world import World
+
+log = logging.getLogger(__name__)
 
 
 def tiny_model(trained: bool = True):
@@ -25,8 +29,8 @@ def tiny_model(trained: bool = True):
         try:
             from llminfra.model import load_tiny
             return load_tiny()[0].eval()
-        except (ImportError, FileNotFoundError):
-            pass
+        except (ImportError, FileNotFoundError) as e:
+            log.warning("no trained tiny model (%s): using seed-0 random weights", e)
     from llminfra.model.config import ModelConfig
     from llminfra.model.transformer import Transformer
     return Transformer(ModelConfig.from_name("tiny")).eval()
@@ -94,6 +98,13 @@ def distributed_selfcheck(world: World, seed: int, prompt: list[int], max_new_to
         out["dtensor_y"] = dtensor_mlp_forward(world, mlp, x)
     out["backend"] = world.backend
     return out
+
+
+def sleep_for(world: World, seconds: float) -> int:
+    """Sleep, then return the rank (tests the launcher's deadline)."""
+    import time
+    time.sleep(seconds)
+    return world.rank
 
 
 def fail_on_rank(world: World, bad_rank: int) -> int:

@@ -15,7 +15,8 @@ Collectives (all return new tensors and never modify their input, so autograd st
 * ``all_gather(x, dim)`` — every rank gets ``cat([x_0, …, x_{n-1}], dim)``;
 * ``send(x, dst)`` / ``recv(shape, dtype, src)`` — point to point (pipeline parallelism).
 
-A tests ties the two: the same layer gives the same numbers on both (``tests/test_parallel_dist.py``).
+A test ties the two: the same layers give the same numbers on both
+(``tests/test_parallel_dist.py``).
 Taught in chapter 07.
 """
 
@@ -196,11 +197,12 @@ def run_simulated(fn: Callable, size: int, *args, timeout_s: float = 60.0, **kwa
     if any(t.is_alive() for t in threads):
         worlds[0].abort()
         raise TimeoutError(f"simulated ranks still running after {timeout_s} s")
-    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
-                 next((e for e in errors if e is not None), None))
+    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    first = real[0] if real else next((e for e in errors if e is not None), None)
     if first is not None:
         rank = errors.index(first)
-        raise RuntimeError(f"simulated rank {rank} raised {type(first).__name__}: {first}") from first
+        raise RuntimeError(f"simulated rank {rank} raised {type(first).__name__}: "
+                           f"{first}") from first
     return results
 
 

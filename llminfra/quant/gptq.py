@@ -82,6 +82,18 @@ def _column_grid(scale: torch.Tensor, zero: torch.Tensor | None, bits: int):
     return s, zero.double(), 0, 2 ** bits - 1
 
 
+def _prepare(W: torch.Tensor, H: torch.Tensor, act_order: bool, percdamp: float):
+    """Float64 copy of ``W`` with dead inputs (``H_jj = 0``) zeroed, the column order
+    (decreasing ``diag(H)`` with act-order) and ``Hinv`` in that order."""
+    Wd, H = W.detach().double().clone(), H.double().clone()
+    dead = H.diagonal() == 0
+    H[dead, dead] = 1.0
+    Wd[:, dead] = 0.0
+    cols = W.shape[1]
+    perm = torch.argsort(H.diagonal(), descending=True) if act_order else torch.arange(cols)
+    return Wd, perm, inverse_hessian_factor(H[perm][:, perm], percdamp)
+
+
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
                   granularity: str | int = 128, symmetric: bool = False,
                   block_size: int = 128, percdamp: float = 0.01, act_order: bool = False,
@@ -99,16 +111,12 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
         raise ValueError("GPTQ needs 'channel' or a group size, not 'tensor' granularity")
     layout = layout_for(W, granularity)
     g, rows, cols = layout.group, layout.rows, layout.cols
-    Wd, H = W.detach().double().clone(), H.double().clone()
-    dead = H.diagonal() == 0
-    H[dead, dead] = 1.0
-    Wd[:, dead] = 0.0
-    perm = torch.argsort(H.diagonal(), descending=True) if act_order else torch.arange(cols)
+    Wd, perm, Hinv = _prepare(W, H, act_order, percdamp)
     scale = torch.zeros(rows, layout.n_groups, dtype=torch.float32)
     zero = None if symmetric else torch.zeros(rows, layout.n_groups, dtype=torch.uint8)
     if act_order:  # static groups from the original weights
         scale, zero = _grid(to_groups(Wd, layout), bits, symmetric)
-    Wp, Hinv = Wd[:, perm], inverse_hessian_factor(H[perm][:, perm], percdamp)
+    Wp = Wd[:, perm]
     Uf = torch.empty(rows, cols, dtype=torch.float64)
     grid = None
     for i1 in range(0, cols, block_size):

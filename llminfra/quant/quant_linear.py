@@ -103,5 +103,6 @@ class QuantLinear(nn.Module):
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
+        """Sizes, scheme and activation mode, shown by ``print(model)``."""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"scheme={self._meta.scheme!r}, act_quant={self.act_quant!r}")

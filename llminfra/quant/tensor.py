@@ -30,10 +30,12 @@ class GroupLayout:
 
     @property
     def n_groups(self) -> int:
+        """Groups per row: ``ceil(cols / group)``."""
         return -(-self.cols // self.group)
 
     @property
     def padded_cols(self) -> int:
+        """``n_groups · group`` (columns after padding the last group)."""
         return self.n_groups * self.group
 
 
@@ -110,9 +112,11 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """Shape of the original tensor."""
         return self.layout.shape
 
     def numel(self) -> int:
+        """Number of quantized values (of the original tensor)."""
         n = 1
         for s in self.layout.shape:
             n *= s
@@ -125,6 +129,7 @@ class QuantizedTensor:
 
     @property
     def bytes_per_param(self) -> float:
+        """``nbytes / numel``: e.g. 0.5234 for int4-g128 (4 bits + fp16 scale + uint8 zero / 128)."""
         return self.nbytes / self.numel()
 
     def values_2d(self) -> torch.Tensor:

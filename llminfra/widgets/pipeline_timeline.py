@@ -50,8 +50,8 @@ class PipelineTimeline:
 
     def __init__(self, n_stages: int = 4, n_micro: int = 4):
         bubble_fraction(n_stages, n_micro)  # bad values: ValueError before any widget exists
-        self.stages = widgets.IntSlider(value=n_stages, min=1, max=MAX_STAGES, description="stages p",
-                                        continuous_update=False)
+        self.stages = widgets.IntSlider(value=n_stages, min=1, max=MAX_STAGES,
+                                        description="stages p", continuous_update=False)
         self.micro_batches = widgets.IntSlider(value=n_micro, min=1, max=MAX_MICRO,
                                                description="micro m", continuous_update=False)
         self.label = widgets.Label()

@@ -99,7 +99,8 @@ def _bubble_hint(args, kwargs, expected, got) -> str:
         "the bubble is (p-1)/(m+p-1); you used p instead of p-1": p / (m + p - 1),
     }
     for why, value in wrong.items():
-        if isinstance(got, (int, float)) and abs(got - value) < 1e-9 and abs(value - expected) > 1e-9:
+        if (isinstance(got, (int, float)) and abs(got - value) < 1e-9
+                and abs(value - expected) > 1e-9):
             return why
     return "idle share of p stages over a makespan of (m+p-1) stage times, each stage busy m"
 

@@ -1,0 +1,61 @@
+"""Figures of chapter 03: the rounding error of a quantized tensor, the levels of 4-bit formats,
+and bytes per parameter against error for a set of schemes.
+
+Each ``plot_*`` draws on an ``ax`` given by the notebook; :func:`error_histogram_png` renders
+off-screen (Agg canvas, no pyplot state) for the quantizer widget.
+"""
+
+from __future__ import annotations
+
+import io
+
+import torch
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def plot_error_histogram(w: torch.Tensor, w_hat: torch.Tensor, ax: Axes, title: str = "") -> Axes:
+    """Histogram of the rounding errors ``ŵ - w`` (in units of ``std(w)``), 80 bins."""
+    err = ((w_hat - w).float() / w.float().std().clamp_min(1e-30)).flatten()
+    ax.hist(err.numpy(), bins=80, color="#1f77b4")
+    ax.set_xlabel("rounding error ŵ - w, in units of std(w)")
+    ax.set_ylabel("weights")
+    ax.set_title(title)
+    return ax
+
+
+def error_histogram_png(w: torch.Tensor, w_hat: torch.Tensor, title: str = "") -> bytes:
+    """:func:`plot_error_histogram` as PNG bytes (for an ``ipywidgets.Image``)."""
+    fig = Figure(figsize=(6.0, 2.6), dpi=80)
+    FigureCanvasAgg(fig)
+    plot_error_histogram(w, w_hat, fig.add_subplot(1, 1, 1), title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_levels(levels: dict[str, torch.Tensor], ax: Axes) -> Axes:
+    """Each format's representable values in ``[-1, 1]`` as a row of ticks (``levels``: name ->
+    1-D tensor of values, already scaled to ``[-1, 1]``)."""
+    for row, (name, v) in enumerate(levels.items()):
+        ax.plot(v.numpy(), [row] * v.numel(), "|", markersize=14, label=name)
+    ax.set_yticks(range(len(levels)), list(levels))
+    ax.set_xlabel("value (scaled so the largest level is 1)")
+    ax.set_ylim(-0.7, len(levels) - 0.3)
+    return ax
+
+
+def plot_bytes_vs_error(rows: dict[str, dict], ax: Axes, key: str = "layer_rel_error") -> Axes:
+    """Scatter of ``bytes_per_param`` against ``rows[scheme][key]`` (log scale), one labelled
+    point per scheme (e.g. the bench's per-scheme results)."""
+    for name, r in rows.items():
+        ax.scatter(r["bytes_per_param"], 100 * r[key], color="#d62728" if "gptq" in name or "awq" in name
+                   else "#1f77b4")
+        ax.annotate(name, (r["bytes_per_param"], 100 * r[key]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per parameter (scales included)")
+    ax.set_ylabel("layer output error, %")
+    return ax

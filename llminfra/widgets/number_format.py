@@ -1,0 +1,43 @@
+"""Number-format widget: type a number, see how each format stores it (bits, stored value,
+rounding error) — fp32, bf16, fp16, fp8 e4m3 / e5m2, int8, int4, nf4.
+
+Thin wiring over :func:`llminfra.quant.formats.encode_all`; a ``FloatText`` control's
+``observe`` callback sets an ``HTML`` value (no printing), so it behaves the same in JupyterLab,
+in a test and under nbval. Formats: IEEE 754-2008; Micikevicius et al., 2022 (arXiv:2209.05433);
+Dettmers et al., 2023 (arXiv:2305.14314). Chapter 03.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+
+from llminfra.quant.formats import SHOWN_FORMATS, encode_all
+
+
+def encoding_lines(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> list[str]:
+    """One line per format: name, bit pattern, stored value, relative error (4 significant digits)."""
+    lines = [f"{'format':<9} {'bits (sign exponent mantissa)':<36} {'stored':>12} {'rel. error':>10}"]
+    for r in encode_all(value, formats):
+        lines.append(f"{r['format']:<9} {r['bits']:<36} {r['stored']:>12.6g} {r['rel_error']:>10.3g}")
+    return lines
+
+
+class NumberFormatExplorer:
+    """``FloatText`` -> table of encodings. Attributes: ``control``, ``table`` (``HTML``),
+    ``widget`` (display it), ``text`` (the plain lines of the last update)."""
+
+    def __init__(self, value: float = 0.1, formats: tuple[str, ...] = SHOWN_FORMATS):
+        self.formats = formats
+        self.control = widgets.FloatText(value=value, description="number")
+        self.table = widgets.HTML()
+        self.widget = widgets.VBox([self.control, self.table])
+        self.control.observe(lambda change: self.update(), names="value")
+        self.update()
+
+    def update(self) -> str:
+        """Recompute for the control's value; return the plain text."""
+        self.text = "\n".join(encoding_lines(self.control.value, self.formats))
+        self.table.value = f"<pre style='margin:0;font-size:12px'>{html.escape(self.text)}</pre>"
+        return self.text

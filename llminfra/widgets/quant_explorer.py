@@ -1,0 +1,105 @@
+"""Quantizer widget: scheme family, bits and group size -> error histogram, bytes per parameter,
+weight and layer-output error, and (optionally) the tiny model's perplexity.
+
+Thin wiring over :func:`quant_stats` (a pure function returning the numbers) and
+:func:`llminfra.plots.quant.error_histogram_png`; ``observe`` callbacks set an ``HTML`` and an
+``Image`` value (no printing), so it behaves the same in JupyterLab, in a test and under nbval.
+Perplexity comes from a function the notebook passes (``perplexity_fn(scheme) -> float``,
+e.g. quantize the tiny model and measure a held-out slice); results are remembered per scheme.
+Chapter 03.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import ipywidgets as widgets
+import torch
+
+from llminfra.plots.quant import error_histogram_png
+from llminfra.quant import quantize
+
+FAMILIES = ("int absmax", "int zero-point", "fp8-e4m3", "fp8-e5m2", "nf4")
+GROUPS = ("tensor", "channel", 32, 64, 128, 256)
+
+
+def scheme_name(family: str, bits: int, group: str | int) -> str:
+    """The scheme string for the widget's controls, e.g. ``("int zero-point", 4, 128)`` ->
+    ``"int4-g128-asym"``; fp8 takes ``tensor``/``channel`` only (others -> ``channel``), nf4
+    takes a block size (``tensor``/``channel`` -> 64)."""
+    if family not in FAMILIES:
+        raise KeyError(f"unknown family {family!r}; allowed: {FAMILIES}")
+    if family.startswith("fp8"):
+        return f"{family}-{group if group in ('tensor', 'channel') else 'channel'}"
+    if family == "nf4":
+        return f"nf4-g{group if isinstance(group, int) else 64}"
+    gran = group if isinstance(group, str) else f"g{group}"
+    return f"int{bits}-{gran}-{'sym' if family == 'int absmax' else 'asym'}"
+
+
+def quant_stats(w: torch.Tensor, scheme: str, X: torch.Tensor | None = None) -> dict:
+    """``{"scheme", "bytes_per_param", "weight_rel_error", "layer_rel_error" (None without X),
+    "w_hat"}`` for weight ``w (out, in)`` and optional inputs ``X (n, in)``."""
+    qt = quantize(w, scheme)
+    w_hat = qt.dequantize()
+    out = {"scheme": scheme, "bytes_per_param": qt.bytes_per_param,
+           "weight_rel_error": float((w_hat - w).norm() / w.norm()), "layer_rel_error": None,
+           "w_hat": w_hat}
+    if X is not None:
+        y = X @ w.T
+        out["layer_rel_error"] = float((X @ w_hat.T - y).norm() / y.norm())
+    return out
+
+
+class QuantExplorer:
+    """Controls ``family``, ``bits``, ``group`` -> ``image`` (error histogram) and ``summary``.
+
+    ``QuantExplorer(w, X=None, perplexity_fn=None)``; attributes ``controls``, ``widget``,
+    ``data`` (last :func:`quant_stats`, plus ``perplexity``) and ``text``.
+    """
+
+    def __init__(self, w: torch.Tensor, X: torch.Tensor | None = None,
+                 perplexity_fn: Callable[[str], float] | None = None,
+                 family: str = "int zero-point", bits: int = 4, group: str | int = 128):
+        self.w, self.X, self.perplexity_fn = w.detach().float(), X, perplexity_fn
+        self._ppl: dict[str, float] = {}
+        self.controls = {
+            "family": widgets.Dropdown(options=FAMILIES, value=family, description="scheme"),
+            "bits": widgets.IntSlider(value=bits, min=2, max=8, description="bits",
+                                      continuous_update=False),
+            "group": widgets.Dropdown(options=GROUPS, value=group, description="group"),
+        }
+        self.image = widgets.Image(format="png")
+        self.summary = widgets.HTML()
+        c = self.controls
+        self.widget = widgets.VBox([widgets.HBox([c["family"], c["bits"], c["group"]]),
+                                    self.image, self.summary])
+        for control in self.controls.values():
+            control.observe(lambda change: self.update(), names="value")
+        self.update()
+
+    def _perplexity(self, scheme: str) -> float | None:
+        if self.perplexity_fn is None:
+            return None
+        if scheme not in self._ppl:
+            self._ppl[scheme] = self.perplexity_fn(scheme)
+        return self._ppl[scheme]
+
+    def update(self) -> dict:
+        """Recompute from the controls; refresh image and summary; return the data."""
+        c = self.controls
+        scheme = scheme_name(c["family"].value, c["bits"].value, c["group"].value)
+        self.data = quant_stats(self.w, scheme, self.X)
+        self.data["perplexity"] = self._perplexity(scheme)
+        d = self.data
+        lines = [f"scheme {scheme}: {d['bytes_per_param']:.4g} bytes/param (fp32: 4)",
+                 f"weight error {100 * d['weight_rel_error']:.3g} %"]
+        if d["layer_rel_error"] is not None:
+            lines.append(f"layer output error {100 * d['layer_rel_error']:.3g} %")
+        if d["perplexity"] is not None:
+            lines.append(f"tiny-model perplexity {d['perplexity']:.4g}")
+        self.text = "\n".join(lines)
+        self.summary.value = f"<pre style='margin:0;font-size:12px'>{html.escape(self.text)}</pre>"
+        self.image.value = error_histogram_png(self.w, d["w_hat"], scheme)
+        return d
