@@ -103,3 +103,11 @@ def test_decode_intensity_checker():
     with pytest.raises(CheckFailed, match="FLOPs = B"):
         ch01.check_decode_intensity(weights_only)
     assert decode_step_bytes("gpt2", 2, 3) > 0
+
+
+@pytest.mark.parametrize("check", [ch01.check_param_count, ch01.check_training_memory,
+                                   ch01.check_activation_bytes, ch01.check_decode_intensity])
+def test_forgotten_return_is_a_check_failure(check):
+    """A body without ``return`` gives None: the checker must say so, not crash in a hint."""
+    with pytest.raises(CheckFailed, match="returned None"):
+        check(lambda *args: None)

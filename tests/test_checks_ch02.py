@@ -100,3 +100,11 @@ def test_case_spec_is_a_model_spec_with_a_short_repr():
     spec = ch02._case(ch02.get_model("llama-2-7b"))
     assert kv_bytes_per_token(spec, "bf16") == 524_288
     assert repr(spec) == "<llama-2-7b: num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128>"
+
+
+@pytest.mark.parametrize("check", [ch02.check_kv_bytes_per_token, ch02.check_kv_sequence_gib,
+                                   ch02.check_largest_batch])
+def test_forgotten_return_is_a_check_failure(check):
+    """A body without ``return`` gives None: the checker must say so, not crash in a hint."""
+    with pytest.raises(CheckFailed, match="returned None"):
+        check(lambda *args: None)

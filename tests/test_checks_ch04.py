@@ -123,3 +123,10 @@ def test_stub_fails_with_not_implemented():
         raise NotImplementedError("your code here")
     with pytest.raises(CheckFailed, match="not implemented"):
         ch04.check_slot_mapping(stub)
+
+
+@pytest.mark.parametrize("check", [ch04.check_slot_mapping, ch04.check_contiguous_waste])
+def test_forgotten_return_is_a_check_failure(check):
+    """A body without ``return`` gives None: the checker must say so, not crash in a hint."""
+    with pytest.raises(CheckFailed, match="returned None"):
+        check(lambda *args: None)

@@ -51,3 +51,12 @@ def test_wrong_block_and_stub():
 def test_bubble_diagnoses(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         ch07.check_bubble(wrong)
+
+
+def test_checkers_leave_the_global_torch_rng_alone():
+    """The checkers draw from their own generators: the notebook's torch RNG is not advanced."""
+    import torch
+    before = torch.random.get_rng_state()
+    ch07.check_column_shard(column_right)
+    ch07.check_row_shard(row_right)
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -88,3 +88,10 @@ def test_bad_inputs():
         communication_share("llama-2-70b", "a100-80gb", 4, "pcie-gen4", "decode", batch=0)
     with pytest.raises(KeyError):
         communication_share("llama-2-70b", "a100-80gb", 4, "pcie-gen6", "decode")
+
+
+def test_dtype_without_a_peak_is_named():
+    """The A100 has no fp8 tensor cores: the catalog's fp8 peak is empty, and the error says
+    which dtypes do have one instead of failing on ``None * 1e12``."""
+    with pytest.raises(ValueError, match="no 'fp8' peak for a100-80gb.*bf16"):
+        compute_time_s("llama-2-7b", "a100-80gb", 2, "decode", dtype="fp8")

@@ -1,8 +1,13 @@
 """environment.yml (conda / Binder) installs the same packages as pyproject.toml."""
 
 import re
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

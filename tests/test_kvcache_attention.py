@@ -56,6 +56,16 @@ def test_paged_attention_rejects_bad_shapes(gen):
         paged_attention(q, pool, pool, torch.zeros(2, 2, dtype=torch.long), torch.tensor([1, 9]))
 
 
+@pytest.mark.parametrize("q_shape,k_shape", [((2, 6, 8), (2, 4, 5, 8)),    # 6 % 4 != 0
+                                              ((2, 4, 8), (3, 2, 5, 8)),    # N differs
+                                              ((2, 4, 8), (2, 2, 5, 7))])   # d differs
+def test_contiguous_reference_rejects_bad_shapes(gen, q_shape, k_shape):
+    """The reference names the mismatch instead of failing deep inside einsum."""
+    q, k = torch.randn(q_shape, generator=gen), torch.randn(k_shape, generator=gen)
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        contiguous_decode_attention(q, k, k, torch.tensor([3, 5]))
+
+
 TRITON_SCRIPT = textwrap.dedent("""
     import torch
     from llminfra.kvcache import paged_attention, paged_attention_triton

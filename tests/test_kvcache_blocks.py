@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llminfra.kvcache import (BlockAllocator, BlockPoolExhausted, BlockTable,
-                              PrefixCachingAllocator, match_prefix, prefix_block_hashes,
-                              register_prefix, slot_mapping)
+                              PrefixCachingAllocator, blocks_needed, match_prefix,
+                              prefix_block_hashes, register_prefix, slot_mapping)
 
 
 def test_slot_mapping_by_hand():
@@ -14,6 +14,15 @@ def test_slot_mapping_by_hand():
     assert slot_mapping([7, 2], [0, 3, 4, 6], 4) == [28, 31, 8, 10]
     with pytest.raises(ValueError, match="outside"):
         slot_mapping([7, 2], [8], 4)
+
+
+def test_blocks_needed_by_hand():
+    """ceil(n / B): 0 tokens -> 0 blocks, 16 -> 1, 17 -> 2 (B = 16); B = 0 is an error."""
+    assert [blocks_needed(n, 16) for n in (0, 16, 17)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="block_size"):
+        blocks_needed(5, 0)
+    with pytest.raises(ValueError, match="num_tokens"):
+        blocks_needed(-1, 4)
 
 
 def test_allocator_counts_and_errors():

@@ -57,6 +57,15 @@ def test_simulation_by_hand():
     assert p["max_running"] == 3 and math.isclose(sum(p["fractions"].values()), 1.0)
 
 
+def test_requests_larger_than_the_budget_are_refused():
+    """44 tokens need 11 blocks of 4; a 32-token budget has 8. Contiguous and paged both say
+    so (paged would otherwise preempt the lone request and re-admit it for ever)."""
+    with pytest.raises(ValueError, match="budget"):
+        simulate_paged([Request(4, 40)], 32, block_size=4)
+    with pytest.raises(ValueError, match="budget"):
+        simulate_contiguous([Request(4, 40)], 32, "oracle")
+
+
 def test_paged_beats_contiguous_on_a_trace():
     trace = request_trace(60, torch.Generator().manual_seed(3))
     c = simulate_contiguous(trace, 8192, "max")

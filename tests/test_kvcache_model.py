@@ -119,6 +119,30 @@ def test_model_on_a_full_pool_raises_a_helpful_error(model, gen):
     assert cache.allocator.num_free == 2          # nothing leaked
 
 
+@torch.no_grad()
+def test_full_pool_mid_batch_changes_no_row(model, gen):
+    """3 blocks of 4, two rows of 6 tokens: row 0 gets its 2 blocks, row 1 finds 1 left. The
+    error must leave row 0 as it was (0 tokens, blocks back in the pool), and the same with a
+    forked batch whose copy-on-write had already run; a smaller step then succeeds."""
+    cache = PagedKVCache.for_model(CFG, 3, block_size=4)
+    with pytest.raises(BlockPoolExhausted):
+        model(torch.randint(0, 256, (2, 6), generator=gen), cache=cache)
+    assert [cache.seq_len(s) for s in cache.batch] == [0, 0]
+    assert cache.allocator.num_free == 3
+    cache.allocator.check_invariants()
+    model(torch.randint(0, 256, (2, 2), generator=gen), cache=cache)   # 1 block each
+    forked = PagedKVCache.for_model(CFG, 4, block_size=4)
+    model(torch.randint(0, 256, (1, 6), generator=gen), cache=forked)   # blocks 0, 1
+    forked.batch = [0, forked.fork(0), forked.fork(0)]                  # block 1 shared by 3
+    refs = forked.allocator.ref_counts()
+    with pytest.raises(BlockPoolExhausted):     # row 0 takes the 2 free blocks (copy + new)
+        model(torch.randint(0, 256, (3, 3), generator=gen), cache=forked, start_pos=6)
+    assert forked.allocator.ref_counts() == refs
+    assert [forked.seq_len(s) for s in forked.batch] == [6, 6, 6]
+    assert all(forked.tables[s].blocks == [0, 1] for s in forked.batch)
+    forked.allocator.check_invariants()
+
+
 def test_contiguous_cache_refuses_overflow(gen):
     cache = ContiguousKVCache(1, 1, 2, 4, max_seq_len=5)
     k = torch.randn(1, 2, 4, 4, generator=gen)

@@ -158,3 +158,15 @@ def test_every_preset_computes():
     for name in model_names():
         e = mem.inference_memory(name, context=min(1024, get_model(name).max_positions or 1024))
         assert e.total_bytes > e.weight_bytes > 0
+
+
+def test_dtype_spelling_does_not_change_the_estimate():
+    """``dtype_bytes`` accepts any case and spacing, so the defaults must too: "FP32" weights
+    keep an fp32 KV cache (2·32·32·128·4 = 1,048,576 B/token) and fp32 activations."""
+    lower = mem.inference_memory("llama-2-7b", "fp32", context=16).to_dict()
+    upper = mem.inference_memory("llama-2-7b", "FP32", context=16).to_dict()
+    assert upper["kv_bytes_per_token"] == 1_048_576
+    assert {k: v for k, v in upper.items() if k != "dtype"} == \
+        {k: v for k, v in lower.items() if k != "dtype"}
+    assert mem.decode_step_bytes("gpt2", 1, 8, "FP16") == \
+        mem.decode_step_bytes("gpt2", 1, 8, "fp16")

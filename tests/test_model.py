@@ -297,6 +297,15 @@ def test_bad_generate_args(small_model, kwargs, word):
         generate(small_model, torch.zeros(2, 3, dtype=torch.long), 3)
 
 
+def test_sampling_without_a_generator_is_refused(small_model, gen):
+    """Sampling must draw from an explicit generator, never torch's global one."""
+    with pytest.raises(ValueError, match="generator"):
+        generate(small_model, [1, 2], 3, temperature=0.7)
+    with pytest.raises(ValueError, match="generator"):
+        sample_next_token(torch.randn(9, generator=gen), temperature=1.0)
+    assert len(generate(small_model, [1, 2], 3)) == 3    # greedy needs none
+
+
 def test_mean_nll_matches_direct_cross_entropy(small_model, gen):
     """Windows of seq_len=8 over 20 tokens: predictions 1..8 | 9..16 | 17..19, context reset
     at each window, so the sum is three separate cross-entropies."""
@@ -309,6 +318,13 @@ def test_mean_nll_matches_direct_cross_entropy(small_model, gen):
                 small_model(w[:, :-1])[0], w[0, 1:], reduction="sum"))
     assert mean_nll(small_model, tokens, seq_len=8, batch_size=2) == pytest.approx(total / 19)
     assert perplexity(small_model, tokens, seq_len=8) == pytest.approx(math.exp(total / 19))
+
+
+@pytest.mark.parametrize("seq_len", [0, -3, 65])
+def test_mean_nll_rejects_a_bad_window(small_model, seq_len):
+    """0 is not "the default": every window length outside 1..max_seq_len is an error."""
+    with pytest.raises(ValueError, match="seq_len"):
+        mean_nll(small_model, torch.arange(20) % SMALL.vocab_size, seq_len=seq_len)
 
 
 def test_untrained_model_is_near_uniform(small_model, gen):

@@ -14,8 +14,9 @@ from llminfra.model.config import ModelConfig
 from llminfra.model.generate import generate
 from llminfra.model.transformer import Transformer
 from llminfra.parallel.megatron import apply_tensor_parallel, make_mlp, parallel_mlp
-from llminfra.parallel.pipeline import (bubble_fraction, gpipe_schedule, measured_bubble,
-                                        pipeline_forward, split_layers, split_micro_batches)
+from llminfra.parallel.pipeline import (StageEvent, bubble_fraction, gpipe_schedule,
+                                        measured_bubble, pipeline_forward, split_layers,
+                                        split_micro_batches)
 from llminfra.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
                                                shard_cols, shard_rows)
 from llminfra.parallel.world import SimulatedWorld, run_simulated
@@ -137,6 +138,21 @@ def test_simulated_rank_error_reaches_caller():
         run_simulated(fn, 3, timeout_s=20)
 
 
+def test_simulated_rank_error_releases_a_waiting_receiver():
+    """Stage 0 fails before sending: stage 1, blocked in recv, is released at once and the
+    caller sees stage 0's error, not a timeout."""
+    import time
+
+    def fn(world):
+        if world.rank == 0:
+            raise KeyError("boom on stage 0")
+        return world.recv((2,), torch.float32, 0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 0 raised KeyError"):
+        run_simulated(fn, 2, timeout_s=20)
+    assert time.monotonic() - t0 < 10
+
+
 def test_simulated_collectives():
     def fn(world):
         x = torch.full((2,), float(world.rank + 1))
@@ -159,6 +175,10 @@ def test_bubble_formula_by_hand():
         assert measured_bubble(events, p) == pytest.approx(bubble_fraction(p, m))
     with pytest.raises(ValueError):
         bubble_fraction(0, 3)
+    with pytest.raises(ValueError, match="stage_time_s"):
+        gpipe_schedule(2, 3, 0.0)
+    with pytest.raises(ValueError, match="positive length"):
+        measured_bubble([StageEvent(0, 0, 1.0, 1.0)], 1)
 
 
 def test_split_layers_and_micro_batches():

@@ -121,3 +121,12 @@ def test_launch_rejects_unpicklable_and_bad_sizes():
         launch(lambda world: 0, 2)
     with pytest.raises(ValueError, match="world_size"):
         launch(fail_on_rank, 0, 0)
+
+
+def test_unpicklable_argument_surfaces_the_pickling_error():
+    """spawn pickles the arguments in ``Process.start``; that error (not a secondary one from
+    reaping children that never started) must reach the caller."""
+    import threading
+    with pytest.raises(TypeError, match="pickle"):
+        launch(sleep_for, 2, threading.Lock(), timeout_s=20)
+    assert not multiprocessing.active_children()

@@ -1,5 +1,7 @@
 """GPTQ, AWQ, QuantLinear, quantize_model, the quantized KV cache, GGUF export, memory rules."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -89,6 +91,22 @@ def test_gptq_dead_inputs_and_bad_shapes(gen):
         gptq_quantize(W, torch.eye(31))
     with pytest.raises(ValueError, match="tensor"):
         gptq_quantize(W, h.H, 4, "tensor")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not counted as a pass)")
+def test_gptq_and_awq_follow_the_weight_to_cuda(gen):
+    """Device from the inputs: a CUDA weight with a CPU Hessian / CPU calibration inputs (what
+    quantize_model records) quantizes on the GPU to the codes the CPU run gives."""
+    W, X = torch.randn(32, 128, generator=gen), correlated_inputs(gen, 256, 128)
+    h = HessianAccumulator(128)
+    h.add(X)
+    for cpu, gpu in ((gptq_quantize(W, h.H, 4, 64), gptq_quantize(W.cuda(), h.H, 4, 64)),
+                     (awq_quantize(W, X, 4, 64), awq_quantize(W.cuda(), X, 4, 64))):
+        assert gpu.codes.is_cuda and gpu.scale.is_cuda
+        gpu_cpu = dataclasses.replace(gpu, **{f: None if t is None else t.cpu() for f, t in
+                                              (("codes", gpu.codes), ("scale", gpu.scale),
+                                               ("zero", gpu.zero), ("input_scale", gpu.input_scale))})
+        assert out_err(X, W, gpu_cpu) == pytest.approx(out_err(X, W, cpu), rel=0.02)
 
 
 # ---- AWQ ------------------------------------------------------------------------------------

@@ -98,3 +98,11 @@ def test_integer_formats():
     assert (get_format("int8").min, get_format("int8").max) == (-128, 127)
     assert (get_format("int4").min, get_format("int4").max) == (-8, 7)
     assert FORMATS["int4"].bytes == 0.5
+
+
+def test_to_dict_hands_out_a_copy_of_the_cached_catalog():
+    """Changing a returned dict must not change what the next caller reads."""
+    d = get_gpu("h100").to_dict()
+    d["peak_tflops"]["bf16"]["dense"] = 0.0
+    assert get_gpu("h100").tflops("bf16") == pytest.approx(989.4)
+    assert get_gpu("h100").tflops("fp16") == pytest.approx(989.4)

@@ -42,5 +42,7 @@ def test_quant_explorer_updates_and_matches_package(gen):
     assert calls == ["int4-g128-asym", "int8-g128-asym"]
     qe.controls["family"].value = "nf4"
     assert qe.data["scheme"] == "nf4-g128"
-    ref = quant_stats(w, "nf4-g128", X)
-    assert ref["weight_rel_error"] == qe.data["weight_rel_error"]
+    w_hat = quantize(w, "nf4-g128").dequantize()   # the package directly, not the widget's helper
+    assert qe.data["weight_rel_error"] == float((w_hat - w).norm() / w.norm())
+    assert qe.data["layer_rel_error"] == float((X @ w_hat.T - X @ w.T).norm() / (X @ w.T).norm())
+    assert quant_stats(w, "nf4-g128")["layer_rel_error"] is None   # no inputs, no layer error

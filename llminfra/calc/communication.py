@@ -134,7 +134,12 @@ def compute_time_s(model: str | ModelSpec, gpu: str, n_gpus: int, phase: str, ba
     read = weight_bytes(spec, dtype)
     if phase == "decode":
         read += kv_bytes_per_token(spec, dtype) * batch * _positive_int("context", context)
-    peak = g.tflops(dtype) * 1e12 * flops_efficiency
+    tflops = g.tflops(dtype)
+    if tflops is None:
+        known = sorted(d for d, row in g.peak_tflops.items() if row["dense"])
+        raise ValueError(f"the catalog has no {dtype!r} peak for {g.name}; dtypes with a peak "
+                         f"there: {', '.join(known)}")
+    peak = tflops * 1e12 * flops_efficiency
     return max(flops / peak, read / (g.hbm_bytes_per_s * hbm_efficiency)) / _positive_int(
         "n_gpus", n_gpus)
 

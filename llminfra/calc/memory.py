@@ -61,6 +61,20 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+def _dtype_key(dtype: str) -> str:
+    """``dtype`` as the memory model spells it (``" BF16"`` -> ``"bf16"``); ``KeyError`` lists
+    the allowed dtypes."""
+    dtype_bytes(dtype)
+    return str(dtype).strip().lower()
+
+
+def _compute_dtype(dtype: str) -> str:
+    """The dtype the matmuls run in: ``dtype`` itself for 16/32-bit weights, ``bf16`` for
+    quantized ones (and the default KV-cache dtype)."""
+    key = _dtype_key(dtype)
+    return key if key in ("fp32", "fp16", "bf16") else "bf16"
+
+
 def _check_context(spec: ModelSpec, context) -> int:
     context = _positive_int("context", context)
     if spec.max_positions is not None and context > spec.max_positions:
@@ -207,14 +221,14 @@ def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str 
     compute dtype (``bf16`` for quantized weights). Activations are for a prefill of
     ``prefill_chunk`` tokens per sequence (default: the whole context) with FlashAttention."""
     spec = get_model(model)
-    if kv_dtype is None:
-        kv_dtype = dtype if dtype in ("fp32", "fp16", "bf16") else "bf16"
     for name, d in (("dtype", dtype), ("kv_dtype", kv_dtype)):
-        if d.lower() not in DTYPE_BYTES:
+        if d is not None and str(d).strip().lower() not in DTYPE_BYTES:
             raise KeyError(f"unknown {name} {d!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    compute = _compute_dtype(dtype)
+    if kv_dtype is None:
+        kv_dtype = compute
     context = _check_context(spec, context)
     batch = _positive_int("batch", batch)
-    compute = dtype if dtype in ("fp32", "fp16", "bf16") else "bf16"
     chunk = context if prefill_chunk is None else min(_positive_int("prefill_chunk", prefill_chunk), context)
     return InferenceMemory(
         model=spec.name, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
@@ -278,7 +292,7 @@ def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 204
     """
     spec = get_model(model)
     if kv_dtype is None:
-        kv_dtype = dtype if dtype in ("fp32", "fp16", "bf16") else "bf16"
+        kv_dtype = _compute_dtype(dtype)
     return weight_bytes(spec, dtype) + kv_bytes(spec, context, batch, kv_dtype)
 
 

@@ -39,6 +39,9 @@ def slot_mapping(block_ids: list[int], positions: list[int], block_size: int) ->
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """``ceil(num_tokens / block_size)``: blocks that hold ``num_tokens`` tokens."""
+    if block_size < 1 or num_tokens < 0:
+        raise ValueError(f"need block_size >= 1 and num_tokens >= 0, got block_size "
+                         f"{block_size!r}, num_tokens {num_tokens!r}")
     return -(-num_tokens // block_size)
 
 

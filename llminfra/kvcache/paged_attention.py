@@ -50,7 +50,14 @@ def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     attends to its first ``context_lens[i]`` positions. Returns ``(N, H, d)``. GQA: query head
     ``h`` reads K/V head ``h // (H / H_kv)``.
     """
+    if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"need q (N, H, d) and k, v both (N, H_kv, S_max, d); got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     N, H, d = q.shape
+    if k.shape[0] != N or k.shape[3] != d or H % k.shape[1] or context_lens.shape != (N,):
+        raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} and context_lens "
+                         f"{tuple(context_lens.shape)}: need equal N and d, H a multiple of "
+                         "H_kv, and context_lens (N,)")
     group = H // k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     K = k.repeat_interleave(group, dim=1).float()                     # (N, H, S, d)

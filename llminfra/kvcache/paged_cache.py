@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from llminfra.kvcache.block_allocator import BlockAllocator
+from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import BlockTable
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
 
@@ -118,14 +118,32 @@ class PagedKVCache:
         if len(self.batch) != rows:
             raise ValueError(f"the forward pass has {rows} rows but cache.batch lists "
                              f"{len(self.batch)} sequences {self.batch}")
-        slots = []
+        slots, done = [], []
         for seq in self.batch:
-            new, copies = self._table(seq).append(T)
+            table = self._table(seq)
+            before = (list(table.blocks), table.num_tokens)
+            try:
+                new, copies = table.append(T)
+            except BlockPoolExhausted:
+                self._undo_appends(done)        # all rows or none: lengths stay equal
+                raise
+            done.append((table, before, copies))
             for src, dst in copies:             # copy-on-write, every layer at once
                 self.k[:, dst] = self.k[:, src]
                 self.v[:, dst] = self.v[:, src]
             slots.append(new)
         self._new_slots = torch.tensor(slots, dtype=torch.long, device=self.k.device)
+
+    def _undo_appends(self, done: list) -> None:
+        """Give back what the rows appended before the pool ran out: their new blocks, and the
+        shared blocks that copy-on-write had let go."""
+        for table, (blocks, num_tokens), copies in reversed(done):
+            for src, _ in copies:
+                self.allocator.incref(src)
+            for b in table.blocks:
+                if b not in blocks:
+                    self.allocator.free(b)
+            table.blocks, table.num_tokens = blocks, num_tokens
 
     def update(self, layer_idx: int, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

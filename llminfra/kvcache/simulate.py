@@ -137,6 +137,10 @@ def _grow_or_preempt(running: list, waiting: deque) -> int:
                 item[1].append(1)
                 break
             except BlockPoolExhausted:
+                if len(running) == 1:  # alone and still out of blocks: it can never finish
+                    raise ValueError(f"a request of {item[0].total_len} tokens needs more "
+                                     f"than the pool's {item[1].allocator.num_blocks} blocks "
+                                     f"of {item[1].block_size}: raise the budget") from None
                 victim = running.pop()
                 victim[1].free()
                 waiting.appendleft(victim[0])

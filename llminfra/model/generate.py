@@ -25,12 +25,16 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int
 
     temperature == 0: argmax (greedy). Otherwise p = softmax(logits / temperature) restricted to
     the ``top_k`` largest logits (Fan et al. 2018, arXiv:1805.04833, section 5.4), drawn with
-    ``torch.multinomial`` from ``generator`` (which must be on the logits' device).
+    ``torch.multinomial`` from ``generator`` (which must be on the logits' device). Sampling
+    without a generator is refused: torch's global generator would be hidden state.
     """
     if logits.dim() != 1:
         raise ValueError(f"logits must be 1-D (vocab,), got shape {tuple(logits.shape)}")
     if temperature == 0.0:
         return int(torch.argmax(logits))
+    if generator is None:
+        raise ValueError(f"temperature {temperature} samples: pass generator=torch.Generator()"
+                         ".manual_seed(...) (or temperature=0 for greedy decoding)")
     scaled = logits.float() / temperature
     if top_k is not None and top_k < scaled.numel():
         kth = torch.topk(scaled, top_k).values[-1]
@@ -39,7 +43,8 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k) -> list[int]:
+def _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k,
+                         generator) -> list[int]:
     try:
         ids = [int(t) for t in prompt_ids]
     except (TypeError, ValueError, RuntimeError) as err:
@@ -58,6 +63,9 @@ def _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k) 
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= vocab):
         raise ValueError(f"top_k must be None or an int in [1, {vocab}], got {top_k!r}")
+    if temperature > 0 and generator is None:
+        raise ValueError(f"temperature {temperature} samples: pass generator=torch.Generator()"
+                         ".manual_seed(...) (or temperature=0 for greedy decoding)")
     return ids
 
 
@@ -74,7 +82,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     per step, at ``start_pos`` = tokens so far. One sequence (batch 1); the device is the
     model's. Needs P + max_new_tokens - 1 <= ``model.config.max_seq_len``.
     """
-    ids = _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k)
+    ids = _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k, generator)
     device = next(model.parameters()).device
     new: list[int] = []
     if max_new_tokens == 0:
@@ -108,7 +116,7 @@ def mean_nll(model, token_ids: Sequence[int] | torch.Tensor, seq_len: int | None
     tokens (default ``model.config.max_seq_len``); each window starts with fresh context.
     """
     tokens = torch.as_tensor(token_ids, dtype=torch.long).flatten()
-    seq_len = seq_len or model.config.max_seq_len
+    seq_len = model.config.max_seq_len if seq_len is None else seq_len
     if tokens.numel() < 2:
         raise ValueError(f"need at least 2 tokens to measure a loss, got {tokens.numel()}")
     if not 1 <= seq_len <= model.config.max_seq_len:

@@ -75,7 +75,9 @@ def _child(fn: Callable, rank: int, size: int, port: int, backend: str, timeout_
 
 
 def _stop(procs: list) -> None:
-    """Terminate, then kill, every child still alive; reap them all."""
+    """Terminate, then kill, every child still alive; reap them all (children that never
+    started, e.g. because their arguments could not be pickled, are skipped)."""
+    procs = [p for p in procs if p.pid is not None]
     for p in procs:
         if p.is_alive():
             p.terminate()

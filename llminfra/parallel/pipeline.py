@@ -54,6 +54,8 @@ def gpipe_schedule(n_stages: int, n_micro: int, stage_time_s: float = 1.0) -> li
     """The ideal GPipe forward timeline: stage s runs micro-batch i in ``[(i+s)t, (i+s+1)t)``."""
     bubble_fraction(n_stages, n_micro)  # validates
     t = float(stage_time_s)
+    if not t > 0:
+        raise ValueError(f"stage_time_s must be > 0, got {stage_time_s!r}")
     return [StageEvent(s, i, (i + s) * t, (i + s + 1) * t)
             for s in range(n_stages) for i in range(n_micro)]
 
@@ -65,6 +67,9 @@ def measured_bubble(events: list[StageEvent], n_stages: int | None = None) -> fl
         raise ValueError("no events: run a pipeline first")
     p = n_stages or len({e.stage for e in events})
     makespan = max(e.end_s for e in events) - min(e.start_s for e in events)
+    if not makespan > 0:
+        raise ValueError(f"the events span {makespan} s: a bubble needs a timeline of "
+                         "positive length")
     busy = sum(e.end_s - e.start_s for e in events)
     return 1.0 - busy / (p * makespan)
 

@@ -99,6 +99,7 @@ class _Meeting:
         self.barrier = threading.Barrier(size, timeout=timeout_s)
         self.mail: dict[tuple[int, int], list] = {}
         self.cond = threading.Condition()
+        self.aborted = False  # set by abort(): receivers stop waiting
 
     def exchange(self, rank: int, value) -> list:
         """Every rank posts ``value``; every rank gets the list of all values, in rank order."""
@@ -149,7 +150,11 @@ class SimulatedWorld(World):
         check_rank(src, self.size)
         key = (src, self.rank)
         with self._m.cond:
-            ok = self._m.cond.wait_for(lambda: self._m.mail.get(key), timeout=self._m.timeout_s)
+            ok = self._m.cond.wait_for(lambda: self._m.mail.get(key) or self._m.aborted,
+                                       timeout=self._m.timeout_s)
+            if ok and not self._m.mail.get(key):  # another rank failed: do not wait for it
+                raise threading.BrokenBarrierError(f"rank {self.rank}: the group was aborted "
+                                                   f"while waiting for rank {src}")
             if not ok:
                 raise TimeoutError(f"rank {self.rank}: nothing from rank {src} after "
                                    f"{self._m.timeout_s} s")
@@ -170,8 +175,12 @@ class SimulatedWorld(World):
         self._m.barrier.wait()
 
     def abort(self) -> None:
-        """Break the barrier so ranks waiting in a collective raise instead of hanging."""
+        """Break the barrier and wake receivers, so ranks waiting in a collective or a
+        ``recv`` raise instead of hanging."""
         self._m.barrier.abort()
+        with self._m.cond:
+            self._m.aborted = True
+            self._m.cond.notify_all()
 
 
 def run_simulated(fn: Callable, size: int, *args, timeout_s: float = 60.0, **kwargs) -> list:

@@ -50,7 +50,8 @@ def awq_search(W: torch.Tensor, X: torch.Tensor, bits: int = 4, granularity: str
     """Grid search of α: returns ``(best_alpha, errors)`` with ``errors[i]`` the mean squared
     output error at ``α = i / n_grid``. ``W (out, in)``, ``X (n, in)`` calibration inputs."""
     check_weight(W)
-    X, W = search_rows(X, W.shape[1]), W.detach().float()
+    W = W.detach().float()
+    X = search_rows(X, W.shape[1]).to(W.device)
     Y, s_x = X @ W.T, X.abs().mean(0)
     errors = []
     for i in range(n_grid):
@@ -70,7 +71,7 @@ def awq_quantize(W: torch.Tensor, X: torch.Tensor, bits: int = 4, granularity: s
     ``Q(W · diag(s)) · diag(s)⁻¹``.
     """
     alpha, _ = awq_search(W, X, bits, granularity, symmetric, n_grid)
-    s = awq_scales(search_rows(X, W.shape[1]).abs().mean(0), alpha)
+    s = awq_scales(search_rows(X, W.shape[1]).to(W.device).abs().mean(0), alpha)
     qt = quantize_int(W.detach().float() * s, bits, granularity, symmetric,
                       scheme=scheme or f"awq-int{bits}")
     return dataclasses.replace(qt, input_scale=s.to(torch.float16))

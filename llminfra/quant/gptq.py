@@ -36,7 +36,7 @@ class HessianAccumulator:
 
     def add(self, x: torch.Tensor) -> None:
         """Add a batch of inputs ``x (..., C)``."""
-        x = x.detach().reshape(-1, x.shape[-1]).double()
+        x = x.detach().reshape(-1, x.shape[-1]).to(self.H.device, torch.float64)
         m = x.shape[0]
         self.H *= self.n / (self.n + m)
         self.n += m
@@ -85,12 +85,13 @@ def _column_grid(scale: torch.Tensor, zero: torch.Tensor | None, bits: int):
 def _prepare(W: torch.Tensor, H: torch.Tensor, act_order: bool, percdamp: float):
     """Float64 copy of ``W`` with dead inputs (``H_jj = 0``) zeroed, the column order
     (decreasing ``diag(H)`` with act-order) and ``Hinv`` in that order."""
-    Wd, H = W.detach().double().clone(), H.double().clone()
+    Wd, H = W.detach().double().clone(), H.to(W.device).double().clone()
     dead = H.diagonal() == 0
     H[dead, dead] = 1.0
     Wd[:, dead] = 0.0
     cols = W.shape[1]
-    perm = torch.argsort(H.diagonal(), descending=True) if act_order else torch.arange(cols)
+    perm = (torch.argsort(H.diagonal(), descending=True) if act_order
+            else torch.arange(cols, device=H.device))
     return Wd, perm, inverse_hessian_factor(H[perm][:, perm], percdamp)
 
 
@@ -112,16 +113,17 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
     layout = layout_for(W, granularity)
     g, rows, cols = layout.group, layout.rows, layout.cols
     Wd, perm, Hinv = _prepare(W, H, act_order, percdamp)
-    scale = torch.zeros(rows, layout.n_groups, dtype=torch.float32)
-    zero = None if symmetric else torch.zeros(rows, layout.n_groups, dtype=torch.uint8)
+    dev = Wd.device  # everything lives where W lives (H is moved there)
+    scale = torch.zeros(rows, layout.n_groups, dtype=torch.float32, device=dev)
+    zero = None if symmetric else torch.zeros(rows, layout.n_groups, dtype=torch.uint8, device=dev)
     if act_order:  # static groups from the original weights
         scale, zero = _grid(to_groups(Wd, layout), bits, symmetric)
     Wp = Wd[:, perm]
-    Uf = torch.empty(rows, cols, dtype=torch.float64)
+    Uf = torch.empty(rows, cols, dtype=torch.float64, device=dev)
     grid = None
     for i1 in range(0, cols, block_size):
         i2 = min(i1 + block_size, cols)
-        W1, Err1 = Wp[:, i1:i2].clone(), torch.zeros(rows, i2 - i1, dtype=torch.float64)
+        W1, Err1 = Wp[:, i1:i2].clone(), torch.zeros(rows, i2 - i1, dtype=torch.float64, device=dev)
         for i in range(i2 - i1):
             j = int(perm[i1 + i])
             if not act_order and j % g == 0:  # new group: its grid from the updated weights

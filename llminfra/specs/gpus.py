@@ -105,11 +105,14 @@ class GPUSpec:
         return row["sparse" if sparse else "dense"]
 
     def to_dict(self) -> dict:
+        """The fields as plain data; ``peak_tflops`` is a copy (the catalog is cached and shared
+        by every caller, so it must not be handed out to be changed)."""
         return {
             "name": self.name, "display_name": self.display_name, "vendor": self.vendor,
             "arch": self.arch, "launch": self.launch, "memory_gb": self.memory_gb,
             "memory_bytes": self.memory_bytes, "memory_type": self.memory_type,
-            "bandwidth_gb_per_s": self.bandwidth_gb_per_s, "peak_tflops": self.peak_tflops,
+            "bandwidth_gb_per_s": self.bandwidth_gb_per_s,
+            "peak_tflops": {k: dict(v) for k, v in self.peak_tflops.items()},
             "fp32_tflops": self.fp32_tflops, "tdp_w": self.tdp_w,
             "interconnect": self.interconnect, "source": self.source,
             "confidence": self.confidence, "notes": list(self.notes),
@@ -135,7 +138,7 @@ def _peaks(entry: dict) -> tuple[dict, list[str]]:
         else:
             value = {"dense": row.get("dense"), "sparse": row.get("sparse")}
         for d in dtypes:
-            peaks[d] = value
+            peaks[d] = dict(value)
     return peaks, notes
 
 

@@ -7,6 +7,7 @@ input and says which term is most likely missing or wrong.
 
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import dataclass
 
@@ -49,6 +50,8 @@ def _spec_cases(rng: random.Random, n: int) -> list[tuple[tuple, dict]]:
 
 def _param_hint(args, kwargs, expected, got) -> str:
     s: ModelSpec = args[0]
+    if not isinstance(got, numbers.Real):
+        return f"return a number of parameters, got {type(got).__name__}"
     h, L, V, I = s.hidden_size, s.num_layers, s.vocab_size, s.intermediate_size
     kv = s.num_kv_heads * s.head_dim
     diff = got - expected
@@ -120,6 +123,8 @@ def _activation_reference(seq_len, batch, hidden, heads, flash):
 
 def _activation_hint(args, kwargs, expected, got) -> str:
     s, b, h, a, flash = args
+    if not isinstance(got, numbers.Real):
+        return f"return a number of bytes, got {type(got).__name__}"
     if flash and got - expected == 5 * a * s * s * b:
         return "with FlashAttention the 5·a·s²·b attention-matrix term is not stored"
     if not flash and expected - got == 5 * a * s * s * b:

@@ -11,6 +11,7 @@ tables, slot = block · B + offset), §4.4 (reference counts for shared blocks).
 
 from __future__ import annotations
 
+import numbers
 import random
 
 from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
@@ -127,6 +128,8 @@ def check_slot_mapping(fn) -> int:
 # ----------------------------------------------------------- contiguous waste
 def _waste_hint(args, kwargs, expected, got) -> str:
     lengths, max_len = args
+    if not isinstance(got, numbers.Real):
+        return f"return a share between 0 and 1 (a float), got {type(got).__name__}"
     if abs(got - (1 - expected)) < 1e-9:
         return "you returned the utilisation (used / reserved); the waste is 1 minus it"
     if abs(got - (1 - sum(lengths) / (len(lengths) * max(lengths)))) < 1e-9:

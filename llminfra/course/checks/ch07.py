@@ -36,12 +36,17 @@ def _row_reference(A: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return shard_cols(A.T, rank, size).T  # input features of A = columns of W = Aᵀ
 
 
+def _gen(rng: random.Random) -> torch.Generator:
+    """A torch generator seeded from ``rng`` (never the global torch RNG)."""
+    return torch.Generator().manual_seed(rng.randrange(2**31))
+
+
 def _cases(rng: random.Random, n: int = 6) -> list:
     cases = []
     for _ in range(n):
         size = rng.choice([2, 3, 4, 8])
         A = torch.randn(size * rng.randint(1, 5), size * rng.randint(1, 5),
-                        generator=torch.Generator().manual_seed(rng.randrange(2**31)))
+                        generator=_gen(rng))
         cases.append(((A.as_subclass(Matrix), rng.randrange(size), size), {}))
     return cases
 
@@ -63,11 +68,12 @@ def _shard_hint(other: str):
 def check_column_shard(fn) -> int:
     """``fn(A (in, out), rank, size)`` -> ``A_r``, the columns ``r·out/size … (r+1)·out/size-1``;
     also checks that ``cat_r(X A_r) == X A``."""
-    cases = _cases(fresh_rng())
+    rng = fresh_rng()
+    cases = _cases(rng)
     n = run_checks("column_shard", fn, _column_reference, cases, rel=0, abs_=0,
                    hint=_shard_hint("row"))
     A, _, size = cases[0][0]
-    X = torch.randn(3, A.shape[0])
+    X = torch.randn(3, A.shape[0], generator=_gen(rng))
     Y = torch.cat([X @ fn(A, r, size) for r in range(size)], dim=1)
     if not torch.allclose(Y, X @ A, atol=1e-5):
         raise CheckFailed("column_shard: concatenating X @ A_r over the ranks does not give X @ A")
@@ -77,11 +83,12 @@ def check_column_shard(fn) -> int:
 def check_row_shard(fn) -> int:
     """``fn(A (in, out), rank, size)`` -> ``A_r``, the rows ``r·in/size … (r+1)·in/size-1``;
     also checks that ``Σ_r X_r A_r == X A`` (the all-reduce of row parallelism)."""
-    cases = _cases(fresh_rng())
+    rng = fresh_rng()
+    cases = _cases(rng)
     n = run_checks("row_shard", fn, _row_reference, cases, rel=0, abs_=0,
                    hint=_shard_hint("column"))
     A, _, size = cases[0][0]
-    X = torch.randn(3, A.shape[0])
+    X = torch.randn(3, A.shape[0], generator=_gen(rng))
     k = A.shape[0] // size
     Y = sum(X[:, r * k:(r + 1) * k] @ fn(A, r, size) for r in range(size))
     if not torch.allclose(Y, X @ A, atol=1e-5):
