@@ -6,8 +6,8 @@ import torch
 
 @pytest.fixture
 def gen():
-    """A fresh, randomly seeded generator (printed on failure through its seed)."""
+    """A fresh, randomly seeded generator; its seed is printed, and pytest shows it with the
+    captured output of a failing test, so the failure can be replayed."""
     g = torch.Generator()
-    seed = g.seed()
-    yield g
-    del seed
+    print(f"torch.Generator seed: {g.seed()}")
+    return g

@@ -136,3 +136,9 @@ def test_plots_draw_the_numbers():
               "beam_search_saving": {"2": 0.4, "4": 0.6}}
     ax = plot_sharing(result, PAPER, Figure().add_subplot())
     assert list(ax.lines[1].get_ydata()) == [0.4, 0.6]
+
+
+def test_a_prompt_larger_than_the_pool_is_refused_not_looped():
+    """A 40-token request in a 32-token pool can never be admitted: a ValueError, no hang."""
+    with pytest.raises(ValueError, match="raise the budget"):
+        simulate_paged([Request(40, 2)], budget_tokens=32, block_size=16)

@@ -170,3 +170,8 @@ def test_dtype_spelling_does_not_change_the_estimate():
         {k: v for k, v in lower.items() if k != "dtype"}
     assert mem.decode_step_bytes("gpt2", 1, 8, "FP16") == \
         mem.decode_step_bytes("gpt2", 1, 8, "fp16")
+
+
+def test_weight_bytes_ignores_spelling():
+    """" INT4" is int4: group scales counted, embeddings kept in bf16."""
+    assert mem.weight_bytes("llama-2-7b", " INT4") == mem.weight_bytes("llama-2-7b", "int4")

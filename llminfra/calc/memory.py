@@ -95,7 +95,7 @@ def weight_bytes(model: str | ModelSpec, dtype: str = "bf16", group_size: int | 
     spec = get_model(model)
     b = dtype_bytes(dtype)
     total = param_count(spec)
-    if dtype.lower() not in QUANTIZED:
+    if _dtype_key(dtype) not in QUANTIZED:
         return int(total * b)
     if group_size is not None:
         _positive_int("group_size", group_size)

@@ -34,7 +34,7 @@ def show_source(obj) -> None:
         lines, start = inspect.getsourcelines(obj)
     except (TypeError, OSError) as e:
         raise ValueError(f"no source available for {obj!r}: {e}") from e
-    rel = path.split("llminfra/", 1)[-1]
+    rel = path.rsplit("llminfra/", 1)[-1]
     print(f"# llminfra/{rel}, line {start}")
     print("".join(lines), end="")
 

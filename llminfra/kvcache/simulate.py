@@ -136,11 +136,7 @@ def _grow_or_preempt(running: list, waiting: deque) -> int:
             try:
                 item[1].append(1)
                 break
-            except BlockPoolExhausted:
-                if len(running) == 1:  # alone and still out of blocks: it can never finish
-                    raise ValueError(f"a request of {item[0].total_len} tokens needs more "
-                                     f"than the pool's {item[1].allocator.num_blocks} blocks "
-                                     f"of {item[1].block_size}: raise the budget") from None
+            except BlockPoolExhausted:  # never alone: _refuse_oversized ran first
                 victim = running.pop()
                 victim[1].free()
                 waiting.appendleft(victim[0])
@@ -148,9 +144,18 @@ def _grow_or_preempt(running: list, waiting: deque) -> int:
     return preempted
 
 
+def _refuse_oversized(trace: list[Request], alloc: BlockAllocator) -> None:
+    """A request that needs more blocks than the whole pool could never finish: say so now."""
+    for r in trace:
+        if blocks_needed(r.total_len, alloc.block_size) > alloc.num_blocks:
+            raise ValueError(f"a request of {r.total_len} tokens needs more than the pool's "
+                             f"{alloc.num_blocks} blocks of {alloc.block_size}: raise the budget")
+
+
 def simulate_paged(trace: list[Request], budget_tokens: int, block_size: int = 16) -> dict:
     """Serve ``trace`` with paged blocks (on-demand, preempt-newest); return the memory split."""
     alloc = BlockAllocator(budget_tokens // block_size, block_size)
+    _refuse_oversized(trace, alloc)
     waiting: deque = deque(trace)
     running: list[tuple[Request, BlockTable]] = []
     parts, steps, running_sum, peak, preempted = dict.fromkeys(PARTS, 0), 0, 0, 0, 0
