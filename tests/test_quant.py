@@ -238,3 +238,13 @@ def test_fake_quantize_equals_quantize_dequantize(scheme, gen):
     w = torch.randn(33, 150, generator=gen)
     assert torch.equal(fake_quantize_int(w, s.bits, s.granularity, s.symmetric),
                        quantize(w, scheme).dequantize())
+
+
+def test_tiny_scales_stay_in_fp32():
+    """A row whose absmax is 4.88e-5 has scale 3.8e-7, subnormal in fp16 (spacing 6e-8): stored
+    in fp16 the code of that value would be clamped 9 steps away. Found by a random case."""
+    w = torch.tensor([[-4.8791371227707714e-05], [0.03], [-0.01]])
+    qt = quantize(w, "int8-channel")
+    err = (qt.dequantize() - w).abs()
+    assert bool((err <= qt.step_per_value() * 0.5001 + 1e-12).all())
+    assert qt.scale.dtype == torch.float32

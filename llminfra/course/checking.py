@@ -80,3 +80,10 @@ def run_checks(name: str, learner: Callable, reference: Callable,
 def fresh_rng() -> random.Random:
     """A generator seeded from the OS: new cases every call."""
     return random.Random()
+
+
+def torch_generator(rng: random.Random):
+    """A ``torch.Generator`` seeded from ``rng``: fresh tensors per check, never the global
+    torch random state."""
+    import torch
+    return torch.Generator().manual_seed(rng.randrange(2**31))

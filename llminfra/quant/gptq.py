@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from llminfra.quant import packing
-from llminfra.quant.rtn import absmax_scale, encode_int, zeropoint_params
+from llminfra.quant.rtn import grid_params
 from llminfra.quant.tensor import (QuantizedTensor, check_weight, layout_for, store_scale,
                                    to_groups)
 
@@ -63,13 +63,6 @@ def inverse_hessian_factor(H: torch.Tensor, percdamp: float = 0.01) -> torch.Ten
     H.diagonal().add_(percdamp * H.diagonal().mean())
     L = torch.linalg.cholesky(H)
     return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
-
-
-def _grid(Wg: torch.Tensor, bits: int, symmetric: bool):
-    """Scale and zero point of groups ``Wg (rows, n, g)``."""
-    if symmetric:
-        return absmax_scale(Wg, bits), None
-    return zeropoint_params(Wg, bits)
 
 
 def _column_grid(scale: torch.Tensor, zero: torch.Tensor | None, bits: int):
@@ -117,7 +110,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
     scale = torch.zeros(rows, layout.n_groups, dtype=torch.float32, device=dev)
     zero = None if symmetric else torch.zeros(rows, layout.n_groups, dtype=torch.uint8, device=dev)
     if act_order:  # static groups from the original weights
-        scale, zero = _grid(to_groups(Wd, layout), bits, symmetric)
+        scale, zero = grid_params(to_groups(Wd, layout), bits, symmetric)
     Wp = Wd[:, perm]
     Uf = torch.empty(rows, cols, dtype=torch.float64, device=dev)
     grid = None
@@ -128,7 +121,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
             j = int(perm[i1 + i])
             if not act_order and j % g == 0:  # new group: its grid from the updated weights
                 cur = torch.cat([W1[:, i:i + g], Wp[:, i2:i2 + max(0, g - (i2 - i1 - i))]], 1)
-                sc, zc = _grid(cur.float().unsqueeze(1), bits, symmetric)
+                sc, zc = grid_params(cur.float().unsqueeze(1), bits, symmetric)
                 scale[:, j // g] = sc[:, 0].float()
                 if zero is not None:
                     zero[:, j // g] = zc[:, 0]

@@ -62,6 +62,14 @@ def encode_int(G: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
     return u.clamp(0, 2 ** bits - 1).to(torch.uint8)
 
 
+def grid_params(G: torch.Tensor, bits: int, symmetric: bool):
+    """``(scale, zero)`` of the groups ``G (..., n, g)``: absmax (``zero = None``) when
+    ``symmetric``, else min/max zero-point."""
+    if symmetric:
+        return absmax_scale(G, bits), None
+    return zeropoint_params(G, bits)
+
+
 def quantize_int(w: torch.Tensor, bits: int, granularity: str | int = "channel",
                  symmetric: bool = True, scheme: str | None = None) -> QuantizedTensor:
     """Round-to-nearest ``bits``-bit quantization of ``w`` per tensor / channel / group.
@@ -72,10 +80,7 @@ def quantize_int(w: torch.Tensor, bits: int, granularity: str | int = "channel",
     _check_bits(bits)
     layout = layout_for(w, granularity)
     G = to_groups(w, layout)
-    if symmetric:
-        scale, zero = absmax_scale(G, bits), None
-    else:
-        scale, zero = zeropoint_params(G, bits)
+    scale, zero = grid_params(G, bits, symmetric)
     u = ungroup_codes(encode_int(G, scale, zero, bits), layout)
     name = scheme or f"int{bits}-{granularity if isinstance(granularity, str) else f'g{granularity}'}"
     return QuantizedTensor(name, "int", bits, layout, packing.pack(u, bits), scale, zero)
@@ -107,10 +112,7 @@ def fake_quantize_int(w: torch.Tensor, bits: int, granularity: str | int = "chan
     quantize the same weight many times, e.g. AWQ's grid); equal to it (tested)."""
     layout = layout_for(w, granularity)
     G = to_groups(w, layout)
-    if symmetric:
-        scale, zero = absmax_scale(G, bits), None
-    else:
-        scale, zero = zeropoint_params(G, bits)
+    scale, zero = grid_params(G, bits, symmetric)
     u = encode_int(G, scale, zero, bits).float()
     z = zero.float().unsqueeze(-1) if zero is not None else 2 ** (bits - 1)
     deq = (u - z) * scale.float().unsqueeze(-1)

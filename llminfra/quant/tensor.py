@@ -82,9 +82,12 @@ def ungroup_codes(u: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
 
 
 def store_scale(scale: torch.Tensor) -> torch.Tensor:
-    """Scales as fp16 when fp16 holds every one of them (no overflow, no flush to 0), else fp32."""
+    """Scales as fp16 when fp16 holds every one of them at full precision (no overflow, no
+    subnormal: below ``finfo(float16).tiny`` = 2**-14 an fp16 scale keeps only a few bits, and
+    the codes of its group would be clamped far from their values), else fp32."""
     s16 = scale.to(torch.float16)
-    ok = torch.isfinite(s16).all() and not bool(((s16 == 0) & (scale != 0)).any())
+    subnormal = (scale != 0) & (scale.abs() < torch.finfo(torch.float16).tiny)
+    ok = torch.isfinite(s16).all() and not bool(subnormal.any())
     return s16 if ok else scale.float()
 
 

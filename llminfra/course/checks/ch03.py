@@ -13,11 +13,10 @@ Rules: absmax (Dettmers et al., 2022, arXiv:2208.07339, §2); GPTQ's update (Fra
 
 from __future__ import annotations
 
-import random
-
 import torch
 
 from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import torch_generator as _gen
 from llminfra.quant import quantize
 from llminfra.quant.gptq import column_update, inverse_hessian_factor
 from llminfra.quant.rtn import absmax_quantize
@@ -37,9 +36,6 @@ def _tensor(t: torch.Tensor) -> torch.Tensor:
 def _plain(t):
     return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t
 
-
-def _gen(rng: random.Random) -> torch.Generator:
-    return torch.Generator().manual_seed(rng.randrange(2**31))
 
 
 # ---- exercise 1: absmax int8 ----------------------------------------------------------------

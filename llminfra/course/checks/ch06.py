@@ -18,6 +18,7 @@ import torch
 
 from llminfra.attention import flash_attention, online_softmax
 from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import torch_generator as _gen
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "CheckFailed"]
 
@@ -33,9 +34,6 @@ class _Case:
     def __repr__(self) -> str:
         return self.label
 
-
-def _gen(rng: random.Random) -> torch.Generator:
-    return torch.Generator().manual_seed(rng.randrange(2**31))
 
 
 # ------------------------------------------------------------------ online softmax

@@ -17,6 +17,7 @@ import random
 import torch
 
 from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import torch_generator as _gen
 from llminfra.parallel.pipeline import bubble_fraction
 from llminfra.parallel.tensor_parallel import shard_cols, shard_rows
 
@@ -35,10 +36,6 @@ def _column_reference(A: torch.Tensor, rank: int, size: int) -> torch.Tensor:
 def _row_reference(A: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return shard_cols(A.T, rank, size).T  # input features of A = columns of W = Aᵀ
 
-
-def _gen(rng: random.Random) -> torch.Generator:
-    """A torch generator seeded from ``rng`` (never the global torch RNG)."""
-    return torch.Generator().manual_seed(rng.randrange(2**31))
 
 
 def _cases(rng: random.Random, n: int = 6) -> list:
