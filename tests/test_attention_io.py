@@ -82,3 +82,14 @@ def test_theorem2_shapes(gen):
     assert rows[256, 4096]["flash_bytes"] < rows[256, 4096]["naive_bytes"] / 3
     assert rows[256, 512]["flash_bytes"] > rows[256, 512]["naive_bytes"]
     assert math.isclose(theorem2_flash_elements(256, 16, 512), 256 * 256 * 256 / 512)
+
+
+def test_attention_tflops_counts_visible_pairs():
+    """Causal pairs T·(S − T) + T²/2: T = S = 4 → 8 (half of 16, the FlashAttention-2
+    convention); T = 2 of S = 6 (decode-like) → 8 + 2 = 10, not half of 12.
+    FLOPs = 4·B·H·d·pairs; over 1 s at d = 1, B = H = 1 that is pairs·4e-12 TFLOP/s."""
+    from llminfra.attention.flash_triton import attention_tflops
+
+    assert attention_tflops(1, 1, 4, 4, 1, True, 1.0) == pytest.approx(32e-12)
+    assert attention_tflops(1, 1, 2, 6, 1, True, 1.0) == pytest.approx(40e-12)
+    assert attention_tflops(1, 1, 2, 6, 1, False, 1.0) == pytest.approx(48e-12)

@@ -266,3 +266,17 @@ def test_memory_rules_worked():
     assert [row["rule_of_thumb_bytes"] for row in weight_rule_table()] == [28e9, 14e9, 7e9, 3.5e9]
     rows = kv_stays()
     assert rows[0]["kv_bytes"] == rows[1]["kv_bytes"] == 2 * rows[2]["kv_bytes"]
+
+
+def test_bad_arguments_name_the_value():
+    W, X = torch.randn(8, 16), torch.randn(32, 16)
+    with pytest.raises(ValueError, match="block_size"):
+        gptq_quantize(W, X.T @ X, block_size=0, granularity=8)
+    with pytest.raises(ValueError, match="n_grid"):
+        awq_search(W, X, n_grid=0, granularity=8)
+    cache = QuantizedKVCache(1)
+    with pytest.raises(ValueError, match=r"\(B, H_kv, T, d\)"):
+        cache.update(0, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 5))
+    cache.update(0, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="does not continue"):
+        cache.update(0, torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4))

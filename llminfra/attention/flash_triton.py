@@ -138,7 +138,10 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def attention_tflops(B: int, H: int, T: int, S: int, d: int, causal: bool,
                      seconds: float) -> float:
-    """Achieved TFLOP/s of an attention forward: ``4·B·H·T·S·d`` FLOPs (two matmuls), halved
-    when causal with T == S (as in Dao 2023, arXiv:2307.08691, section 4.1)."""
-    flops = 4.0 * B * H * T * S * d * (0.5 if causal else 1.0)
+    """Achieved TFLOP/s of an attention forward: ``4·B·H·d`` FLOPs (two matmuls) per visible
+    (query, key) pair: ``T·S`` pairs, or under the causal mask (queries the last T of S)
+    ``T·(S − T) + T²/2`` — exactly half of ``T·S`` when T == S, the convention of Dao 2023,
+    arXiv:2307.08691, section 4.1, and about ``S`` per query when decoding (T ≪ S)."""
+    pairs = T * (S - T) + T * T / 2 if causal else T * S
+    flops = 4.0 * B * H * d * pairs
     return flops / seconds / 1e12 if seconds > 0 else math.inf

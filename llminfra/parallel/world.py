@@ -23,6 +23,7 @@ Taught in chapter 07.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -201,8 +202,9 @@ def run_simulated(fn: Callable, size: int, *args, timeout_s: float = 60.0, **kwa
     threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(size)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout_s  # one deadline for all ranks, not one each
     for t in threads:
-        t.join(timeout_s)
+        t.join(max(0.0, deadline - time.monotonic()))
     if any(t.is_alive() for t in threads):
         worlds[0].abort()
         raise TimeoutError(f"simulated ranks still running after {timeout_s} s")

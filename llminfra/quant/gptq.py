@@ -103,6 +103,8 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
         raise ValueError(f"need W (out, in) and H (in, in), got {tuple(W.shape)} and {tuple(H.shape)}")
     if granularity == "tensor":
         raise ValueError("GPTQ needs 'channel' or a group size, not 'tensor' granularity")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     layout = layout_for(W, granularity)
     g, rows, cols = layout.group, layout.rows, layout.cols
     Wd, perm, Hinv = _prepare(W, H, act_order, percdamp)

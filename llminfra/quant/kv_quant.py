@@ -60,8 +60,16 @@ class QuantizedKVCache:
         """Quantize and append ``k, v (B, H_kv, T, d)``; return all of them dequantized."""
         if not 0 <= layer_idx < self.n_layers:
             raise ValueError(f"layer_idx {layer_idx} out of range [0, {self.n_layers})")
-        new = [quantize_vectors(t, self.kv_format) for t in (k, v)]
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError(f"k and v must both be (B, H_kv, T, d), got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)}")
         old = self.store[layer_idx]
+        if old is not None:
+            B, H_kv, _, d = old[0][0].shape  # cached K codes (B, H_kv, S, d)
+            if (k.shape[0], k.shape[1], k.shape[3]) != (B, H_kv, d):
+                raise ValueError(f"new k {tuple(k.shape)} does not continue the cache of "
+                                 f"(B, H_kv, d) = {(B, H_kv, d)}")
+        new = [quantize_vectors(t, self.kv_format) for t in (k, v)]
         if old is not None:
             new = [(torch.cat([oc, c], 2), torch.cat([os_, s], 2)) for (oc, os_), (c, s) in zip(old, new)]
         self.store[layer_idx] = new
