@@ -21,13 +21,7 @@ SMALL = ModelConfig(vocab_size=37, dim=24, n_layers=2, n_heads=6, n_kv_heads=2, 
                     max_seq_len=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small matrices: one thread avoids OpenMP stalls on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

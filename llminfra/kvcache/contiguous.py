@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _check_kv(k: torch.Tensor, v: torch.Tensor) -> None:
-    if k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"k and v must both be (B, H_kv, T, d), got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+from llminfra.model.cache import check_update
 
 
 class ContiguousKVCache:
@@ -51,9 +47,7 @@ class ContiguousKVCache:
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v ``(B, H_kv, T, d)`` after the cached tokens; return views ``(B, H_kv, S, d)``.
         """
-        _check_kv(k, v)
-        if not 0 <= layer_idx < len(self.lengths):
-            raise ValueError(f"layer_idx {layer_idx} out of range [0, {len(self.lengths)})")
+        check_update(layer_idx, len(self.lengths), k, v)
         if k.shape[0] != self.k.shape[1] or k.shape[1] != self.k.shape[2] \
                 or k.shape[3] != self.k.shape[4]:
             raise ValueError(f"k {tuple(k.shape)} does not match the reserved (batch, H_kv, d) = "
@@ -121,9 +115,7 @@ class GrowingKVCache:
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v ``(B, H_kv, T, d)``, doubling the buffer if needed; return all K/V so far
         ``(B, H_kv, S, d)``."""
-        _check_kv(k, v)
-        if not 0 <= layer_idx < len(self.lengths):
-            raise ValueError(f"layer_idx {layer_idx} out of range [0, {len(self.lengths)})")
+        check_update(layer_idx, len(self.lengths), k, v)
         start, T = self.lengths[layer_idx], k.shape[2]
         self._grow(layer_idx, k, start + T)
         self.k[layer_idx][:, :, start:start + T] = k

@@ -22,6 +22,7 @@ import torch
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import BlockTable
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
+from llminfra.model.cache import check_update
 
 
 class PagedKVCache:
@@ -153,11 +154,7 @@ class PagedKVCache:
         :class:`~llminfra.kvcache.block_allocator.BlockPoolExhausted`); every sequence in the
         batch must hold the same number of tokens S, as the model works on dense tensors.
         """
-        if k.dim() != 4 or k.shape != v.shape:
-            raise ValueError(f"k and v must both be (B, H_kv, T, d), got {tuple(k.shape)} and "
-                             f"{tuple(v.shape)}")
-        if not 0 <= layer_idx < self.n_layers:
-            raise ValueError(f"layer_idx {layer_idx} out of range [0, {self.n_layers})")
+        check_update(layer_idx, self.n_layers, k, v)
         rows, H_kv, T, d = k.shape
         if (H_kv, d) != tuple(self.k.shape[3:]):
             raise ValueError(f"k has (H_kv, d) = {(H_kv, d)}, the pool {tuple(self.k.shape[3:])}")

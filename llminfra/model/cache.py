@@ -17,6 +17,16 @@ from __future__ import annotations
 import torch
 
 
+
+def check_update(layer_idx: int, n_layers: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Validate the arguments of the cache protocol's ``update(layer_idx, k, v)``: a layer in
+    ``[0, n_layers)`` and k, v of one shape ``(B, H_kv, T, d)``. Every cache calls this."""
+    if not 0 <= layer_idx < n_layers:
+        raise ValueError(f"layer_idx {layer_idx} out of range [0, {n_layers})")
+    if k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"k and v must both be (B, H_kv, T, d), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+
 class DenseKVCache:
     """A KV cache that grows by ``torch.cat`` along the token axis.
 
@@ -39,11 +49,7 @@ class DenseKVCache:
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v ``(B, H_kv, T, d)`` to layer ``layer_idx``; return all
         ``(B, H_kv, S, d)``."""
-        if not 0 <= layer_idx < self.n_layers:
-            raise ValueError(f"layer_idx {layer_idx} out of range [0, {self.n_layers})")
-        if k.dim() != 4 or k.shape != v.shape:
-            raise ValueError(f"k and v must both be (B, H_kv, T, d), got {tuple(k.shape)} and "
-                             f"{tuple(v.shape)}")
+        check_update(layer_idx, self.n_layers, k, v)
         old_k = self.k[layer_idx]
         if old_k is None:
             self.k[layer_idx], self.v[layer_idx] = k, v

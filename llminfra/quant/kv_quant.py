@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from llminfra.model.cache import check_update
+
 KV_FORMATS = ("int8", "fp8-e4m3")
 
 
@@ -58,11 +60,7 @@ class QuantizedKVCache:
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
         """Quantize and append ``k, v (B, H_kv, T, d)``; return all of them dequantized."""
-        if not 0 <= layer_idx < self.n_layers:
-            raise ValueError(f"layer_idx {layer_idx} out of range [0, {self.n_layers})")
-        if k.dim() != 4 or k.shape != v.shape:
-            raise ValueError(f"k and v must both be (B, H_kv, T, d), got {tuple(k.shape)} and "
-                             f"{tuple(v.shape)}")
+        check_update(layer_idx, self.n_layers, k, v)
         old = self.store[layer_idx]
         if old is not None:
             B, H_kv, _, d = old[0][0].shape  # cached K codes (B, H_kv, S, d)
