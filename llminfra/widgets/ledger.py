@@ -1,0 +1,71 @@
+"""The claims-ledger filter: choose a verdict and a chapter, see the matching rows.
+
+:func:`ledger_html` renders the rows of :func:`llminfra.ledger.ledger_frame` as an HTML table
+(a pure function, tested from Python); :class:`LedgerWidget` wires two dropdowns to it through
+``observe`` (an ``HTML`` value and a ``Label`` count; no ``interact``, no printing), so it
+behaves the same in JupyterLab, in a test and under nbval.
+
+Taught in appendix A1.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import pandas as pd
+
+from llminfra.ledger import VERDICTS, all_claims, ledger_frame
+
+ALL = "all"
+#: columns shown in the filtered table
+SHOWN = ["id", "says", "verdict", "figure", "reason"]
+
+
+def chapters() -> list[str]:
+    """Every chapter some claim comes up in, sorted."""
+    return sorted({ch for c in all_claims() for ch in c.chapters})
+
+
+def _frame(verdict: str, chapter: str) -> pd.DataFrame:
+    return ledger_frame(None if verdict == ALL else verdict, None if chapter == ALL else chapter)
+
+
+def ledger_html(frame: pd.DataFrame) -> str:
+    """The rows of ``frame`` (columns :data:`SHOWN`) as an HTML table, each id an anchor
+    ``#claim-<id>`` that chapters link to."""
+    rows = []
+    for _, r in frame.iterrows():
+        cells = [f'<a id="claim-{r["id"]}"></a><b>{html.escape(r["id"])}</b>'] + [
+            html.escape(str(r[k])) for k in SHOWN[1:]]
+        rows.append("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th style='text-align:left'>{h}</th>" for h in SHOWN)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+class LedgerWidget:
+    """Two dropdowns (verdict, chapter) over the ledger; ``count`` says how many rows match,
+    ``table`` shows them, ``widget`` is the ``VBox`` to display.
+
+    ``w = LedgerWidget(); w.verdict.value = "wrong"; w.count.value`` → ``"6 of 99 claims"``
+    (the numbers are the ledger's).
+    """
+
+    def __init__(self, verdict: str = ALL, chapter: str = ALL):
+        self.verdict = widgets.Dropdown(options=[ALL, *VERDICTS], value=verdict,
+                                        description="verdict")
+        self.chapter = widgets.Dropdown(options=[ALL, *chapters()], value=chapter,
+                                        description="chapter")
+        self.count = widgets.Label()
+        self.table = widgets.HTML()
+        self.total = len(all_claims())
+        for w in (self.verdict, self.chapter):
+            w.observe(self._update, names="value")
+        self._update()
+        self.widget = widgets.VBox([widgets.HBox([self.verdict, self.chapter]), self.count,
+                                    self.table])
+
+    def _update(self, _change=None) -> None:
+        frame = _frame(self.verdict.value, self.chapter.value)
+        self.count.value = f"{len(frame)} of {self.total} claims"
+        self.table.value = ledger_html(frame)
