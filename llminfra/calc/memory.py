@@ -239,45 +239,101 @@ def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str 
         activation_bytes=activation_bytes_inference(spec, batch, chunk, compute))
 
 
-def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
-         context: int = 2048, batch: int = 1, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-         num_gpus: int = 1) -> dict:
-    """Whether serving fits on ``num_gpus`` of ``gpu`` after holding back ``reserve_fraction``
-    of each card for the runtime. Returns the estimate's keys plus ``fits``,
-    ``gpu_memory_bytes``, ``usable_bytes``, ``reserve_fraction``, ``gpu``."""
-    g = get_gpu(gpu)
+@dataclass(frozen=True)
+class KVBudget:
+    """What is left for the KV cache beside the weights, in bytes, tokens and sequences
+    (see :func:`kv_budget`)."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    dtype: str
+    kv_dtype: str
+    context: int
+    reserve_fraction: float
+    gpu_memory_bytes: int
+    gpu_memory_source: str
+    usable_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    kv_budget_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_tokens: int
+    max_sequences: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | None = None,
+              context: int = 2048, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+              num_gpus: int = 1) -> KVBudget:
+    """The one answer to "how much is left for the KV cache beside the weights, and how many
+    sequences fit", as vLLM sizes its cache (Kwon et al., 2023, arXiv:2309.06180, §4.3 and
+    ``gpu_memory_utilization``):
+
+    * ``usable = memory_bytes · num_gpus · (1 - reserve_fraction)`` — the card's memory by the
+      catalog's one rule (:attr:`llminfra.specs.GPUSpec.memory_bytes`);
+    * ``kv_budget_bytes = usable - weights - activations``, the activations being the peak of
+      ONE forward pass over a ``context``-token prompt (vLLM measures this peak in a profiling
+      run; prompts are prefilled one chunk at a time, so it does not grow with the batch);
+    * ``kv_budget_tokens = kv_budget_bytes // kv_bytes_per_token``;
+      ``max_sequences = kv_budget_tokens // context``.
+
+    OPT-13B in fp16 on an A100-40GB (40,960 MiB = 42,949,672,960 bytes), 10 % reserve, context
+    2048: usable 38,654,705,664; weights 25,706,946,560; activations 2048 · 143,360 + 4 · 50,272
+    = 293,802,368; budget 12,653,956,736 bytes = 15,446 tokens of 819,200 bytes = 7 sequences.
+    Taught in chapters 02 and 04.
+    """
+    spec, g = get_model(model), get_gpu(gpu)
     if not 0 <= reserve_fraction < 1:
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
     num_gpus = _positive_int("num_gpus", num_gpus)
-    est = inference_memory(model, dtype, kv_dtype, context, batch)
+    one = inference_memory(spec, dtype, kv_dtype, context, batch=1)
     memory = g.memory_bytes * num_gpus
-    usable = memory * (1 - reserve_fraction)
+    usable = int(memory * (1 - reserve_fraction))
+    left = max(0, usable - one.weight_bytes - one.activation_bytes)
+    tokens = left // one.kv_bytes_per_token
+    return KVBudget(model=spec.name, gpu=g.name, num_gpus=num_gpus, dtype=one.dtype,
+                    kv_dtype=one.kv_dtype, context=one.context,
+                    reserve_fraction=reserve_fraction, gpu_memory_bytes=int(memory),
+                    gpu_memory_source=g.memory_source, usable_bytes=usable,
+                    weight_bytes=one.weight_bytes, activation_bytes=one.activation_bytes,
+                    kv_budget_bytes=left, kv_bytes_per_token=one.kv_bytes_per_token,
+                    kv_budget_tokens=tokens, max_sequences=tokens // one.context)
+
+
+def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
+         context: int = 2048, batch: int = 1, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+         num_gpus: int = 1) -> dict:
+    """Whether ``batch`` sequences of ``context`` tokens fit on ``num_gpus`` of ``gpu``: the
+    weights, the batch's KV cache and the activations of ONE ``context``-token prefill (see
+    :func:`kv_budget`) within ``usable_bytes``; so ``fits`` is exactly
+    ``batch <= kv_budget(...).max_sequences``. Returns the keys of :func:`inference_memory`
+    (``activation_bytes`` for one prefill) plus ``fits``, ``gpu_memory_bytes``,
+    ``gpu_memory_source``, ``usable_bytes``, ``kv_budget_bytes``, ``max_sequences``,
+    ``reserve_fraction``, ``gpu``, ``num_gpus``, ``gpu_confidence``."""
+    budget = kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction, num_gpus)
+    est = inference_memory(model, dtype, kv_dtype, context, batch)
     d = est.to_dict()
-    d.update(gpu=g.name, num_gpus=num_gpus, gpu_memory_bytes=int(memory),
-             usable_bytes=int(usable), reserve_fraction=reserve_fraction,
-             fits=est.total_bytes <= usable, gpu_confidence=g.confidence)
+    d.update(activation_bytes=budget.activation_bytes,
+             total_bytes=est.weight_bytes + est.kv_bytes + budget.activation_bytes,
+             gpu=budget.gpu, num_gpus=budget.num_gpus,
+             gpu_memory_bytes=budget.gpu_memory_bytes,
+             gpu_memory_source=budget.gpu_memory_source, usable_bytes=budget.usable_bytes,
+             kv_budget_bytes=budget.kv_budget_bytes, max_sequences=budget.max_sequences,
+             reserve_fraction=reserve_fraction, gpu_confidence=get_gpu(gpu).confidence)
+    d["fits"] = batch <= budget.max_sequences
     return d
 
 
 def max_batch(model: str | ModelSpec, gpu: str, context: int = 2048, dtype: str = "bf16",
               kv_dtype: str | None = None, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
               num_gpus: int = 1) -> int:
-    """The largest batch of ``context``-token sequences that fits (0 if even one does not).
-
-    Memory grows linearly in the batch, so the answer is found by bisection on :func:`fits`.
-    """
-    if not fits(model, gpu, dtype, kv_dtype, context, 1, reserve_fraction, num_gpus)["fits"]:
-        return 0
-    lo, hi = 1, 2
-    while fits(model, gpu, dtype, kv_dtype, context, hi, reserve_fraction, num_gpus)["fits"]:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(model, gpu, dtype, kv_dtype, context, mid, reserve_fraction, num_gpus)["fits"]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """The largest batch of ``context``-token sequences that fits (0 if even one does not):
+    ``kv_budget(...).max_sequences``, the KV budget in tokens divided by the context."""
+    return kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction,
+                     num_gpus).max_sequences
 
 
 def _step_pairs(spec: ModelSpec, batch) -> list[tuple[int, int]]:
