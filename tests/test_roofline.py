@@ -5,8 +5,11 @@ import math
 import pytest
 
 from llminfra.calc.memory import decode_step_bytes, decode_step_flops, step_bytes, step_flops
-from llminfra.calc.roofline import (Roofline, default_interconnect, device_roofline,
-                                    step_breakdown, step_time_s)
+from llminfra.calc.roofline import (Roofline, arithmetic_intensity, catalog_table,
+                                    decode_time_per_token_s, decode_tokens_per_s,
+                                    default_interconnect, device_roofline, layer_point,
+                                    prefill_batch, prefill_time_s, step_breakdown, step_time_s,
+                                    ttft_s)
 
 
 def test_decode_step_by_hand():
@@ -80,3 +83,35 @@ def test_bad_inputs():
         device_roofline("h1000")
     with pytest.raises(ValueError, match="Roofline"):
         Roofline("cpu", 0, 1e9)
+
+
+def test_layer_point_by_hand():
+    """A Llama-2-7B block in bf16, decode at batch 1, context 1: 4·4096² + 3·4096·11008 +
+    2·4096 = 202,383,360 weights -> 404,766,720 FLOPs + 4·32·128 = 404,783,104 FLOPs; bytes
+    404,766,720 + 2·32·128·2 = 404,783,104 -> intensity 1. At batch 64 the FLOPs grow 64x and
+    the bytes barely (the weights are shared)."""
+    one = layer_point("llama-2-7b", [(1, 1)])
+    assert one["flops"] == 404_783_104 and one["bytes"] == 404_783_104
+    many = layer_point("llama-2-7b", [(1, 1)] * 64)
+    assert many["flops"] == 64 * one["flops"] and 60 < many["intensity"] < 64
+
+
+def test_bounds_are_step_time():
+    """Every bound is step_time_s of the matching batch of pairs."""
+    t = decode_time_per_token_s("mistral-7b", "h100", batch=4, context=300)
+    assert t == step_time_s("mistral-7b", "h100", [(1, 300)] * 4)
+    assert decode_tokens_per_s("mistral-7b", "h100", 4, 300) == 4 / t
+    assert ttft_s("mistral-7b", "h100", 512) == prefill_time_s("mistral-7b", "h100", 512) == \
+        step_time_s("mistral-7b", "h100", [(512, 512)])
+    assert arithmetic_intensity("llama-2-7b", [(1, 1)]) == 1.0
+
+
+def test_prefill_is_compute_bound_decode_memory_bound():
+    """On every catalog GPU: a 2048-token Llama-2-7B prefill is compute-bound, batch-1 decode
+    memory-bound, and the decode intensity (~1 FLOP/B) is far below the ridge (75..420)."""
+    rows = catalog_table("llama-2-7b", batch=1, context=2048)
+    assert len(rows) >= 10
+    for r in rows:
+        assert r["intensity"] < r["ridge_flops_per_byte"] / 50
+        assert step_breakdown("llama-2-7b", r["gpu"], prefill_batch(2048))["bound"] == "compute"
+        assert math.isclose(r["attainable_tflops"], r["intensity"] * r["bandwidth_gb_per_s"] / 1e3)

@@ -24,7 +24,7 @@ and the serving simulator's step time are :func:`step_time_s`. Taught in chapter
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llminfra.calc.communication import (Interconnect, get_interconnect,
                                          ring_allreduce_time_s)
@@ -182,3 +182,99 @@ def step_time_s(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch,
     return step_breakdown(model, device, batch, dtype=dtype, kv_dtype=kv_dtype,
                           tensor_parallel=tensor_parallel, overhead_s=overhead_s,
                           interconnect=interconnect, latency_s=latency_s)["time_s"]
+
+
+def decode_batch(batch: int = 1, context: int = 2048) -> list[tuple[int, int]]:
+    """``batch`` sequences each adding one token at ``context`` tokens: ``[(1, context)] · B``."""
+    return [(1, context)] * _count("batch", batch)
+
+
+def prefill_batch(prompt_len: int, batch: int = 1) -> list[tuple[int, int]]:
+    """``batch`` whole prompts of ``prompt_len`` tokens: ``[(prompt_len, prompt_len)] · B``."""
+    return [(prompt_len, prompt_len)] * _count("batch", batch)
+
+
+def _count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def arithmetic_intensity(model: str | ModelSpec, batch, dtype: str = "bf16",
+                         kv_dtype: str | None = None) -> float:
+    """FLOPs per byte of one step of the whole model over ``batch`` pairs:
+    ``step_flops / step_bytes``. Llama-2-7B bf16 decode at batch 1, context 1: exactly 1.0."""
+    return step_flops(model, batch) / step_bytes(model, batch, dtype, kv_dtype)
+
+
+def layer_point(model: str | ModelSpec, batch, dtype: str = "bf16",
+                kv_dtype: str | None = None) -> dict:
+    """One transformer block's share of a step: ``flops``, ``bytes`` and ``intensity``.
+
+    Computed with the same accounting as the whole model: the step of the model minus the step
+    of the same model with no blocks (embeddings, final norm, lm_head), divided by ``L``. A block
+    of Llama-2-7B in bf16 at batch 1, context 1: 4·4096² + 3·4096·11008 + 2·4096 = 202,383,360
+    weights -> 404,766,720 FLOPs + 4·32·128 attention = 404,783,104; bytes 404,766,720 +
+    2·32·128·2 = 404,783,104: intensity 1.0.
+    """
+    spec = get_model(model)
+    bare = replace(spec, num_layers=0)
+    flops = (step_flops(spec, batch) - step_flops(bare, batch)) / spec.num_layers
+    nbytes = (step_bytes(spec, batch, dtype, kv_dtype)
+              - step_bytes(bare, batch, dtype, kv_dtype)) / spec.num_layers
+    return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
+
+
+def decode_time_per_token_s(model: str | ModelSpec, device, batch: int = 1,
+                            context: int = 2048, **kwargs) -> float:
+    """Time-per-output-token bound: one decode step of ``batch`` sequences at ``context``
+    (:func:`step_time_s`; every sequence gets one token per step). At batch 1 this is about
+    ``weight_bytes / bandwidth`` — Llama-2-7B bf16 on an H100 (3.35 TB/s): ~4 ms."""
+    return step_time_s(model, device, decode_batch(batch, context), **kwargs)
+
+
+def prefill_time_s(model: str | ModelSpec, device, prompt_len: int, batch: int = 1,
+                   **kwargs) -> float:
+    """Prefill bound: one step over ``batch`` whole prompts (:func:`step_time_s`), mostly
+    ``FLOPs / peak`` for prompts longer than the ridge point in tokens."""
+    return step_time_s(model, device, prefill_batch(prompt_len, batch), **kwargs)
+
+
+def ttft_s(model: str | ModelSpec, device, prompt_len: int, batch: int = 1, **kwargs) -> float:
+    """Time-to-first-token estimate on an idle server: the prefill step, whose last position's
+    logits give the first token (no queueing, no network). Equal to :func:`prefill_time_s`."""
+    return prefill_time_s(model, device, prompt_len, batch, **kwargs)
+
+
+def decode_tokens_per_s(model: str | ModelSpec, device, batch: int = 1, context: int = 2048,
+                        **kwargs) -> float:
+    """Upper bound of generated tokens per second: ``batch / decode_time_per_token_s``."""
+    return batch / decode_time_per_token_s(model, device, batch, context, **kwargs)
+
+
+def catalog_table(model: str | ModelSpec, batch: int = 1, context: int = 2048,
+                  dtype: str = "bf16", prompt_len: int = 2048) -> list[dict]:
+    """For every catalog GPU with a peak for ``dtype``: ``gpu``, ``peak_tflops``,
+    ``bandwidth_gb_per_s``, ``ridge_flops_per_byte``, the decode step's ``intensity`` and
+    ``attainable_tflops`` (``min(peak, I · bandwidth)``), ``tpot_ms``, ``tokens_per_s`` (decode
+    of ``batch`` at ``context``), ``ttft_ms`` (prefill of one ``prompt_len`` prompt),
+    ``confidence``. GPUs without a ``dtype`` peak in the catalog are skipped."""
+    from llminfra.specs.gpus import gpu_names
+    rows = []
+    pairs = decode_batch(batch, context)
+    intensity = arithmetic_intensity(model, pairs, dtype)
+    for name in gpu_names():
+        try:
+            roof = device_roofline(name, dtype)
+        except ValueError:
+            continue
+        tpot = step_time_s(model, roof, pairs, dtype=dtype)
+        rows.append({"gpu": name, "peak_tflops": roof.peak_flops_per_s / 1e12,
+                     "bandwidth_gb_per_s": roof.bytes_per_s / 1e9,
+                     "ridge_flops_per_byte": roof.ridge_flops_per_byte,
+                     "intensity": intensity,
+                     "attainable_tflops": roof.attainable_flops_per_s(intensity) / 1e12,
+                     "tpot_ms": tpot * 1e3, "tokens_per_s": batch / tpot,
+                     "ttft_ms": prefill_time_s(model, roof, prompt_len, dtype=dtype) * 1e3,
+                     "confidence": get_gpu(name).confidence})
+    return rows
