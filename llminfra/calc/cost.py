@@ -25,6 +25,7 @@ Taught in chapter 09.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 HOURS_PER_DAY = 24
@@ -163,3 +164,90 @@ def break_even_tokens_per_month(monthly_fixed_cost_usd, api_price_per_million) -
     f = _check("monthly_fixed_cost_usd", monthly_fixed_cost_usd)
     p = _check("api_price_per_million", api_price_per_million, positive=True)
     return f / p * 1e6
+
+
+def gpu_board_power_w(gpu) -> float:
+    """A GPU's board power (TDP) in watts from the catalog (:mod:`llminfra.specs`).
+
+    The catalog writes it as text ("700", "300-350", "up to 700"); the largest number is taken
+    (the conservative reading for a power budget). ``ValueError`` if the catalog has none.
+    """
+    from llminfra.specs import get_gpu  # specs → calc, the allowed direction
+
+    spec = get_gpu(gpu)
+    text = spec.tdp_w
+    numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text or "")]
+    if not numbers:
+        raise ValueError(f"the GPU catalog gives no board power for {spec.name!r} "
+                         f"(tdp_w={text!r}); pass the power in watts yourself")
+    return max(numbers)
+
+
+def power_monthly_cost(power_w, pue, usd_per_kwh, days=DAYS_PER_MONTH) -> float:
+    """Electricity for a month at a constant IT power: ``P · PUE · 24 · days · price / 1000``.
+
+    PUE (power usage effectiveness) = facility power / IT power (The Green Grid, White Paper
+    #49, 2012): it adds cooling and power distribution to what the servers draw. Eight H100
+    at 700 W (5,600 W), PUE 1.5, 0.10 USD/kWh, 30 days: 5.6 · 1.5 · 720 · 0.10 = 604.8 USD.
+    """
+    p = _check("power_w", power_w)
+    e = _check("pue", pue, positive=True)
+    if e < 1:
+        raise ValueError(f"pue must be >= 1 (facility power / IT power), got {pue!r}")
+    c = _check("usd_per_kwh", usd_per_kwh)
+    d = _check("days", days, positive=True)
+    return p * e * HOURS_PER_DAY * d * c / 1000
+
+
+@dataclass(frozen=True)
+class OwnServerCost:
+    """Monthly cost of servers you own, in USD, by part."""
+
+    amortization: float
+    power: float
+    operations: float
+    monthly_cost: float
+    gpu_hour_cost: float   # monthly cost / (n_gpus · hours in the month)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def own_server_monthly_cost(purchase_usd, amortization_months, power_w, pue, usd_per_kwh,
+                            n_gpus=1, operations_monthly_usd=0.0,
+                            days=DAYS_PER_MONTH) -> OwnServerCost:
+    """Owning: straight-line amortisation + power + operations, per month and per GPU hour.
+
+    ``monthly = purchase / months + power_monthly_cost(power_w, pue, price) + operations``;
+    ``gpu_hour_cost = monthly / (n_gpus · 24 · days)``, the figure to put into
+    :func:`selfhost_cost_per_million_tokens` in place of a rental price. Power is charged at
+    ``power_w`` all month (the board power is an upper bound; an idle GPU draws less, but the
+    purchase is paid whether it works or not).
+
+    Worked: a 200,000 USD 8-GPU server over 36 months = 5,555.6 USD; 10,200 W at PUE 1.5 and
+    0.10 USD/kWh = 10.2 · 1.5 · 720 · 0.10 = 1,101.6 USD; no staff: 6,657.2 USD a month,
+    6,657.2 / (8 · 720) = 1.156 USD per GPU hour.
+    """
+    buy = _check("purchase_usd", purchase_usd)
+    months = _check("amortization_months", amortization_months, positive=True)
+    n = _check("n_gpus", n_gpus, positive=True)
+    ops = _check("operations_monthly_usd", operations_monthly_usd)
+    d = _check("days", days, positive=True)
+    amort = buy / months
+    power = power_monthly_cost(power_w, pue, usd_per_kwh, d)
+    total = amort + power + ops
+    return OwnServerCost(amort, power, ops, total, total / (n * HOURS_PER_DAY * d))
+
+
+def months_to_pay_back(purchase_usd, rental_monthly_usd, own_running_monthly_usd) -> float:
+    """Months after which buying beats renting the same GPUs:
+    ``purchase / (rental − own running cost)``; ``inf`` if renting is never dearer.
+
+    200,000 USD against 8 GPUs rented at 2.69 USD/h (8 · 2.69 · 720 = 15,494.4 USD a month)
+    with 1,101.6 USD of power: 200,000 / 14,392.8 = 13.90 months.
+    """
+    buy = _check("purchase_usd", purchase_usd)
+    rent = _check("rental_monthly_usd", rental_monthly_usd)
+    run = _check("own_running_monthly_usd", own_running_monthly_usd)
+    saving = rent - run
+    return math.inf if saving <= 0 else buy / saving
