@@ -183,3 +183,19 @@ def rank_deployments(req: Requirements, prices: Prices) -> list[RankedOption]:
         return (not r.feasible, needs_team, r.monthly_cost_usd if r.monthly_cost_usd is not None
                 else math.inf, OPTIONS.index(r.option))
     return sorted(out, key=key)
+
+
+def monthly_cost_curves(monthly_tokens, prices: Prices, utilization) -> dict[str, list[float]]:
+    """Monthly cost (USD) of ``api``, ``rented`` and ``own`` at each volume in
+    ``monthly_tokens``: the API grows in proportion, self-hosting in steps of whole replicas
+    (:func:`gpus_needed`). 75e6 and 5e9 tokens at the test prices (5.4 USD per M; 2 and 1.2 USD
+    per GPU hour; 1,000 tokens/s; u = 0.8): api 405 and 27,000; rented 1,440 and 4,320."""
+    if not isinstance(prices, Prices):
+        raise ValueError(f"prices must be a Prices, got {type(prices).__name__}")
+    curves = {"api": [], "rented": [], "own": []}
+    for v in monthly_tokens:
+        n = gpus_needed(v, prices.tokens_per_s_per_gpu, utilization, prices.gpus_per_replica)
+        curves["api"].append(_check("monthly_tokens", v) / 1e6 * prices.api_usd_per_million)
+        curves["rented"].append(gpu_rental_monthly_cost(prices.rent_usd_per_gpu_hour, n))
+        curves["own"].append(gpu_rental_monthly_cost(prices.own_usd_per_gpu_hour, n))
+    return curves
