@@ -230,7 +230,8 @@ def selfhost_vs_api(api_usd_per_m: float = 1.0, gpu_usd_per_h: float = 2.0,
                     tokens_per_s: float = 1000.0) -> Finding:
     """Example prices (inputs, not current prices): the utilisation at which a rented GPU's
     cost per token equals an API's."""
-    full = gpu_usd_per_h / (tokens_per_s * 3600) * 1e6
+    from llminfra.calc.cost import selfhost_cost_per_million_tokens
+    full = selfhost_cost_per_million_tokens(gpu_usd_per_h, tokens_per_s)
     u = full / api_usd_per_m
     return Finding(f"example: GPU ${gpu_usd_per_h:g}/h at {tokens_per_s:g} tok/s = ${full:.3g} per M "
                    f"tokens when busy; it matches a ${api_usd_per_m:g}/M API at {u:.0%} utilisation, "

@@ -111,23 +111,24 @@ def _tp_link() -> Finding:
 
 
 def _api_example() -> Finding:
-    """1,000 requests/day × (2,000 in, 500 out) × 30 days."""
-    daily_in, daily_out = 1000 * 2000, 1000 * 500
-    month_in, month_out = 30 * daily_in, 30 * daily_out
-    return Finding(f"per day {daily_in:,} in / {daily_out:,} out; per 30 days {month_in:,} / "
-                   f"{month_out:,} tokens",
-                   (daily_in, daily_out, month_in, month_out) == (2_000_000, 500_000, 60_000_000, 15_000_000))
+    """1,000 requests/day × (2,000 in, 500 out) × 30 days, by chapter 09's cost model."""
+    from llminfra.calc.cost import api_monthly_cost
+    day = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=1)
+    month = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=30)
+    got = (day.monthly_input_tokens, day.monthly_output_tokens, month.monthly_input_tokens,
+           month.monthly_output_tokens)
+    return Finding(f"per day {got[0]:,.0f} in / {got[1]:,.0f} out; per 30 days {got[2]:,.0f} / "
+                   f"{got[3]:,.0f} tokens", got == (2e6, 5e5, 6e7, 1.5e7))
 
 
 def _per_token_cost() -> Finding:
-    """Cost per token = hourly price / tokens per hour; at utilisation u it is divided by u."""
-    price, tps = 2.0, 1000.0
-    full = price / (tps * 3600) * 1e6
-    double = price / (2 * tps * 3600) * 1e6
-    quarter = full / 0.25
+    """Cost per token = hourly price / tokens per hour, divided by the utilisation
+    (chapter 09's :func:`~llminfra.calc.cost.selfhost_cost_per_million_tokens`)."""
+    from llminfra.calc.cost import selfhost_cost_per_million_tokens as per_m
+    full, double, quarter = per_m(2.0, 1000), per_m(2.0, 2000), per_m(2.0, 1000, 0.25)
     return Finding(f"example $2/h at 1,000 tok/s: ${full:.3g} per M tokens; at 2,000 tok/s "
                    f"${double:.3g}; busy 25 % of the hour ${quarter:.3g}",
-                   abs(double - full / 2) < 1e-12 and abs(quarter - 4 * full) < 1e-12)
+                   abs(double - full / 2) < 1e-12 and abs(quarter - 4 * full) < 1e-9)
 
 
 def _largest_gpu() -> Finding:

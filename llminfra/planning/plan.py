@@ -1,0 +1,224 @@
+"""A deployment plan for one GPU type: source 000's five steps, each with its numbers.
+
+1. **memory** — does the model fit, how many sequences fit beside it
+   (:func:`llminfra.calc.memory.kv_budget`, :func:`~llminfra.planning.sizing.gpus_needed`);
+2. **engine and batching** — the batch the KV cache allows at the peak, and the per-replica
+   decode throughput and time per output token at that batch (roofline bounds,
+   :mod:`llminfra.calc.roofline`; chapter 05's simulator and load test refine them);
+3. **hardware** — GPUs per replica (tensor parallelism 1, 2, 4, 8) and replicas for the peak;
+4. **cost** — rented GPUs around the clock vs the hosted API at the same volume
+   (:mod:`llminfra.calc.cost`), utilisation;
+5. **load test** — left to a real run (chapter 05's ``loadtest``); the plan says what to measure.
+
+Prices are inputs (:class:`Prices`); the course's examples are labelled with their date.
+Roofline figures are upper bounds on speed: a real engine reaches a fraction of them (chapter 05
+measures how much on the CPU). Taught in chapter 10.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from llminfra.calc import cost as cost_model
+from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, kv_budget
+from llminfra.calc.roofline import decode_time_per_token_s, ttft_s
+from llminfra.planning.requirements import Requirements, traffic
+from llminfra.specs import get_gpu
+
+#: tensor-parallel sizes a replica may use (GPUs in one server)
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Prices the plan compares, as inputs: a hosted API's USD per million input / output tokens
+    and a rented GPU's USD per hour. ``label`` says where they come from and when."""
+
+    api_input_per_million: float
+    api_output_per_million: float
+    gpu_hour_usd: float
+    label: str = "example prices (inputs, not current prices)"
+
+    def __post_init__(self):
+        for name in ("api_input_per_million", "api_output_per_million", "gpu_hour_usd"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The numbers behind a plan for ``req`` on ``gpu`` (see the module docstring)."""
+
+    gpu: str
+    tensor_parallel: int
+    replicas: int
+    total_gpus: int
+    fits: bool
+    max_sequences_per_replica: int
+    peak_concurrency: int
+    batch_per_replica: int
+    ttft_estimate_s: float
+    tpot_estimate_s: float
+    replica_tokens_per_s: float
+    peak_output_tokens_per_s: float
+    utilization: float
+    selfhost_monthly_usd: float
+    api_monthly_usd: float
+    selfhost_usd_per_million: float
+    api_usd_per_million: float
+    recommendation: str
+    reasons: tuple[str, ...]
+    checklist: tuple[dict, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+#: share of the roofline bound a serving engine is assumed to reach (an assumption to replace
+#: with a measurement: chapter 05 measures it for the course's engine, a load test for yours)
+DEFAULT_EFFICIENCY = 0.5
+
+
+def _replica(req: Requirements, gpu: str, tp: int, peak_concurrency: int,
+             reserve_fraction: float, efficiency: float) -> dict | None:
+    """One replica of ``tp`` GPUs: what fits and how fast (None if the weights do not fit)."""
+    budget = kv_budget(req.model, gpu, req.dtype, context=req.context_tokens,
+                       reserve_fraction=reserve_fraction, num_gpus=tp)
+    if budget.max_sequences < 1:
+        return None
+    batch = min(budget.max_sequences, peak_concurrency)
+    kw = {"dtype": req.dtype, "tensor_parallel": tp}
+    tpot = decode_time_per_token_s(req.model, gpu, batch, req.context_tokens, **kw) / efficiency
+    return {"tp": tp, "budget": budget, "batch": batch, "tpot": tpot,
+            "ttft": ttft_s(req.model, gpu, req.input_tokens, **kw) / efficiency,
+            "tokens_per_s": batch / tpot}
+
+
+def plan_deployment(req: Requirements, gpu: str, prices: Prices,
+                    reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+                    efficiency: float = DEFAULT_EFFICIENCY) -> Plan:
+    """The cheapest layout on ``gpu`` that meets ``req`` at its peak, and how it compares with
+    the API.
+
+    For each tensor-parallel size in :data:`TP_SIZES`: the replica's KV budget gives the batch
+    it can hold (at most the peak concurrency); the roofline gives its TTFT and time per output
+    token at that batch, divided by ``efficiency`` (the share of the bound an engine reaches,
+    :data:`DEFAULT_EFFICIENCY` unless measured); replicas = max(ceil(concurrency / batch), ceil(peak output tokens/s /
+    replica tokens/s)). Layouts whose TTFT or TPOT miss the targets are dropped; the one with
+    the fewest GPUs wins (ties: the smaller tensor-parallel size). Raises ``ValueError`` if no
+    layout of up to 8 GPUs per replica holds the model.
+    """
+    if not isinstance(req, Requirements):
+        raise ValueError(f"req must be a Requirements, got {type(req).__name__}")
+    if not isinstance(prices, Prices):
+        raise ValueError(f"prices must be a Prices, got {type(prices).__name__}")
+    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) \
+            or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    g = get_gpu(gpu)
+    t = traffic(req)
+    options = [r for tp in TP_SIZES if (r := _replica(req, g.name, tp, t.peak_concurrency,
+                                                      reserve_fraction, efficiency))]
+    if not options:
+        raise ValueError(f"{req.model} in {req.dtype} with {req.context_tokens}-token requests "
+                         f"does not fit on up to {TP_SIZES[-1]} × {g.name}")
+    for r in options:
+        r["replicas"] = max(math.ceil(t.peak_concurrency / r["batch"]),
+                            math.ceil(t.peak_output_tokens_per_s / r["tokens_per_s"]))
+        r["gpus"] = r["replicas"] * r["tp"]
+        r["meets"] = r["ttft"] <= req.ttft_target_s and r["tpot"] <= req.tpot_target_s
+    meeting = [r for r in options if r["meets"]]
+    best = min(meeting or options, key=lambda r: (r["gpus"], r["tp"]))
+    capacity = best["replicas"] * best["tokens_per_s"]
+    utilization = min(1.0, t.mean_output_tokens_per_s / capacity)
+    api = cost_model.api_monthly_cost(req.requests_per_day, req.input_tokens, req.output_tokens,
+                                      prices.api_input_per_million, prices.api_output_per_million)
+    rented = cost_model.gpu_rental_monthly_cost(prices.gpu_hour_usd, best["gpus"])
+    monthly_tokens = api.monthly_input_tokens + api.monthly_output_tokens
+    plan = dict(
+        gpu=g.name, tensor_parallel=best["tp"], replicas=best["replicas"],
+        total_gpus=best["gpus"], fits=True,
+        max_sequences_per_replica=best["budget"].max_sequences,
+        peak_concurrency=t.peak_concurrency, batch_per_replica=best["batch"],
+        ttft_estimate_s=best["ttft"], tpot_estimate_s=best["tpot"],
+        replica_tokens_per_s=best["tokens_per_s"],
+        peak_output_tokens_per_s=t.peak_output_tokens_per_s, utilization=utilization,
+        selfhost_monthly_usd=rented, api_monthly_usd=api.monthly_cost,
+        selfhost_usd_per_million=rented / monthly_tokens * 1e6,
+        api_usd_per_million=api.monthly_cost / monthly_tokens * 1e6)
+    rec, reasons = _recommend(req, plan, bool(meeting))
+    plan.update(recommendation=rec, reasons=tuple(reasons))
+    plan["checklist"] = tuple(checklist(req, plan, best["budget"]))
+    return Plan(**plan)
+
+
+def _recommend(req: Requirements, p: dict, meets: bool) -> tuple[str, list[str]]:
+    reasons = []
+    if not meets:
+        reasons.append(f"no layout on {p['gpu']} meets TTFT ≤ {req.ttft_target_s:g} s and TPOT ≤ "
+                       f"{req.tpot_target_s:g} s; the closest is shown")
+    if not req.data_may_leave:
+        reasons.append("prompts may not leave the company: a hosted API is excluded")
+        return "self-host (rented GPUs or own servers)", reasons
+    cheaper = "self-host" if p["selfhost_monthly_usd"] < p["api_monthly_usd"] else "hosted API"
+    reasons.append(f"at this volume the API costs {p['api_monthly_usd']:,.0f} USD a month and "
+                   f"{p['total_gpus']} rented {p['gpu']} cost {p['selfhost_monthly_usd']:,.0f} USD "
+                   f"(utilisation {p['utilization']:.0%})")
+    if cheaper == "hosted API" and p["api_monthly_usd"] > req.budget_usd_per_month:
+        reasons.append(f"the API alone exceeds the budget of {req.budget_usd_per_month:,.0f} USD")
+    return cheaper, reasons
+
+
+def checklist(req: Requirements, p: dict, budget) -> list[dict]:
+    """Source 000's pre-deployment checklist, evaluated for this plan: one row per check with
+    ``group`` (memory / performance / cost and operations), ``check``, ``ok`` (True, False, or
+    None where only a measurement or a person can tell) and ``number`` (what the tick rests on)."""
+    quantized = req.dtype not in ("fp32", "bf16", "fp16")
+    rows = [
+        ("memory", "weights counted at the precision's bytes", True,
+         f"{budget.weight_bytes / 1e9:.4g} GB in {req.dtype}"),
+        ("memory", "room left for the KV cache at the peak", p["max_sequences_per_replica"]
+         * p["replicas"] >= p["peak_concurrency"],
+         f"{p['max_sequences_per_replica']} × {p['replicas']} sequences for {p['peak_concurrency']} "
+         f"in flight"),
+        ("memory", "quality evaluated after quantization", None if quantized else True,
+         "run your own evaluation set" if quantized else "not quantized"),
+        ("performance", "TTFT target set and met (estimate)", p["ttft_estimate_s"] <= req.ttft_target_s,
+         f"{p['ttft_estimate_s'] * 1e3:.3g} ms vs {req.ttft_target_s:g} s"),
+        ("performance", "time per output token met (estimate)", p["tpot_estimate_s"] <= req.tpot_target_s,
+         f"{p['tpot_estimate_s'] * 1e3:.3g} ms vs {req.tpot_target_s * 1e3:g} ms"),
+        ("performance", "throughput measured under real load", None,
+         "run a load test (chapter 05's loadtest) before going live"),
+        ("performance", "an engine with continuous batching", True, "assumed by the plan"),
+        ("cost and operations", "input and output tokens priced apart", True,
+         f"{req.input_tokens} in, {req.output_tokens} out per request"),
+        ("cost and operations", "GPU utilisation watched (≥ 30 %)", p["utilization"] >= 0.30,
+         f"{p['utilization']:.0%} of peak capacity on average"),
+        ("cost and operations", "data policy respected", True,
+         "API allowed" if req.data_may_leave else "self-hosting only"),
+    ]
+    return [{"group": g, "check": c, "ok": ok, "number": n} for g, c, ok, n in rows]
+
+
+def compare_gpus(req: Requirements, gpus, prices: Prices,
+                 efficiency: float = DEFAULT_EFFICIENCY) -> list[dict]:
+    """:func:`plan_deployment` on each GPU of ``gpus``: one row per GPU with the layout, the
+    estimates and the monthly cost; GPUs the model does not fit on get ``fits=False``."""
+    rows = []
+    for name in gpus:
+        try:
+            p = plan_deployment(req, name, prices, efficiency=efficiency)
+        except ValueError as e:
+            rows.append({"gpu": name, "fits": False, "note": str(e)})
+            continue
+        rows.append({"gpu": p.gpu, "fits": True, "tensor_parallel": p.tensor_parallel,
+                     "replicas": p.replicas, "total_gpus": p.total_gpus,
+                     "ttft_ms": p.ttft_estimate_s * 1e3, "tpot_ms": p.tpot_estimate_s * 1e3,
+                     "utilization": p.utilization, "selfhost_usd_per_month": p.selfhost_monthly_usd,
+                     "api_usd_per_month": p.api_monthly_usd})
+    return rows
+
+
+__all__ = ["Plan", "Prices", "checklist", "compare_gpus", "plan_deployment"]
