@@ -136,7 +136,7 @@ def _largest_gpu() -> Finding:
     big = max(gpu_names(), key=lambda n: get_gpu(n).memory_bytes)
     g = get_gpu(big)
     return Finding(f"largest in the catalog: {big} with {g.memory_bytes / 2**30:.4g} GiB "
-                   f"({g.launch}); h200 {get_gpu('h200').memory_bytes / 1e9:.4g} GB",
+                   f"({g.launch}); h200 {get_gpu('h200').memory_bytes / 2**30:.4g} GiB",
                    g.memory_bytes > 80 * 2**30)
 
 
@@ -164,8 +164,8 @@ CLAIMS: list[Claim] = [
     Claim("000-05", S2, "Serving a 13B model on a 40 GB A100: weights ≈ 65 %, KV cache ≈ 30 %, "
           "activations and the rest ≈ 5 % of memory.", "OPT-13B's size, the A100-40GB's capacity, "
           "the runtime reserve", "approximately",
-          "Weights are 25.7 GB: 64 % of 40e9 bytes but 60 % of the card's real 40 GiB. The KV "
-          "cache gets 30 % only if almost nothing is held back; with vLLM's 10 % reserve it is ~25–30 %.",
+          "Weights are 25.7 GB: 64 % of 40e9 bytes but 60 % of the card's real 40 GiB. With "
+          "vLLM's 10 % runtime reserve the KV cache gets about 30 % of the card, as stated.",
           ("02", "04"), f"{VLLM_PAPER}, Fig. 1; llminfra.calc.memory", _opt13b_split),
     Claim("000-06", S2, "For LLaMA-13B, one sequence's KV cache can reach 1.7 GB.",
           "KV bytes per token of LLaMA-13B in fp16, at 2,048 tokens", "holds",
