@@ -1,0 +1,99 @@
+"""The requirements form of chapter 10: state the service, see the plan and its checklist.
+
+:func:`plan_html` renders a :class:`~llminfra.planning.Plan` (layout, estimates, cost, the
+recommendation and the evaluated checklist) as HTML — a pure function tested from Python.
+:class:`PlanForm` wires the inputs to it through ``observe`` (an ``HTML`` value and a ``Label``
+summary; no ``interact``, no printing), so it behaves the same in JupyterLab, in a test and under
+nbval. Prices are inputs, labelled as examples.
+
+Taught in chapter 10.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+
+from llminfra.planning import Prices, Requirements, plan_deployment
+from llminfra.specs import gpu_names, model_names
+
+_MARK = {True: "✓", False: "✗", None: "?"}
+
+
+def plan_html(plan) -> str:
+    """The plan as HTML: a summary table and the checklist (✓ met, ✗ not met, ? to measure)."""
+    rows = [("layout", f"{plan.replicas} replica(s) × {plan.tensor_parallel} {plan.gpu} "
+                       f"= {plan.total_gpus} GPU(s)"),
+            ("batch per replica (KV room)", f"{plan.batch_per_replica} of "
+                                            f"{plan.max_sequences_per_replica} sequences"),
+            ("TTFT estimate", f"{plan.ttft_estimate_s * 1e3:.3g} ms"),
+            ("time per output token", f"{plan.tpot_estimate_s * 1e3:.3g} ms"),
+            ("utilisation", f"{plan.utilization:.0%}"),
+            ("self-hosted, rented", f"{plan.selfhost_monthly_usd:,.0f} USD / month"),
+            ("hosted API", f"{plan.api_monthly_usd:,.0f} USD / month"),
+            ("recommendation", plan.recommendation)]
+    summary = "".join(f"<tr><td style='text-align:left'>{html.escape(k)}</td>"
+                      f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
+    checks = "".join(
+        f"<tr><td style='text-align:left'>{html.escape(r['group'])}</td>"
+        f"<td style='text-align:left'>{html.escape(r['check'])}</td>"
+        f"<td>{_MARK[r['ok']]}</td><td style='text-align:left'>{html.escape(r['number'])}</td></tr>"
+        for r in plan.checklist)
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in plan.reasons)
+    return (f"<table>{summary}</table><ul>{reasons}</ul>"
+            f"<table><thead><tr><th>group</th><th>check</th><th>ok</th><th>number</th></tr>"
+            f"</thead><tbody>{checks}</tbody></table>")
+
+
+class PlanForm:
+    """Inputs for :class:`~llminfra.planning.Requirements`, a GPU and example prices; ``plan``
+    is the current :class:`~llminfra.planning.Plan` (None when the inputs are invalid, with the
+    reason in ``summary``), ``widget`` the ``VBox`` to display."""
+
+    def __init__(self, req: Requirements, gpu: str = "h100", prices: Prices | None = None):
+        prices = prices or Prices(3.0, 15.0, 3.0)
+        self.requests = widgets.IntText(value=int(req.requests_per_day), description="requests/day")
+        self.input_tokens = widgets.IntText(value=req.input_tokens, description="input tokens")
+        self.output_tokens = widgets.IntText(value=req.output_tokens, description="output tokens")
+        self.ttft = widgets.FloatText(value=req.ttft_target_s, description="TTFT target s")
+        self.may_leave = widgets.Checkbox(value=req.data_may_leave, description="data may leave")
+        self.budget = widgets.FloatText(value=req.budget_usd_per_month, description="budget USD/mo")
+        self.model = widgets.Dropdown(options=model_names(), value=req.model, description="model")
+        self.dtype = widgets.Dropdown(options=["bf16", "fp8", "int8", "int4"], value=req.dtype,
+                                      description="weights")
+        self.gpu = widgets.Dropdown(options=gpu_names(), value=gpu, description="GPU")
+        self.gpu_hour = widgets.FloatText(value=prices.gpu_hour_usd, description="GPU USD/h")
+        self.api_in = widgets.FloatText(value=prices.api_input_per_million, description="API in /M")
+        self.api_out = widgets.FloatText(value=prices.api_output_per_million, description="API out /M")
+        self.peak = req.peak_to_mean
+        self.summary = widgets.Label()
+        self.html = widgets.HTML()
+        controls = [self.requests, self.input_tokens, self.output_tokens, self.ttft, self.may_leave,
+                    self.budget, self.model, self.dtype, self.gpu, self.gpu_hour, self.api_in,
+                    self.api_out]
+        for w in controls:
+            w.observe(self._update, names="value")
+        self.widget = widgets.VBox([widgets.HBox(controls[:4]), widgets.HBox(controls[4:8]),
+                                    widgets.HBox(controls[8:]), self.summary, self.html])
+        self._update()
+
+    def _update(self, _change=None) -> None:
+        try:
+            req = Requirements(self.requests.value, self.input_tokens.value, self.output_tokens.value,
+                               ttft_target_s=self.ttft.value, data_may_leave=self.may_leave.value,
+                               budget_usd_per_month=self.budget.value, model=self.model.value,
+                               dtype=self.dtype.value, peak_to_mean=self.peak)
+            prices = Prices(self.api_in.value, self.api_out.value, self.gpu_hour.value,
+                            "example prices entered in the form")
+            self.plan = plan_deployment(req, self.gpu.value, prices)
+        except (ValueError, KeyError) as e:
+            self.plan = None
+            self.summary.value = f"cannot plan: {e.args[0] if e.args else e}"
+            self.html.value = ""
+            return
+        p = self.plan
+        self.summary.value = (f"{p.recommendation}: {p.total_gpus} × {p.gpu}, TTFT ≈ "
+                              f"{p.ttft_estimate_s * 1e3:.3g} ms, API {p.api_monthly_usd:,.0f} vs "
+                              f"rented {p.selfhost_monthly_usd:,.0f} USD / month")
+        self.html.value = plan_html(p)

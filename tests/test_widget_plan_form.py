@@ -1,0 +1,36 @@
+"""Chapter 10's requirements form, driven from Python: changing an input changes the plan."""
+
+from llminfra.planning import Prices, Requirements, plan_deployment
+from llminfra.widgets.plan_form import PlanForm, plan_html
+
+
+def test_form_shows_the_plan_and_follows_inputs():
+    req = Requirements(100_000, 1000, 500)
+    f = PlanForm(req, "h100", Prices(3, 15, 3))
+    expected = plan_deployment(req, "h100", Prices(3, 15, 3, "example prices entered in the form"))
+    assert f.plan == expected
+    assert f.summary.value.startswith(expected.recommendation)
+    assert "✓" in f.html.value and "<table>" in f.html.value
+    f.may_leave.value = False
+    assert f.plan.recommendation.startswith("self-host")
+    f.model.value = "llama-2-70b"
+    assert f.plan.tensor_parallel >= 2                   # 138 GB of weights need 2+ H100s
+    assert f"{f.plan.total_gpus} × h100" in f.summary.value
+    before = f.plan.total_gpus
+    f.requests.value = 2_000_000
+    assert f.plan.total_gpus >= before
+
+
+def test_form_reports_invalid_input_without_raising():
+    f = PlanForm(Requirements(1000, 100, 100))
+    f.output_tokens.value = 0
+    assert f.plan is None and f.summary.value.startswith("cannot plan: output_tokens")
+    f.output_tokens.value = 50
+    assert f.plan is not None
+
+
+def test_plan_html_escapes_and_marks():
+    p = plan_deployment(Requirements(100, 100, 100, data_may_leave=False), "h100", Prices(1, 1, 1))
+    out = plan_html(p)
+    assert out.count("<tr>") == 8 + 1 + len(p.checklist)
+    assert "?" in out  # the load test is always still to be done
