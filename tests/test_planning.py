@@ -6,17 +6,17 @@ import math
 import pytest
 
 from llminfra.calc.memory import kv_budget, kv_bytes_per_token, weight_bytes
-from llminfra.planning import (MISTAKES, DraftPlan, Prices, Requirements, compare_gpus,
-                               find_mistakes, gpus_needed, plan_deployment, traffic)
+from llminfra.planning import (MISTAKES, DraftPlan, PlanPrices, ServiceRequirements, compare_gpus,
+                               find_mistakes, gpus_for_memory, plan_deployment, traffic)
 from llminfra.specs import get_gpu
 
-PRICES = Prices(3.0, 15.0, 3.0)
+PRICES = PlanPrices(3.0, 15.0, 3.0)
 
 
 def test_traffic_worked_example():
     """100,000 requests/day, peak 3×, 500 output tokens at TPOT 0.1 s, TTFT 2 s: λ = 3.472/s,
     W = 52 s, L = ceil(180.6) = 181; peak output 1,736 tokens/s."""
-    t = traffic(Requirements(100_000, 1000, 500))
+    t = traffic(ServiceRequirements(100_000, 1000, 500))
     assert t.peak_requests_per_s == pytest.approx(3.4722, rel=1e-4)
     assert t.request_duration_s == 52.0 and t.peak_concurrency == 181
     assert t.peak_output_tokens_per_s == pytest.approx(1736.11, rel=1e-5)
@@ -27,20 +27,20 @@ def test_gpus_needed_worked_example():
     w, k = weight_bytes("llama-2-13b", "bf16"), kv_bytes_per_token("llama-2-13b", "bf16")
     m = get_gpu("a100-80gb").memory_bytes
     assert k == 819_200
-    assert gpus_needed(w, k, 4096, 32, m) == 2
-    assert gpus_needed(w, k, 4096, 0, m) == 1
+    assert gpus_for_memory(w, k, 4096, 32, m) == 2
+    assert gpus_for_memory(w, k, 4096, 0, m) == 1
     # exactly full: no extra GPU for a boundary case
-    assert gpus_needed(0.9 * 100, 1, 0, 0, 100, 0.1) == 1
-    assert gpus_needed(90 + 1, 1, 1, 0, 100, 0.1) == 2
+    assert gpus_for_memory(0.9 * 100, 1, 0, 0, 100, 0.1) == 1
+    assert gpus_for_memory(90 + 1, 1, 1, 0, 100, 0.1) == 2
 
 
 @pytest.mark.parametrize("concurrency", [1, 7, 30, 64])
 def test_gpus_needed_agrees_with_kv_budget(concurrency):
     """One question, one answer: the smallest n with kv_budget(n).max_sequences ≥ C is
-    gpus_needed with the same activations."""
+    gpus_for_memory with the same activations."""
     model, gpu, ctx = "llama-2-13b", "a100-40gb", 2048
     b1 = kv_budget(model, gpu, context=ctx)
-    n = gpus_needed(b1.weight_bytes, b1.kv_bytes_per_token, ctx, concurrency,
+    n = gpus_for_memory(b1.weight_bytes, b1.kv_bytes_per_token, ctx, concurrency,
                     get_gpu(gpu).memory_bytes, activation_bytes=b1.activation_bytes)
     assert kv_budget(model, gpu, context=ctx, num_gpus=n).max_sequences >= concurrency
     if n > 1:
@@ -49,15 +49,15 @@ def test_gpus_needed_agrees_with_kv_budget(concurrency):
 
 def test_gpus_needed_rejects_bad_input():
     with pytest.raises(ValueError, match="weight_bytes"):
-        gpus_needed(-1, 1, 1, 1, 1)
+        gpus_for_memory(-1, 1, 1, 1, 1)
     with pytest.raises(ValueError, match="concurrency"):
-        gpus_needed(1, 1, 1, 2.5, 1)
+        gpus_for_memory(1, 1, 1, 2.5, 1)
     with pytest.raises(ValueError, match="reserve_fraction"):
-        gpus_needed(1, 1, 1, 1, 1, 1.0)
+        gpus_for_memory(1, 1, 1, 1, 1, 1.0)
 
 
 def test_plan_picks_fewest_gpus_that_meet_targets():
-    req = Requirements(100_000, 1000, 500)
+    req = ServiceRequirements(100_000, 1000, 500)
     p = plan_deployment(req, "h100", PRICES)
     assert p.ttft_estimate_s <= req.ttft_target_s and p.tpot_estimate_s <= req.tpot_target_s
     assert p.total_gpus == p.replicas * p.tensor_parallel >= 1
@@ -69,15 +69,15 @@ def test_plan_picks_fewest_gpus_that_meet_targets():
 
 
 def test_plan_big_model_needs_tensor_parallelism():
-    p = plan_deployment(Requirements(10_000, 2000, 500, model="llama-2-70b"), "a100-80gb", PRICES)
+    p = plan_deployment(ServiceRequirements(10_000, 2000, 500, model="llama-2-70b"), "a100-80gb", PRICES)
     assert p.tensor_parallel >= 2
 
 
 def test_plan_respects_data_policy_and_compares_costs():
-    req = Requirements(1_000, 2000, 500, data_may_leave=False)
+    req = ServiceRequirements(1_000, 2000, 500, data_may_leave=False)
     p = plan_deployment(req, "l40s", PRICES)
     assert p.recommendation.startswith("self-host")
-    low = plan_deployment(Requirements(100, 2000, 500), "h100", PRICES)
+    low = plan_deployment(ServiceRequirements(100, 2000, 500), "h100", PRICES)
     assert low.recommendation == "hosted API" and low.api_monthly_usd < low.selfhost_monthly_usd
     # 100 requests/day × 30 × (2000 · 3 + 500 · 15) / 1e6 = 40.5 USD
     assert low.api_monthly_usd == pytest.approx(40.5)
@@ -85,22 +85,22 @@ def test_plan_respects_data_policy_and_compares_costs():
 
 def test_plan_rejects_what_cannot_fit_and_bad_input():
     with pytest.raises(ValueError, match="does not fit"):
-        plan_deployment(Requirements(100, 2000, 500, model="llama-2-70b", dtype="fp32"),
+        plan_deployment(ServiceRequirements(100, 2000, 500, model="llama-2-70b", dtype="fp32"),
                         "rtx-3090", PRICES)
     with pytest.raises(ValueError, match="efficiency"):
-        plan_deployment(Requirements(100, 10, 10), "h100", PRICES, efficiency=0)
+        plan_deployment(ServiceRequirements(100, 10, 10), "h100", PRICES, efficiency=0)
     with pytest.raises(ValueError, match="peak_to_mean"):
-        Requirements(100, 10, 10, peak_to_mean=0.5)
+        ServiceRequirements(100, 10, 10, peak_to_mean=0.5)
     with pytest.raises(ValueError, match="output_tokens"):
-        Requirements(100, 10, 0)
+        ServiceRequirements(100, 10, 0)
     with pytest.raises(KeyError):
-        Requirements(100, 10, 10, model="gpt-5")
+        ServiceRequirements(100, 10, 10, model="gpt-5")
     with pytest.raises(ValueError, match="gpu_hour_usd"):
-        Prices(1, 1, -1)
+        PlanPrices(1, 1, -1)
 
 
 def test_compare_gpus_marks_what_does_not_fit():
-    rows = compare_gpus(Requirements(1000, 1000, 200, model="llama-2-70b"),
+    rows = compare_gpus(ServiceRequirements(1000, 1000, 200, model="llama-2-70b"),
                         ["rtx-3090", "h100"], PRICES)
     assert rows[0]["gpu"] == "rtx-3090"
     assert rows[1]["fits"] and rows[1]["total_gpus"] >= 2

@@ -1,13 +1,13 @@
 """Chapter 10's requirements form, driven from Python: changing an input changes the plan."""
 
-from llminfra.planning import Prices, Requirements, plan_deployment
+from llminfra.planning import PlanPrices, ServiceRequirements, plan_deployment
 from llminfra.widgets.plan_form import PlanForm, plan_html
 
 
 def test_form_shows_the_plan_and_follows_inputs():
-    req = Requirements(100_000, 1000, 500)
-    f = PlanForm(req, "h100", Prices(3, 15, 3))
-    expected = plan_deployment(req, "h100", Prices(3, 15, 3, "example prices entered in the form"))
+    req = ServiceRequirements(100_000, 1000, 500)
+    f = PlanForm(req, "h100", PlanPrices(3, 15, 3))
+    expected = plan_deployment(req, "h100", PlanPrices(3, 15, 3, "example prices entered in the form"))
     assert f.plan == expected
     assert f.summary.value.startswith(expected.recommendation)
     assert "✓" in f.html.value and "<table>" in f.html.value
@@ -22,7 +22,7 @@ def test_form_shows_the_plan_and_follows_inputs():
 
 
 def test_form_reports_invalid_input_without_raising():
-    f = PlanForm(Requirements(1000, 100, 100))
+    f = PlanForm(ServiceRequirements(1000, 100, 100))
     f.output_tokens.value = 0
     assert f.plan is None and f.summary.value.startswith("cannot plan: output_tokens")
     f.output_tokens.value = 50
@@ -30,7 +30,7 @@ def test_form_reports_invalid_input_without_raising():
 
 
 def test_plan_html_escapes_and_marks():
-    p = plan_deployment(Requirements(100, 100, 100, data_may_leave=False), "h100", Prices(1, 1, 1))
+    p = plan_deployment(ServiceRequirements(100, 100, 100, data_may_leave=False), "h100", PlanPrices(1, 1, 1))
     out = plan_html(p)
     assert out.count("<tr>") == 8 + 1 + len(p.checklist)
     assert "?" in out  # the load test is always still to be done

@@ -1,6 +1,6 @@
 """Planning a deployment (chapter 10): requirements → memory → hardware → cost → checklist.
 
-``Requirements`` states what the service must do; ``plan_deployment(req, gpu, prices)`` walks
+``ServiceRequirements`` states what the service must do; ``plan_deployment(req, gpu, prices)`` walks
 source 000's five steps with the course's own models (:mod:`llminfra.calc.memory`,
 :mod:`llminfra.calc.roofline`, :mod:`llminfra.calc.cost`) and returns a :class:`Plan` with the
 numbers behind each decision and the checklist evaluated; ``find_mistakes(draft)`` names the
@@ -8,9 +8,9 @@ common mistakes of a draft plan. Taught in chapter 10.
 """
 
 from llminfra.planning.mistakes import MISTAKES, DraftPlan, find_mistakes
-from llminfra.planning.plan import Plan, Prices, compare_gpus, plan_deployment
-from llminfra.planning.requirements import Requirements, Traffic, traffic
-from llminfra.planning.sizing import gpus_needed
+from llminfra.planning.plan import Plan, PlanPrices, compare_gpus, plan_deployment
+from llminfra.planning.requirements import ServiceRequirements, Traffic, traffic
+from llminfra.planning.sizing import gpus_for_memory
 
-__all__ = ["MISTAKES", "DraftPlan", "Plan", "Prices", "Requirements", "Traffic", "compare_gpus",
-           "find_mistakes", "gpus_needed", "plan_deployment", "traffic"]
+__all__ = ["MISTAKES", "DraftPlan", "Plan", "PlanPrices", "ServiceRequirements", "Traffic", "compare_gpus",
+           "find_mistakes", "gpus_for_memory", "plan_deployment", "traffic"]

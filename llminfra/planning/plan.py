@@ -1,7 +1,7 @@
 """A deployment plan for one GPU type: source 000's five steps, each with its numbers.
 
 1. **memory** — does the model fit, how many sequences fit beside it
-   (:func:`llminfra.calc.memory.kv_budget`, :func:`~llminfra.planning.sizing.gpus_needed`);
+   (:func:`llminfra.calc.memory.kv_budget`, :func:`~llminfra.planning.sizing.gpus_for_memory`);
 2. **engine and batching** — the batch the KV cache allows at the peak, and the per-replica
    decode throughput and time per output token at that batch (roofline bounds,
    :mod:`llminfra.calc.roofline`; chapter 05's simulator and load test refine them);
@@ -10,7 +10,7 @@
    (:mod:`llminfra.calc.cost`), utilisation;
 5. **load test** — left to a real run (chapter 05's ``loadtest``); the plan says what to measure.
 
-Prices are inputs (:class:`Prices`); the course's examples are labelled with their date.
+PlanPrices are inputs (:class:`PlanPrices`); the course's examples are labelled with their date.
 Roofline figures are upper bounds on speed: a real engine reaches a fraction of them (chapter 05
 measures how much on the CPU). Taught in chapter 10.
 """
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from llminfra.calc import cost as cost_model
 from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, kv_budget
 from llminfra.calc.roofline import decode_time_per_token_s, ttft_s
-from llminfra.planning.requirements import Requirements, traffic
+from llminfra.planning.requirements import ServiceRequirements, traffic
 from llminfra.specs import get_gpu
 
 #: tensor-parallel sizes a replica may use (GPUs in one server)
@@ -31,8 +31,8 @@ TP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
-class Prices:
-    """Prices the plan compares, as inputs: a hosted API's USD per million input / output tokens
+class PlanPrices:
+    """PlanPrices the plan compares, as inputs: a hosted API's USD per million input / output tokens
     and a rented GPU's USD per hour. ``label`` says where they come from and when."""
 
     api_input_per_million: float
@@ -81,7 +81,7 @@ class Plan:
 DEFAULT_EFFICIENCY = 0.5
 
 
-def _replica(req: Requirements, gpu: str, tp: int, peak_concurrency: int,
+def _replica(req: ServiceRequirements, gpu: str, tp: int, peak_concurrency: int,
              reserve_fraction: float, efficiency: float) -> dict | None:
     """One replica of ``tp`` GPUs: what fits and how fast (None if the weights do not fit)."""
     budget = kv_budget(req.model, gpu, req.dtype, context=req.context_tokens,
@@ -96,7 +96,7 @@ def _replica(req: Requirements, gpu: str, tp: int, peak_concurrency: int,
             "tokens_per_s": batch / tpot}
 
 
-def plan_deployment(req: Requirements, gpu: str, prices: Prices,
+def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
                     reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
                     efficiency: float = DEFAULT_EFFICIENCY) -> Plan:
     """The cheapest layout on ``gpu`` that meets ``req`` at its peak, and how it compares with
@@ -110,10 +110,10 @@ def plan_deployment(req: Requirements, gpu: str, prices: Prices,
     the fewest GPUs wins (ties: the smaller tensor-parallel size). Raises ``ValueError`` if no
     layout of up to 8 GPUs per replica holds the model.
     """
-    if not isinstance(req, Requirements):
-        raise ValueError(f"req must be a Requirements, got {type(req).__name__}")
-    if not isinstance(prices, Prices):
-        raise ValueError(f"prices must be a Prices, got {type(prices).__name__}")
+    if not isinstance(req, ServiceRequirements):
+        raise ValueError(f"req must be a ServiceRequirements, got {type(req).__name__}")
+    if not isinstance(prices, PlanPrices):
+        raise ValueError(f"prices must be a PlanPrices, got {type(prices).__name__}")
     if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) \
             or not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
@@ -154,7 +154,7 @@ def plan_deployment(req: Requirements, gpu: str, prices: Prices,
     return Plan(**plan)
 
 
-def _recommend(req: Requirements, p: dict, meets: bool) -> tuple[str, list[str]]:
+def _recommend(req: ServiceRequirements, p: dict, meets: bool) -> tuple[str, list[str]]:
     reasons = []
     if not meets:
         reasons.append(f"no layout on {p['gpu']} meets TTFT ≤ {req.ttft_target_s:g} s and TPOT ≤ "
@@ -171,7 +171,7 @@ def _recommend(req: Requirements, p: dict, meets: bool) -> tuple[str, list[str]]
     return cheaper, reasons
 
 
-def checklist(req: Requirements, p: dict, budget) -> list[dict]:
+def checklist(req: ServiceRequirements, p: dict, budget) -> list[dict]:
     """Source 000's pre-deployment checklist, evaluated for this plan: one row per check with
     ``group`` (memory / performance / cost and operations), ``check``, ``ok`` (True, False, or
     None where only a measurement or a person can tell) and ``number`` (what the tick rests on)."""
@@ -202,7 +202,7 @@ def checklist(req: Requirements, p: dict, budget) -> list[dict]:
     return [{"group": g, "check": c, "ok": ok, "number": n} for g, c, ok, n in rows]
 
 
-def compare_gpus(req: Requirements, gpus, prices: Prices,
+def compare_gpus(req: ServiceRequirements, gpus, prices: PlanPrices,
                  efficiency: float = DEFAULT_EFFICIENCY) -> list[dict]:
     """:func:`plan_deployment` on each GPU of ``gpus``: one row per GPU with the layout, the
     estimates and the monthly cost; GPUs the model does not fit on get ``fits=False``."""
@@ -221,4 +221,4 @@ def compare_gpus(req: Requirements, gpus, prices: Prices,
     return rows
 
 
-__all__ = ["Plan", "Prices", "checklist", "compare_gpus", "plan_deployment"]
+__all__ = ["Plan", "PlanPrices", "checklist", "compare_gpus", "plan_deployment"]

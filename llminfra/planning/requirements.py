@@ -1,6 +1,6 @@
 """What a service must do, and the traffic that follows from it.
 
-:class:`Requirements` holds source 000's first step ("write the requirements down": requests a
+:class:`ServiceRequirements` holds source 000's first step ("write the requirements down": requests a
 day, input and output tokens per request, the TTFT you can accept, whether data may leave the
 company) plus a monthly budget, the model and its precision, and how spiky the traffic is.
 :func:`traffic` turns them into rates and, by Little's law (L = λ · W; Little, 1961), the
@@ -26,7 +26,7 @@ def _positive(name: str, value, allow_zero: bool = False) -> float:
 
 
 @dataclass(frozen=True)
-class Requirements:
+class ServiceRequirements:
     """A service's requirements.
 
     ``requests_per_day``; ``input_tokens`` / ``output_tokens`` per request (means);
@@ -72,7 +72,7 @@ class Requirements:
 
 @dataclass(frozen=True)
 class Traffic:
-    """Rates that follow from :class:`Requirements` (all per second unless named)."""
+    """Rates that follow from :class:`ServiceRequirements` (all per second unless named)."""
 
     mean_requests_per_s: float
     peak_requests_per_s: float
@@ -82,7 +82,7 @@ class Traffic:
     peak_concurrency: int
 
 
-def traffic(req: Requirements, ttft_s: float | None = None, tpot_s: float | None = None) -> Traffic:
+def traffic(req: ServiceRequirements, ttft_s: float | None = None, tpot_s: float | None = None) -> Traffic:
     """Mean and peak rates, and requests in flight at the peak by Little's law.
 
     A request lasts ``W = TTFT + output_tokens · TPOT`` (the targets unless measured values are

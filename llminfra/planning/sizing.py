@@ -1,6 +1,6 @@
 """How many GPUs the memory alone asks for.
 
-Taught in chapter 10 (exercise 10.1 writes :func:`gpus_needed` again).
+Taught in chapter 10 (exercise 10.1 writes :func:`gpus_for_memory` again).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 
-def gpus_needed(weight_bytes: float, kv_bytes_per_token: float, context_tokens: int,
+def gpus_for_memory(weight_bytes: float, kv_bytes_per_token: float, context_tokens: int,
                 concurrency: int, gpu_memory_bytes: float, reserve_fraction: float = 0.10,
                 activation_bytes: float = 0.0) -> int:
     """Smallest number of GPUs whose usable memory holds the weights, one forward pass's

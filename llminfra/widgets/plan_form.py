@@ -4,7 +4,7 @@
 recommendation and the evaluated checklist) as HTML — a pure function tested from Python.
 :class:`PlanForm` wires the inputs to it through ``observe`` (an ``HTML`` value and a ``Label``
 summary; no ``interact``, no printing), so it behaves the same in JupyterLab, in a test and under
-nbval. Prices are inputs, labelled as examples.
+nbval. PlanPrices are inputs, labelled as examples.
 
 Taught in chapter 10.
 """
@@ -15,7 +15,7 @@ import html
 
 import ipywidgets as widgets
 
-from llminfra.planning import Prices, Requirements, plan_deployment
+from llminfra.planning import PlanPrices, ServiceRequirements, plan_deployment
 from llminfra.specs import gpu_names, model_names
 
 _MARK = {True: "✓", False: "✗", None: "?"}
@@ -47,12 +47,12 @@ def plan_html(plan) -> str:
 
 
 class PlanForm:
-    """Inputs for :class:`~llminfra.planning.Requirements`, a GPU and example prices; ``plan``
+    """Inputs for :class:`~llminfra.planning.ServiceRequirements`, a GPU and example prices; ``plan``
     is the current :class:`~llminfra.planning.Plan` (None when the inputs are invalid, with the
     reason in ``summary``), ``widget`` the ``VBox`` to display."""
 
-    def __init__(self, req: Requirements, gpu: str = "h100", prices: Prices | None = None):
-        prices = prices or Prices(3.0, 15.0, 3.0)
+    def __init__(self, req: ServiceRequirements, gpu: str = "h100", prices: PlanPrices | None = None):
+        prices = prices or PlanPrices(3.0, 15.0, 3.0)
         self.requests = widgets.IntText(value=int(req.requests_per_day), description="requests/day")
         self.input_tokens = widgets.IntText(value=req.input_tokens, description="input tokens")
         self.output_tokens = widgets.IntText(value=req.output_tokens, description="output tokens")
@@ -80,11 +80,11 @@ class PlanForm:
 
     def _update(self, _change=None) -> None:
         try:
-            req = Requirements(self.requests.value, self.input_tokens.value, self.output_tokens.value,
+            req = ServiceRequirements(self.requests.value, self.input_tokens.value, self.output_tokens.value,
                                ttft_target_s=self.ttft.value, data_may_leave=self.may_leave.value,
                                budget_usd_per_month=self.budget.value, model=self.model.value,
                                dtype=self.dtype.value, peak_to_mean=self.peak)
-            prices = Prices(self.api_in.value, self.api_out.value, self.gpu_hour.value,
+            prices = PlanPrices(self.api_in.value, self.api_out.value, self.gpu_hour.value,
                             "example prices entered in the form")
             self.plan = plan_deployment(req, self.gpu.value, prices)
         except (ValueError, KeyError) as e:
