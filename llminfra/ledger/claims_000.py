@@ -361,5 +361,14 @@ CLAIMS: list[Claim] = [
     Claim("000-48", S7, "A naive pipeline over several GPUs leaves them idle most of the time.",
           "the GPipe bubble", "holds", "With one batch and p stages, (p − 1) / p of GPU time is idle.",
           ("07",), "GPipe, arXiv:1811.06965", c.pipeline_bubble),
+    Claim("000-49", S6, "Own servers need purchase, power and staff; data stays inside, and they pay "
+          "off when use is steady and heavy.", "purchase, amortisation, power, utilisation", "holds",
+          "Chapter 09's cost model, at its dated example prices: an 8-GPU server pays back in about "
+          "14 months at full use and needs about 80 months at 25 % use, longer than its life.",
+          ("09",), "chapter 09 (llminfra.calc.cost.own_server_monthly_cost, months_to_pay_back)"),
+    Claim("000-50", S6, "Running a small or quantized model locally suits one person trying things out.",
+          "model size vs a laptop's memory", "holds",
+          "A 7–8B model in int4 needs about 4–5 GB of weights, within a laptop's memory; it serves "
+          "one user (chapter 09's deployment table).", ("03", "09"),
+          "llminfra.calc.memory.weight_bytes; llminfra.calc.deployment.deployment_options"),
 ]
-

@@ -319,4 +319,10 @@ CLAIMS: list[Claim] = [
           "the clouds' instance catalogues", "holds",
           "E.g. AWS P5 / P4d, Google Cloud A3 / A2, Azure ND H100 v5 / ND A100 v4.", ("09",),
           "the providers' instance-type documentation"),
+    Claim("004-52", S6, "Cloud GPUs need little up-front money and scale up and down; on-premises "
+          "gives data sovereignty, control and can be cheaper in the long run.",
+          "utilisation over the hardware's life", "holds",
+          "Hedged as 'can be', and so true; the condition matters: at chapter 09's dated example "
+          "prices owning beats renting over 36 months only when the GPUs are busy more than about "
+          "45 % of the hours.", ("09",), "chapter 09 (llminfra.calc.cost)"),
 ]
