@@ -228,3 +228,16 @@ def test_tiny_model_batched_equals_alone_and_quantized_runs():
     out = LLMEngine(q, tok).generate(prompts[:1], SamplingParams(max_tokens=6))[0]
     assert out.outputs[0].token_ids == _alone(q, tok.encode(prompts[0]), 6)
     assert SequenceStatus.FINISHED_LENGTH.finish_reason == "length"
+
+
+def test_state_machine_refuses_illegal_moves(model64):
+    engine = LLMEngine(model64, TOK)
+    engine.add_request("ab", SamplingParams(max_tokens=2))
+    seq = engine.scheduler.waiting[0]
+    with pytest.raises(ValueError, match="WAITING -> FINISHED_LENGTH"):
+        seq.set_status(SequenceStatus.FINISHED_LENGTH)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert seq.status is SequenceStatus.FINISHED_LENGTH
+    with pytest.raises(ValueError, match="FINISHED_LENGTH -> RUNNING"):
+        seq.set_status(SequenceStatus.RUNNING)

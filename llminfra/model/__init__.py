@@ -3,7 +3,8 @@ generation, perplexity, corpus, checkpoint.
 
 Contract (see ``shared/DESIGN.md`` and the module docstrings):
 ``ModelConfig.from_name("tiny" | "bench-100m")``, ``Transformer(config)``,
-``model(tokens, cache=None, start_pos=0) -> logits``, ``model.set_attention(fn)``,
+``model(tokens, cache=None, start_pos=0) -> logits``, one ragged serving step
+``model(tokens (N,), cache, meta=StepMetadata) -> logits (N, V)``, ``model.set_attention(fn)``,
 ``DenseKVCache``, ``ByteTokenizer``, ``load_tiny()``, ``generate(...)``, ``perplexity(...)``,
 ``heldout_tokens()``.
 """
