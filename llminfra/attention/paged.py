@@ -102,8 +102,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if int(context_lens.max()) > block_tables.shape[1] * B or int(context_lens.min()) < 1:
         raise ValueError(f"context_lens must lie in 1..{block_tables.shape[1] * B} "
                          f"(max_blocks · block_size); got {context_lens.tolist()}")
-    bt = block_tables.to(device=k_cache.device, dtype=torch.long)
-    S = -(-int(context_lens.max()) // B)                          # blocks the longest one uses
-    K = k_cache[bt[:, :S]].reshape(N, -1, H_kv, d)                # (N, S·B, H_kv, d)
-    V = v_cache[bt[:, :S]].reshape(N, -1, H_kv, d)
+    return gather_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                   int(context_lens.max()), scale)
+
+
+def gather_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, context_lens: torch.Tensor,
+                            max_context: int, scale: float | None = None) -> torch.Tensor:
+    """The body of :func:`paged_attention` without its argument checks (the engine's hot path,
+    whose step metadata is already checked): gather the blocks the longest context uses, then
+    :func:`decode_attention_nshd`. ``max_context`` = max(context_lens), as a Python int."""
+    N = q.shape[0]
+    B, H_kv, d = k_cache.shape[1:]
+    n_blocks = -(-max_context // B)                               # blocks the longest one uses
+    bt = block_tables[:, :n_blocks].to(device=k_cache.device, dtype=torch.long)
+    K = k_cache[bt].reshape(N, -1, H_kv, d)                       # (N, n_blocks·B, H_kv, d)
+    V = v_cache[bt].reshape(N, -1, H_kv, d)
     return decode_attention_nshd(q, K, V, context_lens, scale)

@@ -23,8 +23,8 @@ from llminfra.model.transformer import (Attention, FeedForward, RMSNorm, Transfo
 
 __all__ = [
     "ModelConfig", "config_names", "Transformer", "TransformerBlock", "Attention",
-    "FeedForward", "RMSNorm", "apply_rotary", "rotary_angles", "rotary_angles_at", "reference_attention",
-    "sdpa_attention", "causal_mask", "DenseKVCache", "ByteTokenizer", "generate",
+    "FeedForward", "RMSNorm", "apply_rotary", "rotary_angles", "rotary_angles_at",
+    "reference_attention", "sdpa_attention", "causal_mask", "DenseKVCache", "ByteTokenizer", "generate",
     "sample_next_token", "perplexity", "mean_nll", "heldout_tokens", "corpus_tokens",
     "load_tiny", "load_checkpoint", "save_checkpoint", "TINY_CHECKPOINT",
 ]
