@@ -207,9 +207,11 @@ class LLMEngine:
         with torch.no_grad():
             logits = self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
         self.counters["num_steps"] += 1
+        B = self.cache.block_size
         for seq, n in scheduled:
             seq.num_computed_tokens += n
-            if self.config.enable_prefix_caching:
+            filled = seq.num_computed_tokens // B > (seq.num_computed_tokens - n) // B
+            if self.config.enable_prefix_caching and filled:   # a block became full
                 self.cache.cache_prefix(seq.cache_seq,
                                         seq.token_ids()[:seq.num_computed_tokens])
         picked = [seqs[i] for i in rows]
