@@ -62,7 +62,8 @@ class LLMEngine:
     :class:`~llminfra.engine.scheduler.Scheduler`; ``num_blocks`` × ``block_size`` the paged KV
     pool (default :func:`default_num_blocks`); ``enable_prefix_caching`` reuses the K/V of
     shared prompt prefixes. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
-    sampling of requests that give no seed of their own.
+    sampling of requests that give no seed of their own. Not thread-safe: a server calls
+    ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
 
     def __init__(self, model, tokenizer, *, num_blocks: int | None = None, block_size: int = 16,
