@@ -152,8 +152,8 @@ def compare_kernels(device: torch.device | str, cases=GPU_CASES, dtype=torch.flo
     first sequence at the full length). Used by :func:`run_gpu` on CUDA, and by the tests on
     the CPU under ``TRITON_INTERPRET=1`` with small cases.
     """
-    from llminfra.kvcache.paged_attention import paged_attention
-    from llminfra.kvcache.paged_attention_triton import paged_attention_triton
+    from llminfra.attention.paged import paged_attention
+    from llminfra.attention.paged_triton import paged_attention_triton
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(SEED)
     out, worst = {"cases": []}, 0.0
