@@ -24,6 +24,7 @@ SUITES: dict[str, str] = {
     "parallel": "llminfra.bench.parallel",
     "gpu": "llminfra.bench.gpu",
     "serving": "llminfra.bench.serving",
+    "roofline": "llminfra.bench.roofline",
 }
 
 
