@@ -132,3 +132,31 @@ def test_mistake_edges():
     with pytest.raises(ValueError, match="DraftPlan"):
         find_mistakes({"model": "x"})
     assert math.isclose(3 / 7, 0.4286, rel_tol=1e-3)
+
+
+def test_workload_from_means_matches_the_means_and_the_rate():
+    import statistics
+    import torch
+    from llminfra.engine.workload import workload_from_means
+    w = workload_from_means(4000, torch.Generator().manual_seed(1), mean_prompt=800,
+                            mean_output=200, rate_per_s=4.0)
+    assert statistics.mean(r.prompt_len for r in w) == pytest.approx(800, rel=0.05)
+    assert statistics.mean(r.output_len for r in w) == pytest.approx(200, rel=0.05)
+    assert w[-1].arrival_time_s / (len(w) - 1) == pytest.approx(0.25, rel=0.05)
+    again = workload_from_means(4000, torch.Generator().manual_seed(1), mean_prompt=800,
+                                mean_output=200, rate_per_s=4.0)
+    assert again == w
+    with pytest.raises(ValueError, match="mean_output"):
+        workload_from_means(1, torch.Generator(), mean_prompt=10, mean_output=0)
+
+
+def test_simulated_peak_continuous_beats_static_on_ttft():
+    """Same seeded peak workload, same GPU: iteration-level admission keeps TTFT low; every
+    request finishes."""
+    from llminfra.planning import simulate_peak
+    req = ServiceRequirements(50_000, 1500, 300, ttft_target_s=1.0)
+    cont = simulate_peak(req, "h100", num_requests=60, policy="continuous")
+    stat = simulate_peak(req, "h100", num_requests=60, policy="static")
+    assert cont["num_requests"] == stat["num_requests"] == 60
+    assert cont["ttft_s"]["p99"] < stat["ttft_s"]["p99"]
+    assert cont == simulate_peak(req, "h100", num_requests=60, policy="continuous")

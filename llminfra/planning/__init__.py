@@ -10,7 +10,8 @@ common mistakes of a draft plan. Taught in chapter 10.
 from llminfra.planning.mistakes import MISTAKES, DraftPlan, find_mistakes
 from llminfra.planning.plan import Plan, PlanPrices, compare_gpus, plan_deployment
 from llminfra.planning.requirements import ServiceRequirements, Traffic, traffic
+from llminfra.planning.simulate import simulate_peak
 from llminfra.planning.sizing import gpus_for_memory
 
 __all__ = ["MISTAKES", "DraftPlan", "Plan", "PlanPrices", "ServiceRequirements", "Traffic", "compare_gpus",
-           "find_mistakes", "gpus_for_memory", "plan_deployment", "traffic"]
+           "find_mistakes", "gpus_for_memory", "plan_deployment", "simulate_peak", "traffic"]
