@@ -26,8 +26,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from sse_starlette.sse import EventSourceResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llminfra.engine import openai_protocol as api
@@ -176,7 +175,12 @@ class _Service:
                 if not finished:
                     self.loop.abort(rid)
 
-        return EventSourceResponse(events(), ping=15)
+        async def sse_lines():
+            async for data in events():
+                yield f"data: {data}\n\n"
+
+        return StreamingResponse(sse_lines(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
 
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
