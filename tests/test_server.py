@@ -6,6 +6,7 @@ Every wait is bounded (client timeouts, ``asyncio.wait_for``, polling deadlines)
 
 import asyncio
 import json
+import signal
 import time
 
 import httpx
@@ -196,14 +197,19 @@ def test_disconnect_mid_stream_frees_blocks(server):
 
 
 def test_sigterm_stops_serve_cleanly():
-    srv = ServerProcess(["--threads", "1", "--log-level", "warning"]).start()
+    """uvicorn turns SIGTERM into a graceful shutdown (the app's shutdown stops the engine
+    loop), then re-raises the signal so the parent sees why it ended (uvicorn >= 0.29):
+    status 0 or -SIGTERM, and the log shows the clean path."""
+    srv = ServerProcess(["--threads", "1", "--log-level", "info"]).start()
     try:
         r = httpx.post(f"{srv.base_url}/v1/completions",
                        json={"model": MODEL, "prompt": "a", "max_tokens": 3}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:
         code = srv.stop(timeout_s=30)
-    assert code == 0, srv.output
+    out = srv.output
+    assert code in (0, -signal.SIGTERM), out
+    assert "Application shutdown complete" in out and "engine loop stopped" in out, out
     assert srv.proc.poll() is not None
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{srv.base_url}/health", timeout=2)

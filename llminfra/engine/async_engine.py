@@ -91,6 +91,8 @@ class AsyncEngine:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.warning("engine thread did not stop within %.3g s", timeout_s)
+            else:
+                log.info("engine loop stopped")
             self._thread = None
 
     @property

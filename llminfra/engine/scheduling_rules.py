@@ -23,14 +23,7 @@ Taught in chapter 05.
 
 from __future__ import annotations
 
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """KV blocks to hold ``num_tokens`` tokens: ``⌈num_tokens / block_size⌉`` (33 tokens, B = 16:
-    3 blocks)."""
-    if block_size < 1 or num_tokens < 0:
-        raise ValueError(f"need block_size >= 1 and num_tokens >= 0, got {block_size}, "
-                         f"{num_tokens}")
-    return -(-num_tokens // block_size)
+from llminfra.kvcache.block_table import blocks_needed  # ⌈tokens / block_size⌉
 
 
 def admit_fcfs(waiting_prompt_lens: list[int], *, free_blocks: int, block_size: int,
