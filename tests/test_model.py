@@ -12,7 +12,7 @@ from llminfra.model import (ByteTokenizer, DenseKVCache, ModelConfig, RMSNorm, T
                             apply_rotary, causal_mask, generate, mean_nll, perplexity,
                             reference_attention, rotary_angles, sample_next_token,
                             sdpa_attention)
-from llminfra.model.attention_ref import repeat_kv
+from llminfra.attention.reference import repeat_kv
 
 # awkward sizes: odd vocab, 6 query heads over 2 K/V heads, head_dim 4, ffn not a power of 2
 SMALL = ModelConfig(vocab_size=37, dim=24, n_layers=2, n_heads=6, n_kv_heads=2, ffn_dim=40,

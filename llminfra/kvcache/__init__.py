@@ -7,8 +7,9 @@ Model Serving with PagedAttention", arXiv:2309.06180). Modules, one concept each
 * :mod:`.block_allocator` — the block pool: reference counts and a free list;
 * :mod:`.block_table` — per-sequence block tables and the slot mapping;
 * :mod:`.copy_on_write` — forks that share blocks, copying a block only when it is written;
-* :mod:`.paged_attention` / :mod:`.paged_attention_triton` — attention through block tables
-  (PyTorch gather; a Triton kernel for CUDA, also run under ``TRITON_INTERPRET=1``);
+* attention through block tables (PyTorch gather; a Triton kernel for CUDA, also run under
+  ``TRITON_INTERPRET=1``) lives with every other attention in :mod:`llminfra.attention.paged`
+  and :mod:`llminfra.attention.paged_triton`; it is re-exported here;
 * :mod:`.paged_cache` — the paged cache behind the model's ``cache.update`` protocol;
 * :mod:`.prefix_cache` — blocks found again by the hash of their prefix, LRU eviction;
 * :mod:`.offload` — swap to CPU memory and back, or recompute, with their costs;
@@ -21,9 +22,8 @@ from llminfra.kvcache.contiguous import ContiguousKVCache, GrowingKVCache, conti
 from llminfra.kvcache.copy_on_write import copy_on_write, fork_blocks
 from llminfra.kvcache.offload import (SwappedSequence, recompute_time_s, swap_in, swap_out,
                                       swap_time_s)
-from llminfra.kvcache.paged_attention import (contiguous_decode_attention, gather_kv,
-                                              paged_attention)
-from llminfra.kvcache.paged_attention_triton import paged_attention_triton
+from llminfra.attention.paged import contiguous_decode_attention, gather_kv, paged_attention
+from llminfra.attention.paged_triton import paged_attention_triton
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import (PrefixCachingAllocator, block_hash, match_prefix,
                                            prefix_block_hashes, register_prefix)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from llminfra.attention.step_metadata import StepMetadata
 from llminfra.model.cache import check_update
 
 
@@ -42,12 +43,61 @@ class ContiguousKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_seq_len = max_seq_len
         self.lengths = [0] * n_layers
+        self.row_lengths = [0] * batch          # ragged steps: tokens held by each row
+        self._step, self._undo = 0, None
 
-    def update(self, layer_idx: int, k: torch.Tensor,
-               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare_step(self, seq_ids: list[int], query_lens: list[int],
+                     is_prefill: list[bool] | None = None) -> StepMetadata:
+        """Start a ragged step: sequence ``seq_ids[i]`` is reserved row ``seq_ids[i]`` (0 ..
+        batch-1) and brings ``query_lens[i]`` tokens; ``"padded"`` layout."""
+        if len(seq_ids) != len(query_lens):
+            raise ValueError(f"{len(seq_ids)} seq_ids but {len(query_lens)} query_lens")
+        rows = self.k.shape[1]
+        bad = [s for s in seq_ids if not (isinstance(s, int) and 0 <= s < rows)]
+        if bad:
+            raise ValueError(f"sequence ids {bad} are not rows 0..{rows - 1} of this cache")
+        ctx = [self.row_lengths[s] + int(t) for s, t in zip(seq_ids, query_lens)]
+        if max(ctx) > self.max_seq_len:
+            raise ValueError(f"{max(ctx)} tokens exceed the reserved max_seq_len "
+                             f"{self.max_seq_len}; reserve more or stop generating")
+        meta = StepMetadata.build(seq_ids, query_lens, ctx, device=self.k.device,
+                                  is_prefill=is_prefill, kv_layout="padded",
+                                  step_id=self._step + 1)
+        self._step += 1
+        self._undo = {s: self.row_lengths[s] for s in seq_ids}
+        for s, c in zip(seq_ids, ctx):
+            self.row_lengths[s] = c
+        return meta
+
+    def rollback_step(self, meta: StepMetadata) -> None:
+        """Undo the latest step: rows back to their lengths before it (slots are overwritten
+        by the next step)."""
+        if meta.step_id == self._step and self._undo is not None:
+            for s, n in self._undo.items():
+                self.row_lengths[s] = n
+            self._undo, self._step = None, self._step + 1
+
+    def _update_step(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
+                     meta: StepMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if meta.kv_layout != "padded" or meta.step_id != self._step or self._undo is None:
+            raise ValueError(f"stale step metadata (step {meta.step_id}, cache at step "
+                             f"{self._step}): call prepare_step for this forward pass")
+        rows = torch.tensor(meta.seq_ids, device=self.k.device)
+        seq_of_token = torch.repeat_interleave(
+            rows, torch.tensor(meta.query_lens, device=self.k.device))   # (N,)
+        self.k[layer_idx, seq_of_token, :, meta.positions] = k.to(self.k.dtype)
+        self.v[layer_idx, seq_of_token, :, meta.positions] = v.to(self.v.dtype)
+        S_max = max(meta.context_lens)
+        return self.k[layer_idx, rows, :, :S_max], self.v[layer_idx, rows, :, :S_max]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
+               meta: StepMetadata | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v ``(B, H_kv, T, d)`` after the cached tokens; return views ``(B, H_kv, S, d)``.
-        """
-        check_update(layer_idx, len(self.lengths), k, v)
+        With a step's ``meta``: write the flat ``(N, H_kv, d)`` k, v at each token's row and
+        position; return ``(n, H_kv, S_max, d)`` (the step's rows, padded)."""
+        check_update(layer_idx, len(self.lengths), k, v, meta)
+        if meta is not None:
+            return self._update_step(layer_idx, k, v, meta)
         if k.shape[0] != self.k.shape[1] or k.shape[1] != self.k.shape[2] \
                 or k.shape[3] != self.k.shape[4]:
             raise ValueError(f"k {tuple(k.shape)} does not match the reserved (batch, H_kv, d) = "

@@ -1,24 +1,28 @@
-"""A paged KV cache behind the model's ``cache.update(layer_idx, k, v)`` protocol.
+"""A paged KV cache behind the model's ``cache.update(layer_idx, k, v, meta)`` protocol.
 
 Storage is one pool per layer, ``(num_blocks, B, H_kv, d)`` for K and for V, shared by all
-sequences; each sequence owns a :class:`~llminfra.kvcache.block_table.BlockTable`. In one forward
-pass the first layer reserves slots for the new tokens (allocating blocks, copying shared last
-blocks first: copy-on-write), every layer scatters its new K/V into those slots, then gathers the
-sequence's K/V back in token order for attention (Kwon et al., 2023, arXiv:2309.06180, §4.3).
-Gathering into a dense tensor keeps the model unchanged; the fused kernel that reads the pool
-directly is :mod:`llminfra.kvcache.paged_attention_triton`.
+sequences; each sequence owns a :class:`~llminfra.kvcache.block_table.BlockTable`. Once per step,
+before the forward pass, :meth:`PagedKVCache.prepare_step` reserves slots for the new tokens of
+every sequence of the step (allocating blocks, copying shared last blocks first: copy-on-write)
+and returns the step's :class:`~llminfra.attention.StepMetadata` (slot mapping, block tables,
+context lengths). Every layer then scatters its new K/V into those slots, and attention reads the
+pool through the block tables (Kwon et al., 2023, arXiv:2309.06180, §4.3):
+:func:`llminfra.attention.paged.paged_attention` in PyTorch, or the fused Triton kernel
+:func:`llminfra.attention.paged_triton.paged_attention_triton` on a GPU.
 
-Sequences: ``cache.batch`` lists the sequence ids that the rows of the next forward pass refer
-to. If it is empty when a forward starts, one new sequence per row is created. ``fork(seq)``
-adds a sequence that shares every block of ``seq`` (parallel sampling, beam search).
+Sequences: a serving engine names the sequences of a step in ``prepare_step``. For a dense
+``model(tokens (B, T), cache, start_pos)`` call, ``cache.batch`` lists the sequence ids of the B
+rows (one new sequence per row is created when it is empty). ``fork(seq)`` adds a sequence that
+shares every block of ``seq`` (parallel sampling, beam search).
 
-Taught in chapter 04.
+Taught in chapter 04; the serving engine of chapter 05 runs on it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from llminfra.attention.step_metadata import StepMetadata
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import BlockTable
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
@@ -28,10 +32,16 @@ from llminfra.model.cache import check_update
 class PagedKVCache:
     """K/V of many sequences in a pool of ``num_blocks`` blocks of ``block_size`` tokens.
 
+    Works on ragged steps (``needs_step_metadata``): ``meta = prepare_step(seq_ids,
+    query_lens)``, then ``model(tokens, cache, meta=meta)``; a dense ``model(tokens, cache,
+    start_pos)`` call becomes one such step through :meth:`rows_step`.
+
     ``PagedKVCache(n_layers, n_kv_heads, head_dim, num_blocks, block_size)``; pass an
     ``allocator`` (e.g. a :class:`~llminfra.kvcache.prefix_cache.PrefixCachingAllocator`) to
     replace the plain one. ``nbytes`` is the pool, ``used_bytes`` the blocks in use.
     """
+
+    needs_step_metadata = True
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int = 16, dtype: torch.dtype = torch.float32,
@@ -46,7 +56,8 @@ class PagedKVCache:
         self.tables: dict[int, BlockTable] = {}
         self.batch: list[int] = []
         self._next_id = 0
-        self._new_slots: torch.Tensor | None = None   # (rows, T) slots written this forward
+        self._step = 0                                 # id of the latest prepare_step
+        self._undo: list | None = None                 # what rollback_step gives back
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int = 16,
@@ -113,31 +124,68 @@ class PagedKVCache:
         return self.tables[seq]
 
     # ------------------------------------------------------------- protocol
-    def _begin_forward(self, rows: int, T: int) -> None:
-        if not self.batch:
-            self.batch = [self.add_sequence() for _ in range(rows)]
-        if len(self.batch) != rows:
-            raise ValueError(f"the forward pass has {rows} rows but cache.batch lists "
-                             f"{len(self.batch)} sequences {self.batch}")
+    def prepare_step(self, seq_ids: list[int], query_lens: list[int],
+                     is_prefill: list[bool] | None = None) -> StepMetadata:
+        """Reserve slots for ``query_lens[i]`` new tokens of each sequence ``seq_ids[i]`` and
+        return the step's :class:`~llminfra.attention.StepMetadata` (paged layout).
+
+        All or nothing: blocks are allocated (copying a shared last block first:
+        copy-on-write) for every sequence, or — on
+        :class:`~llminfra.kvcache.block_allocator.BlockPoolExhausted` — for none, and any
+        metadata handed out before becomes stale (``update`` refuses it). Called once per step,
+        before layer 0; :meth:`rollback_step` undoes it if the forward pass fails.
+        """
+        if len(seq_ids) != len(query_lens):
+            raise ValueError(f"{len(seq_ids)} seq_ids but {len(query_lens)} query_lens")
+        self._step += 1                               # older metadata is stale from here on
+        self._undo = None
         slots, done = [], []
-        for seq in self.batch:
+        for seq, n in zip(seq_ids, query_lens):
             table = self._table(seq)
             before = (list(table.blocks), table.num_tokens)
             try:
-                new, copies = table.append(T)
+                new, copies = table.append(n)
             except BlockPoolExhausted:
-                self._undo_appends(done)        # all rows or none: lengths stay equal
+                self._undo_appends(done)        # all sequences or none
                 raise
             done.append((table, before, copies))
             for src, dst in copies:             # copy-on-write, every layer at once
                 self.k[:, dst] = self.k[:, src]
                 self.v[:, dst] = self.v[:, src]
-            slots.append(new)
-        self._new_slots = torch.tensor(slots, dtype=torch.long, device=self.k.device)
+            slots.extend(new)
+        self._undo = done
+        tables = [self.tables[s] for s in seq_ids]
+        return StepMetadata.build(
+            seq_ids, query_lens, [t.num_tokens for t in tables], device=self.k.device,
+            is_prefill=is_prefill, kv_layout="paged", slot_mapping=slots,
+            block_tables=[t.blocks for t in tables], block_size=self.block_size,
+            step_id=self._step)
+
+    def rollback_step(self, meta: StepMetadata) -> None:
+        """Undo the reservation of the step ``meta`` belongs to (if it is the latest): its new
+        blocks go back, tables return to their lengths before, copy-on-write is reverted."""
+        if meta.step_id == self._step and self._undo is not None:
+            self._undo_appends(self._undo)
+            self._undo = None
+            self._step += 1
+
+    def rows_step(self, B: int, T: int, start_pos: int) -> StepMetadata:
+        """A dense ``(B, T)`` forward pass as one step: row r is sequence ``batch[r]`` (B new
+        sequences are created when ``batch`` is empty); each must hold ``start_pos`` tokens."""
+        if not self.batch:
+            self.batch = [self.add_sequence() for _ in range(B)]
+        if len(self.batch) != B:
+            raise ValueError(f"the forward pass has {B} rows but cache.batch lists "
+                             f"{len(self.batch)} sequences {self.batch}")
+        held = [self._table(s).num_tokens for s in self.batch]
+        if any(h != start_pos for h in held):
+            raise ValueError(f"start_pos {start_pos} but the sequences {self.batch} hold "
+                             f"{held} tokens")
+        return self.prepare_step(self.batch, [T] * B)
 
     def _undo_appends(self, done: list) -> None:
-        """Give back what the rows appended before the pool ran out: their new blocks, and the
-        shared blocks that copy-on-write had let go."""
+        """Give back what the sequences appended: their new blocks, and the shared blocks that
+        copy-on-write had let go."""
         for table, (blocks, num_tokens), copies in reversed(done):
             for src, _ in copies:
                 self.allocator.incref(src)
@@ -146,36 +194,31 @@ class PagedKVCache:
                     self.allocator.free(b)
             table.blocks, table.num_tokens = blocks, num_tokens
 
-    def update(self, layer_idx: int, k: torch.Tensor,
-               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter k, v ``(rows, H_kv, T, d)`` into the pool; gather ``(rows, H_kv, S, d)`` back.
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
+               meta: StepMetadata | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter the step's new k, v ``(N, H_kv, d)`` into the slots ``meta.slot_mapping``
+        reserved; return the layer's pools ``(num_blocks, B, H_kv, d)`` (``meta.kv_layout`` is
+        ``"paged"``: attention reads them through ``meta.block_tables``).
 
-        Layer 0 reserves the slots (and may raise
-        :class:`~llminfra.kvcache.block_allocator.BlockPoolExhausted`); every sequence in the
-        batch must hold the same number of tokens S, as the model works on dense tensors.
+        ``meta`` must come from the latest :meth:`prepare_step`: metadata of an earlier or a
+        failed step is refused, so a layer can never write into slots nobody reserved.
         """
-        check_update(layer_idx, self.n_layers, k, v)
-        rows, H_kv, T, d = k.shape
+        if meta is None:
+            raise ValueError("PagedKVCache.update needs the step's metadata: meta = "
+                             "cache.prepare_step(seq_ids, query_lens), then "
+                             "model(tokens, cache, meta=meta)")
+        check_update(layer_idx, self.n_layers, k, v, meta)
+        N, H_kv, d = k.shape
         if (H_kv, d) != tuple(self.k.shape[3:]):
             raise ValueError(f"k has (H_kv, d) = {(H_kv, d)}, the pool {tuple(self.k.shape[3:])}")
-        if layer_idx == 0:
-            self._begin_forward(rows, T)
-        if self._new_slots is None or self._new_slots.shape != (rows, T):
-            raise ValueError("layer 0 must be updated first in each forward pass")
+        if meta.kv_layout != "paged" or meta.step_id != self._step or self._undo is None:
+            raise ValueError(f"stale step metadata (step {meta.step_id}, cache at step "
+                             f"{self._step}): call prepare_step for this forward pass")
         k_flat = self.k[layer_idx].view(-1, H_kv, d)      # (num_blocks·B, H_kv, d)
         v_flat = self.v[layer_idx].view(-1, H_kv, d)
-        idx = self._new_slots.reshape(-1)
-        k_flat[idx] = k.transpose(1, 2).reshape(-1, H_kv, d).to(k_flat.dtype)
-        v_flat[idx] = v.transpose(1, 2).reshape(-1, H_kv, d).to(v_flat.dtype)
-        lengths = {self.tables[s].num_tokens for s in self.batch}
-        if len(lengths) != 1:
-            raise ValueError(f"sequences in one batch hold different lengths {sorted(lengths)}; "
-                             "the dense model needs equal lengths")
-        all_slots = torch.tensor([self.tables[s].slots() for s in self.batch],
-                                 dtype=torch.long, device=self.k.device)          # (rows, S)
-        K = k_flat[all_slots].transpose(1, 2)               # (rows, H_kv, S, d)
-        V = v_flat[all_slots].transpose(1, 2)
-        return K.to(k.dtype), V.to(v.dtype)
+        k_flat[meta.slot_mapping] = k.to(k_flat.dtype)
+        v_flat[meta.slot_mapping] = v.to(v_flat.dtype)
+        return self.k[layer_idx], self.v[layer_idx]
 
     # ------------------------------------------------------------ accounting
     @property

@@ -8,7 +8,7 @@ Contract (see ``shared/DESIGN.md`` and the module docstrings):
 ``heldout_tokens()``.
 """
 
-from llminfra.model.attention_ref import causal_mask, reference_attention, sdpa_attention
+from llminfra.attention.reference import causal_mask, reference_attention, sdpa_attention
 from llminfra.model.cache import DenseKVCache
 from llminfra.model.checkpoint import (TINY_CHECKPOINT, load_checkpoint, load_tiny,
                                        save_checkpoint)
@@ -17,11 +17,12 @@ from llminfra.model.corpus import corpus_tokens, heldout_tokens
 from llminfra.model.generate import generate, mean_nll, perplexity, sample_next_token
 from llminfra.model.tokenizer import ByteTokenizer
 from llminfra.model.transformer import (Attention, FeedForward, RMSNorm, Transformer,
-                                        TransformerBlock, apply_rotary, rotary_angles)
+                                        TransformerBlock, apply_rotary, rotary_angles,
+                                        rotary_angles_at)
 
 __all__ = [
     "ModelConfig", "config_names", "Transformer", "TransformerBlock", "Attention",
-    "FeedForward", "RMSNorm", "apply_rotary", "rotary_angles", "reference_attention",
+    "FeedForward", "RMSNorm", "apply_rotary", "rotary_angles", "rotary_angles_at", "reference_attention",
     "sdpa_attention", "causal_mask", "DenseKVCache", "ByteTokenizer", "generate",
     "sample_next_token", "perplexity", "mean_nll", "heldout_tokens", "corpus_tokens",
     "load_tiny", "load_checkpoint", "save_checkpoint", "TINY_CHECKPOINT",

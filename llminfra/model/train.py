@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llminfra.model.attention_ref import sdpa_attention
+from llminfra.attention.reference import sdpa_attention
 from llminfra.model.checkpoint import load_checkpoint, save_checkpoint
 from llminfra.model.config import ModelConfig
 from llminfra.model.corpus import DATA_DIR, corpus_tokens

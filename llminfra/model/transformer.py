@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llminfra.model.attention_ref import reference_attention
+from llminfra.attention.ragged import ragged_attention
+from llminfra.attention.reference import reference_attention
+from llminfra.attention.step_metadata import StepMetadata
 from llminfra.model.config import ModelConfig
 
 #: attn_fn(q (B, H, T, d), k (B, H_kv, S, d), v (B, H_kv, S, d), causal) -> (B, H, T, d)
@@ -57,6 +59,16 @@ def rotary_angles(head_dim: int, start_pos: int, n_tokens: int, theta: float,
     inv_freq = theta ** (-i / head_dim)  # (d/2,)
     m = torch.arange(start_pos, start_pos + n_tokens, device=device, dtype=torch.float32)
     angles = torch.outer(m, inv_freq)  # (T, d/2)
+    return angles.cos(), angles.sin()
+
+
+def rotary_angles_at(head_dim: int, positions: torch.Tensor,
+                     theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rotary_angles` at arbitrary positions ``(N,)`` (a ragged step's tokens), ``(N, d/2)``
+    each; equal to ``rotary_angles(head_dim, p, 1, theta)`` row by row."""
+    i = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = theta ** (-i / head_dim)  # (d/2,)
+    angles = torch.outer(positions.to(torch.float32), inv_freq)  # (N, d/2)
     return angles.cos(), angles.sin()
 
 
@@ -106,6 +118,24 @@ class Attention(nn.Module):
         out = self.attn_fn(q, k, v, causal=True)  # (B, H, T, d)
         return self.wo(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
+    def forward_step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
+                     meta: StepMetadata) -> torch.Tensor:
+        """The ragged version: x ``(N, dim)`` flat tokens of a step, cos/sin ``(N, d/2)`` at
+        their positions -> ``(N, dim)``. K/V go through ``cache.update(layer, k, v, meta)``
+        (k, v ``(N, H_kv, d)``), attention through
+        :func:`llminfra.attention.ragged.ragged_attention`."""
+        N = x.shape[0]
+        q = self.wq(x).view(N, self.n_heads, self.head_dim)  # (N, H, d)
+        k = self.wk(x).view(N, self.n_kv_heads, self.head_dim)  # (N, H_kv, d)
+        v = self.wv(x).view(N, self.n_kv_heads, self.head_dim)  # (N, H_kv, d)
+        q = apply_rotary(q.transpose(0, 1), cos, sin).transpose(0, 1)  # rotate as (H, N, d)
+        k = apply_rotary(k.transpose(0, 1), cos, sin).transpose(0, 1)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v, meta)  # in meta.kv_layout
+        custom = None if self.attn_fn is reference_attention else self.attn_fn
+        out = ragged_attention(q, k, v, meta, attn_fn=custom)  # (N, H, d)
+        return self.wo(out.reshape(N, self.n_heads * self.head_dim))
+
 
 class FeedForward(nn.Module):
     """SwiGLU MLP: w2 · (silu(w1 · x) ⊙ w3 · x) (Shazeer 2020, arXiv:2002.05202, eq. 6 with
@@ -136,13 +166,27 @@ class TransformerBlock(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos, sin, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
+    def forward_step(self, x, cos, sin, cache, meta):
+        """The same block on a ragged step's flat ``(N, dim)`` tokens."""
+        h = x + self.attention.forward_step(self.attention_norm(x), cos, sin, cache, meta)
+        return h + self.feed_forward(self.ffn_norm(h))
+
 
 class Transformer(nn.Module):
     """The decoder: token embedding -> L blocks -> RMSNorm -> untied output projection.
 
-    ``model(tokens (B, T) long, cache=None, start_pos=0) -> logits (B, T, vocab_size)``.
-    ``start_pos`` is the position of ``tokens[:, 0]`` (the number of tokens already in the
-    cache); positions must stay below ``config.max_seq_len``. Weights are drawn from
+    Two ways to call it:
+
+    * dense: ``model(tokens (B, T) long, cache=None, start_pos=0) -> logits (B, T, vocab_size)``.
+      ``start_pos`` is the position of ``tokens[:, 0]`` (the number of tokens already in the
+      cache); positions must stay below ``config.max_seq_len``. A cache that works on ragged
+      steps only (:class:`llminfra.kvcache.PagedKVCache`) is handed the rows as one step.
+    * ragged (one serving step): ``model(tokens (N,) long, cache, meta=meta) -> logits (N, V)``
+      (or ``(len(meta.logits_indices), V)``), with ``meta`` the
+      :class:`llminfra.attention.StepMetadata` that ``cache.prepare_step(seq_ids, query_lens)``
+      built (or ``StepMetadata.build(...)`` without a cache). If a layer fails, the cache's
+      ``rollback_step(meta)`` undoes the step's reservation.
+ Weights are drawn from
     ``generator`` (seed 0 when omitted, so ``Transformer(config)`` is reproducible): normal with
     std 0.02, the residual projections wo and w2 with 0.02/√(2L) (GPT-2's scaling).
     """
@@ -174,7 +218,7 @@ class Transformer(nn.Module):
 
     def set_attention(self, fn: AttentionFn | None) -> None:
         """Use ``fn(q, k, v, causal=True)`` in every layer (None restores
-        :func:`llminfra.model.attention_ref.reference_attention`). Chapter 06 plugs
+        :func:`llminfra.attention.reference.reference_attention`). Chapter 06 plugs
         ``flash_attention`` in this way."""
         if fn is None:
             fn = reference_attention
@@ -184,8 +228,15 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.attention.attn_fn = fn
 
-    def forward(self, tokens: torch.Tensor, cache=None, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache=None, start_pos: int = 0,
+                meta: StepMetadata | None = None) -> torch.Tensor:
+        if meta is not None:
+            return self.forward_step(tokens, cache, meta)
         self._check_inputs(tokens, start_pos)
+        if cache is not None and getattr(cache, "needs_step_metadata", False):
+            B, T = tokens.shape  # rows become the sequences of one ragged step
+            step = cache.rows_step(B, T, start_pos)
+            return self.forward_step(tokens.reshape(-1), cache, step).view(B, T, -1)
         T = tokens.shape[1]
         cos, sin = rotary_angles(self.config.head_dim, start_pos, T, self.config.rope_theta,
                                  device=tokens.device)  # (T, d/2) each
@@ -193,6 +244,41 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin, cache)
         return self.output(self.norm(h))  # (B, T, vocab)
+
+    def forward_step(self, tokens: torch.Tensor, cache, meta: StepMetadata) -> torch.Tensor:
+        """One ragged step: tokens ``(N,)`` -> logits ``(N, V)`` (or of
+        ``meta.logits_indices`` only). See the class docstring."""
+        try:
+            self._check_step(tokens, meta)
+            cos, sin = rotary_angles_at(self.config.head_dim, meta.positions,
+                                        self.config.rope_theta)  # (N, d/2) each
+            h = self.tok_embeddings(tokens)  # (N, dim)
+            for layer in self.layers:
+                h = layer.forward_step(h, cos, sin, cache, meta)
+        except BaseException:
+            if cache is not None and hasattr(cache, "rollback_step"):
+                cache.rollback_step(meta)  # a failed step leaves the cache as it was
+            raise
+        if meta.logits_indices is not None:
+            h = h[meta.logits_indices]  # (n_out, dim)
+        return self.output(self.norm(h))  # (N or n_out, vocab)
+
+    def _check_step(self, tokens: torch.Tensor, meta: StepMetadata) -> None:
+        if not isinstance(meta, StepMetadata):
+            raise ValueError(f"meta must be a StepMetadata, got {type(meta).__name__}")
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 \
+                or tokens.shape[0] != meta.num_tokens:
+            raise ValueError(f"a ragged step wants flat tokens (N={meta.num_tokens},), got "
+                             f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids (int64), got dtype {tokens.dtype}")
+        if max(meta.context_lens) > self.config.max_seq_len:
+            raise ValueError(f"context of {max(meta.context_lens)} tokens exceeds max_seq_len "
+                             f"{self.config.max_seq_len} of this model")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range "
+                             f"[{lo}, {hi}]")
 
     def _check_inputs(self, tokens: torch.Tensor, start_pos: int) -> None:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:

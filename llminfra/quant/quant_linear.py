@@ -5,7 +5,13 @@ With ``act_quant="int8"`` it is the dynamic W8A8 scheme instead (Dettmers et al.
 LLM.int8(), arXiv:2208.07339, §3.1 "vector-wise quantization", without the outlier split):
 each token's activations are quantized on the fly with their own absmax scale ``s_x``, the
 weights carry one scale per output row ``s_w``, the product is an integer matmul with int32
-accumulation, and ``y = (x_q W_qᵀ) · s_x s_wᵀ``. Chapter 03.
+accumulation, and ``y = (x_q W_qᵀ) · s_x s_wᵀ``.
+
+Fast paths (weight-only, on CPU, activations in bf16 / fp16 / fp32): an int8 per-channel
+symmetric weight or a group-wise int4 weight is multiplied straight from its codes by PyTorch's
+own kernels (:mod:`llminfra.quant.cpu_kernels`), so decode reads 1 or ½ byte per weight instead
+of writing and reading a dequantized copy. :meth:`QuantLinear.forward_reference` is the
+dequantize-then-matmul path they are checked against. Chapters 03 and 08.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from llminfra.quant import cpu_kernels
 from llminfra.quant.tensor import QuantizedTensor
 
 _BUFFERS = ("codes", "scale", "zero", "input_scale")
@@ -46,11 +53,13 @@ class QuantLinear(nn.Module):
 
     Build it with :meth:`from_linear` (``QuantLinear.from_linear(linear, "int4-g128")``) or from a
     ready :class:`QuantizedTensor` (GPTQ / AWQ). ``act_quant`` is ``None`` (weight-only) or
-    ``"int8"`` (dynamic activations; needs an ``int8-channel`` weight).
+    ``"int8"`` (dynamic activations; needs an ``int8-channel`` weight). ``fast`` (default
+    ``True``) lets CPU inputs take the int8 / int4 kernels where the weight's layout allows
+    (:attr:`fast_path` names the one used, ``None`` if none).
     """
 
     def __init__(self, qweight: QuantizedTensor, bias: torch.Tensor | None = None,
-                 act_quant: str | None = None):
+                 act_quant: str | None = None, fast: bool = True):
         super().__init__()
         if len(qweight.shape) != 2:
             raise ValueError(f"QuantLinear needs a 2-D weight, got shape {qweight.shape}")
@@ -68,12 +77,37 @@ class QuantLinear(nn.Module):
         for name in _BUFFERS:
             self.register_buffer(name, getattr(qweight, name))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.fast = bool(fast)
+        self._kernel_cache = None  # (codes version, codes data_ptr, path, tensors); built lazily
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, scheme: str, act_quant: str | None = None) -> "QuantLinear":
+    def from_linear(cls, linear: nn.Linear, scheme: str, act_quant: str | None = None,
+                    fast: bool = True) -> "QuantLinear":
         """Quantize ``linear.weight`` with round-to-nearest ``scheme`` (see :func:`quantize`)."""
         from llminfra.quant import quantize
-        return cls(quantize(linear.weight.detach(), scheme), linear.bias, act_quant)
+        return cls(quantize(linear.weight.detach(), scheme), linear.bias, act_quant, fast)
+
+    def _kernel(self):
+        """``(path, tensors)`` of the CPU fast path for the current codes (rebuilt if the codes
+        changed, e.g. by ``load_state_dict``); ``(None, None)`` when the layout has none."""
+        key = (self.codes._version, self.codes.data_ptr(), self.scale._version)
+        if self._kernel_cache is None or self._kernel_cache[0] != key:
+            q = self.qweight
+            path, tensors = None, None
+            if cpu_kernels.kernels_available() and self.codes.device.type == "cpu":
+                if (tensors := cpu_kernels.prepare_int8(q)) is not None:
+                    path = "int8"
+                elif (tensors := cpu_kernels.prepare_int4(q)) is not None:
+                    path = "int4"
+            self._kernel_cache = (key, path, tensors)
+        return self._kernel_cache[1], self._kernel_cache[2]
+
+    @property
+    def fast_path(self) -> str | None:
+        """``"int8"`` or ``"int4"`` when CPU inputs take a kernel, else ``None``."""
+        if not self.fast or self.act_quant is not None:
+            return None
+        return self._kernel()[0]
 
     @property
     def qweight(self) -> QuantizedTensor:
@@ -89,6 +123,22 @@ class QuantLinear(nn.Module):
         """``x (..., in) -> (..., out)``."""
         if self.act_quant == "int8":
             return self._forward_w8a8(x)
+        if (self.fast and x.device.type == "cpu" and x.dtype in cpu_kernels.KERNEL_DTYPES
+                and x.shape[-1] == self.in_features):
+            path, t = self._kernel()
+            if path is not None:
+                x2 = x.reshape(-1, self.in_features)
+                if path == "int8":
+                    y = cpu_kernels.int8_mm(x2, t["weight"], t["scale"])
+                else:
+                    y = cpu_kernels.int4_mm(x2, t["packed"], t["group"], t["scale_zero"])
+                if self.bias is not None:
+                    y = y + self.bias.to(x.dtype)
+                return y.reshape(*x.shape[:-1], self.out_features)
+        return self.forward_reference(x)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize-then-matmul: ``x · dequant(W)ᵀ + b`` in ``x.dtype`` (the reference)."""
         w = self.qweight.dequantize(x.dtype)
         return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 
@@ -105,4 +155,4 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         """Sizes, scheme and activation mode, shown by ``print(model)``."""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"scheme={self._meta.scheme!r}, act_quant={self.act_quant!r}")
+                f"scheme={self._meta.scheme!r}, act_quant={self.act_quant!r}, fast={self.fast}")

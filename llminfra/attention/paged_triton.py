@@ -1,6 +1,6 @@
 """Paged decode attention as one Triton kernel: read K/V straight from the block pool.
 
-The PyTorch version (:func:`llminfra.kvcache.paged_attention.paged_attention`) first gathers
+The PyTorch version (:func:`llminfra.attention.paged.paged_attention`) first gathers
 every sequence's K/V into a dense tensor — an extra write and read of all of it. This kernel
 never forms that tensor: program ``(n, h)`` walks sequence n's block table, loads one block of
 keys ``(B, d)`` at a time from wherever it lies in the pool, and keeps a running softmax (the
@@ -74,18 +74,18 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float | None = None) -> torch.Tensor:
     """Decode attention through block tables in one Triton kernel; same contract and result as
-    :func:`llminfra.kvcache.paged_attention.paged_attention`.
+    :func:`llminfra.attention.paged.paged_attention`.
 
     q ``(N, H, d)``; k_cache/v_cache ``(num_blocks, B, H_kv, d)`` contiguous, B a power of two;
     block_tables ``(N, max_blocks)``; context_lens ``(N,)`` all ≥ 1. Returns ``(N, H, d)``.
     """
     if triton is None:
         raise RuntimeError("paged_attention_triton needs triton (pip install 'llminfra[gpu]'); "
-                           "use llminfra.kvcache.paged_attention on this machine")
+                           "use llminfra.attention.paged_attention on this machine")
     if not q.is_cuda and not _interpreting():
         raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors, or "
                          "TRITON_INTERPRET=1 set before triton is imported; use "
-                         "llminfra.kvcache.paged_attention for CPU tensors")
+                         "llminfra.attention.paged_attention for CPU tensors")
     N, H, d = q.shape
     num_blocks, B, H_kv, d_k = k_cache.shape
     if k_cache.shape != v_cache.shape or d_k != d or H % H_kv:

@@ -9,9 +9,9 @@ attention for one new query per sequence is then ordinary attention over the gat
 
 (Kwon et al., 2023, arXiv:2309.06180, §4.1, eq. 4). This is the readable reference; the fused
 GPU version that never materialises the gathered K/V is
-:func:`llminfra.kvcache.paged_attention_triton.paged_attention_triton`.
+:func:`llminfra.attention.paged_triton.paged_attention_triton`.
 
-Taught in chapter 04.
+Taught in chapter 04; the engine (chapter 05) runs its decode steps through it.
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                          "H_kv, and context_lens (N,)")
     group = H // k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    K = k.repeat_interleave(group, dim=1).float()                     # (N, H, S, d)
-    V = v.repeat_interleave(group, dim=1).float()
-    s = torch.einsum("nhd,nhsd->nhs", q.float(), K) * scale            # (N, H, S)
+    work = torch.promote_types(q.dtype, torch.float32)                # float64 stays float64
+    K = k.repeat_interleave(group, dim=1).to(work)                    # (N, H, S, d)
+    V = v.repeat_interleave(group, dim=1).to(work)
+    s = torch.einsum("nhd,nhsd->nhs", q.to(work), K) * scale           # (N, H, S)
     pos = torch.arange(k.shape[2], device=q.device)
     mask = pos[None, :] >= context_lens.to(q.device)[:, None]          # (N, S)
     s = s.masked_fill(mask[:, None, :], float("-inf"))

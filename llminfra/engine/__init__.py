@@ -1,0 +1,26 @@
+"""The serving engine of chapter 05: requests, sampling, scheduler, engine, metrics, simulator.
+
+``LLMEngine(model, tokenizer, ...)`` runs continuous (or static / dynamic) batching on the paged
+KV cache of :mod:`llminfra.kvcache`; one :class:`~llminfra.attention.StepMetadata` per step
+carries the ragged batch through the model. Modules, one concept each:
+
+* :mod:`.sampling_params` — :class:`SamplingParams`;
+* :mod:`.sequence` — requests, sequences and their state machine;
+* :mod:`.scheduler` — the three policies, chunked prefill, admission by free blocks, preemption;
+* :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators;
+* :mod:`.engine` — :class:`LLMEngine`;
+* :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
+* :mod:`.metrics` — timestamps, TTFT / TPOT / latency percentiles, throughput;
+* :mod:`.simulator` — the same scheduler against a step-time model (no GPU needed).
+"""
+
+from llminfra.engine.engine import LLMEngine, default_num_blocks
+from llminfra.engine.metrics import RequestMetrics, percentile, summarize
+from llminfra.engine.outputs import CompletionOutput, RequestOutput
+from llminfra.engine.sampling_params import SamplingParams
+from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+
+__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
+           "summarize", "percentile", "Scheduler", "SchedulerConfig", "SchedulerOutput",
+           "Request", "Sequence", "SequenceStatus", "default_num_blocks"]

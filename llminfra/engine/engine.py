@@ -1,0 +1,291 @@
+"""LLMEngine: continuous batching on a paged KV cache, for any model of the package.
+
+Each :meth:`LLMEngine.step` is one iteration of the serving loop (the structure of vLLM's
+``LLMEngine.step`` and of nano-vllm's ``LLMEngine``)::
+
+    schedule  ─▶  reserve slots + StepMetadata  ─▶  model(tokens, cache, meta)  ─▶  sample
+        ▲              (cache.prepare_step)            one ragged forward pass        │
+        └──────────── retire finished sequences, free their blocks ◀───────────────────┘
+
+The scheduler (:mod:`.scheduler`) decides which sequences run and how many tokens each brings (a
+prompt chunk or one decode token); the paged cache reserves their slots once per step; the
+model runs every token of the step in one flat batch; the sampler draws one token for every
+sequence whose known tokens are now all in the cache. Timestamps of every request are kept
+(:mod:`.metrics`). The engine runs whatever model it is given — the tiny model, a
+``quantize_model`` copy of it, the ``bench-100m`` preset — on the device and dtype of its
+weights. Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence as Seq
+
+import torch
+
+from llminfra.engine.metrics import RequestMetrics
+from llminfra.engine.outputs import CompletionOutput, RequestOutput
+from llminfra.engine.sampler import sample_tokens
+from llminfra.engine.sampling_params import SamplingParams
+from llminfra.engine.scheduler import Scheduler, SchedulerConfig
+from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.paged_cache import PagedKVCache
+from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
+
+#: default pool when num_blocks is None: max_num_seqs full contexts, but at most this many bytes
+DEFAULT_KV_BYTES_CAP = 256 * 2**20
+
+
+def _weight(model: torch.nn.Module) -> torch.Tensor:
+    """The first floating-point parameter: its device and dtype become the cache's."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p
+    raise ValueError("the model has no floating-point parameter to take a device/dtype from")
+
+
+def default_num_blocks(config, block_size: int, max_num_seqs: int, dtype: torch.dtype) -> int:
+    """Blocks for ``max_num_seqs`` sequences of the full context, capped at
+    :data:`DEFAULT_KV_BYTES_CAP` of K/V (``2 · L · H_kv · d · bytes`` per token)."""
+    per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * dtype.itemsize
+    tokens = min(max_num_seqs * config.max_seq_len, DEFAULT_KV_BYTES_CAP // per_token)
+    return max(blocks_needed(config.max_seq_len, block_size), blocks_needed(tokens, block_size))
+
+
+class LLMEngine:
+    """A serving engine: ``add_request`` / ``step`` / ``abort_request``, or ``generate``.
+
+    ``policy``, ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``,
+    ``max_prefill_chunk_tokens``, ``preemption``, ``dynamic_window_s`` configure the
+    :class:`~llminfra.engine.scheduler.Scheduler`; ``num_blocks`` × ``block_size`` the paged KV
+    pool (default :func:`default_num_blocks`); ``enable_prefix_caching`` reuses the K/V of
+    shared prompt prefixes. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
+    sampling of requests that give no seed of their own.
+    """
+
+    def __init__(self, model, tokenizer, *, num_blocks: int | None = None, block_size: int = 16,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 policy: str = "continuous", enable_chunked_prefill: bool = True,
+                 enable_prefix_caching: bool = False, preemption: str = "recompute",
+                 clock: Callable[[], float] = time.perf_counter,
+                 max_prefill_chunk_tokens: int | None = None, dynamic_window_s: float = 0.05,
+                 seed: int = 0):
+        if not hasattr(model, "config") or not callable(model):
+            raise ValueError("model must be a llminfra Transformer (with .config), got "
+                             f"{type(model).__name__}")
+        self.model, self.tokenizer, self.clock = model, tokenizer, clock
+        cfg = model.config
+        self.config = SchedulerConfig(
+            max_seq_len=cfg.max_seq_len, policy=policy, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            max_prefill_chunk_tokens=max_prefill_chunk_tokens, preemption=preemption,
+            dynamic_window_s=dynamic_window_s, enable_prefix_caching=enable_prefix_caching)
+        w = _weight(model)
+        self.device, self.dtype = w.device, w.dtype
+        if num_blocks is None:
+            num_blocks = default_num_blocks(cfg, block_size, max_num_seqs, w.dtype)
+        allocator = PrefixCachingAllocator(num_blocks, block_size) if enable_prefix_caching \
+            else None
+        self.cache = PagedKVCache.for_model(cfg, num_blocks, block_size, w.dtype, w.device,
+                                            allocator)
+        self.scheduler = Scheduler(self.config, self.cache)
+        self.requests: dict[str, Request] = {}
+        self._pending: list[Request] = []
+        self._ids = itertools.count()
+        self._seq_ids = itertools.count()
+        self._seeds = torch.Generator().manual_seed(seed)
+        self.counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0,
+                         "num_steps": 0, "num_finished": 0}
+
+    # ---------------------------------------------------------------- requests
+    def _encode(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer.encode(prompt))
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"prompt must be a str or a list of token ids, got "
+                             f"{type(prompt).__name__}") from err
+        V = self.model.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, {V}), got {bad[:5]}")
+        return None, ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request; returns its id. ``ValueError`` for an empty prompt, one longer than
+        the model's context, one whose worst case needs more blocks than the pool, bad
+        parameters, or a request id already in use."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self._encode(prompt)
+        max_len = self.model.config.max_seq_len
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        if len(ids) > max_len:
+            raise ValueError(f"prompt of {len(ids)} tokens is longer than the model's context "
+                             f"max_seq_len = {max_len}")
+        worst = blocks_needed(min(len(ids) + params.max_tokens, max_len), self.cache.block_size)
+        if worst > self.cache.allocator.num_blocks:
+            raise ValueError(f"the request may need {worst} KV blocks (prompt {len(ids)} + "
+                             f"max_tokens {params.max_tokens}) but the pool has only "
+                             f"{self.cache.allocator.num_blocks}; lower max_tokens or add blocks")
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        now = self.clock() if arrival_time is None else float(arrival_time)
+        req = Request(rid, text, ids, params, RequestMetrics(arrival_time=now))
+        for j in range(params.n):
+            seq = Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
+                           generator=self._generator(params, j))
+            req.seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[rid] = req
+        return rid
+
+    def _generator(self, params: SamplingParams, j: int) -> torch.Generator | None:
+        if params.greedy:
+            return None
+        seed = params.seed + j if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seeds))
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request and free its blocks; its final output (finish_reason ``"abort"``)
+        comes with the next :meth:`step`. Returns False if it is unknown or already finished."""
+        req = self.requests.get(str(request_id))
+        if req is None or req.finished:
+            return False
+        for seq in req.seqs:
+            if not seq.status.is_finished:
+                self.scheduler.abort(seq)
+        req.metrics.finished_time = self.clock()
+        self._pending.append(req)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits, runs or is swapped out."""
+        return self.scheduler.has_unfinished()
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; one output per request that got tokens or finished."""
+        touched: dict[str, Request] = {r.request_id: r for r in self._pending}
+        self._pending = []
+        sched = self.scheduler.schedule(self.clock())
+        if sched.scheduled:
+            self._run(sched.scheduled, touched)
+        outputs = [self._output(r) for r in touched.values()]
+        for r in touched.values():
+            if r.finished:
+                self.requests.pop(r.request_id, None)
+        return outputs
+
+    def _run(self, scheduled: list[tuple[Sequence, int]], touched: dict) -> None:
+        start = self.clock()
+        for seq, _ in scheduled:
+            m = seq.request.metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = start
+                self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
+        seqs = [s for s, _ in scheduled]
+        lens = [n for _, n in scheduled]
+        flat = [t for s, n in scheduled
+                for t in s.token_ids()[s.num_computed_tokens:s.num_computed_tokens + n]]
+        meta = self.cache.prepare_step([s.cache_seq for s in seqs], lens,
+                                       [s.is_prefill for s in seqs])
+        rows = [i for i, (s, n) in enumerate(scheduled)
+                if s.num_computed_tokens + n == s.num_tokens]
+        meta = meta.with_logits_indices([int(meta.query_start_loc[i + 1]) - 1 for i in rows])
+        with torch.no_grad():
+            logits = self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
+        self.counters["num_steps"] += 1
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+            if self.config.enable_prefix_caching:
+                self.cache.cache_prefix(seq.cache_seq,
+                                        seq.token_ids()[:seq.num_computed_tokens])
+        picked = [seqs[i] for i in rows]
+        tokens = sample_tokens(logits, [s.params for s in picked], [s.generator for s in picked])
+        now = self.clock()
+        for seq, token in zip(picked, tokens):
+            self._append(seq, token)
+            req = seq.request
+            touched[req.request_id] = req
+            if not req.metrics.token_times or req.metrics.token_times[-1] != now:
+                req.metrics.token_times.append(now)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            req.metrics.num_output_tokens += 1
+            if req.finished:
+                req.metrics.finished_time = now
+                self.counters["num_finished"] += 1
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        """Add a sampled token and retire the sequence if it is done."""
+        seq.output_token_ids.append(token)
+        self.counters["generation_tokens_total"] += 1
+        status = None
+        stops = seq.params.stop_strings
+        if stops:
+            text = self.tokenizer.decode(seq.output_token_ids)
+            hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+            if hits:
+                seq.stop_text, status = text[:min(hits)], SequenceStatus.FINISHED_STOPPED
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if status is None and eos is not None and token == eos:
+            status = SequenceStatus.FINISHED_STOPPED
+        if status is None and (len(seq.output_token_ids) >= seq.max_tokens
+                               or seq.num_tokens > self.model.config.max_seq_len):
+            status = SequenceStatus.FINISHED_LENGTH
+        if status is not None:
+            self.scheduler.finish(seq, status)
+
+    def _output(self, req: Request) -> RequestOutput:
+        comps = [CompletionOutput(s.index,
+                                  s.stop_text if s.stop_text is not None
+                                  else self.tokenizer.decode(s.output_token_ids),
+                                  list(s.output_token_ids), s.status.finish_reason)
+                 for s in req.seqs]
+        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps,
+                             req.finished, req.metrics)
+
+    # ---------------------------------------------------------------- generate
+    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None
+                 = None) -> list[RequestOutput]:
+        """Run ``prompts`` (a str, a list of token ids, or a list of either) to completion;
+        the final outputs in prompt order. ``sampling_params``: one for all, or one each."""
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    # ------------------------------------------------------------------- stats
+    def stats(self) -> dict:
+        """Queue lengths, KV blocks used / total, preemptions and token counters."""
+        alloc = self.cache.allocator
+        out = {"num_running": len(self.scheduler.running),
+               "num_waiting": len(self.scheduler.waiting),
+               "num_swapped": len(self.scheduler.swapped),
+               "kv_blocks_used": alloc.num_blocks - alloc.num_free,
+               "kv_blocks_total": alloc.num_blocks,
+               "num_preemptions": self.scheduler.num_preemptions, **self.counters}
+        if isinstance(alloc, PrefixCachingAllocator):
+            out["prefix_cache_hit_rate"] = alloc.hit_rate()
+        return out

@@ -1,0 +1,293 @@
+"""The scheduler: which sequences run in the next step, and how many tokens each brings.
+
+Three policies (chapter 05 compares them on one workload):
+
+* ``static`` — a batch is formed from the waiting queue and runs until ALL of it finishes;
+  nothing joins meanwhile, so slots of early finishers sit idle. Admission reserves each
+  request's worst case (prompt + max_tokens), as servers without paging did (Kwon et al. 2023,
+  arXiv:2309.06180, §3).
+* ``dynamic`` — the same, but a batch starts only once ``max_num_seqs`` requests wait or the
+  oldest has waited ``dynamic_window_s`` (the "dynamic batching" of Triton Inference Server).
+* ``continuous`` — iteration-level scheduling (Yu et al. 2022, Orca, OSDI '22, §4.2): at every
+  step finished sequences leave and waiting ones join, as long as the KV blocks and the token
+  budget allow.
+
+Every step has a token budget, ``max_num_batched_tokens``. Running sequences are served first
+(one token per decode), then swapped-out ones come back, then waiting ones are admitted in
+arrival order. With ``enable_chunked_prefill`` a prompt is cut into chunks that fit the budget
+(at most ``max_prefill_chunk_tokens`` per sequence per step), so a long prompt no longer stalls
+the decodes of everyone else (Agrawal et al. 2024, Sarathi-Serve, arXiv:2403.02310, §4); without
+it a prompt is run whole. Admission is bounded by free KV blocks. When a running sequence needs
+a block and none is free, the latest-arrived running sequence is *preempted*: its blocks are
+freed and it is either recomputed later or swapped to CPU memory
+(:mod:`llminfra.kvcache.offload`; vLLM, arXiv:2309.06180, §4.5).
+
+The scheduler only decides and keeps the block accounts; it never runs the model, so the
+simulator (:mod:`llminfra.engine.simulator`) drives the very same code with a step-time model.
+Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from llminfra.engine.sequence import Sequence, SequenceStatus
+from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.offload import swap_in, swap_out
+from llminfra.kvcache.paged_cache import PagedKVCache
+from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
+
+POLICIES = ("static", "dynamic", "continuous")
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduling limits; validated here. ``max_seq_len`` is the model's context."""
+
+    max_seq_len: int
+    policy: str = "continuous"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    max_prefill_chunk_tokens: int | None = None
+    preemption: str = "recompute"
+    dynamic_window_s: float = 0.05
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r}; allowed: {POLICIES}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption {self.preemption!r}; allowed: {PREEMPTION_MODES}")
+        for name in ("max_seq_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        cap = self.max_prefill_chunk_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"max_prefill_chunk_tokens must be None or an int >= 1, got {cap!r}")
+        if not isinstance(self.dynamic_window_s, (int, float)) or self.dynamic_window_s < 0:
+            raise ValueError(f"dynamic_window_s must be a number >= 0, got "
+                             f"{self.dynamic_window_s!r}")
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's decision: ``scheduled`` (sequence, new tokens) pairs in priority order, and
+    the sequences preempted / swapped in while deciding."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    swapped_in: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Σ new tokens of the step."""
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def has_prefill(self) -> bool:
+        """True when some scheduled sequence reads more than one token."""
+        return any(s.is_prefill for s, _ in self.scheduled)
+
+
+class Scheduler:
+    """Queues (``waiting``, ``running``, ``swapped``) and the block accounts of a
+    :class:`~llminfra.kvcache.PagedKVCache`. ``schedule(now)`` decides a step; the caller runs
+    it (``cache.prepare_step`` then the model), then calls :meth:`finish` for finished ones."""
+
+    def __init__(self, config: SchedulerConfig, cache: PagedKVCache):
+        if config.enable_prefix_caching and not isinstance(cache.allocator,
+                                                           PrefixCachingAllocator):
+            raise ValueError("enable_prefix_caching needs a cache built with a "
+                             "PrefixCachingAllocator")
+        self.config, self.cache = config, cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queues
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (state WAITING)."""
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        """True while any sequence waits, runs or is swapped out."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Retire a running sequence: free its blocks and set its finished state."""
+        self.running.remove(seq)
+        self._release(seq)
+        seq.set_status(status)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence from whichever queue holds it and free what it holds."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        self._release(seq)
+        seq.swapped = None
+        seq.set_status(SequenceStatus.FINISHED_ABORTED)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.cache_seq is not None:
+            self.cache.free(seq.cache_seq)
+            seq.cache_seq = None
+
+    # ------------------------------------------------------------- accounting
+    def _new_blocks(self, seq: Sequence, n: int) -> int:
+        """Blocks the cache must hand out for ``n`` more tokens of ``seq`` (copy-on-write of a
+        shared last block included)."""
+        B = self.cache.block_size
+        if seq.cache_seq is None:
+            return blocks_needed(n, B)
+        table = self.cache.tables[seq.cache_seq]
+        need = blocks_needed(table.num_tokens + n, B) - len(table.blocks)
+        if n and table.num_tokens % B and self.cache.allocator.ref_count(table.blocks[-1]) > 1:
+            need += 1
+        return need
+
+    def _chunk(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int:
+        """New tokens ``seq`` may bring this step under the remaining ``budget`` (0 = none)."""
+        n = seq.num_uncomputed_tokens
+        if n <= 1:
+            return min(n, budget)
+        if self.config.enable_chunked_prefill:
+            cap = self.config.max_prefill_chunk_tokens or budget
+            return min(n, budget, cap)
+        if n <= budget:
+            return n
+        # a prompt longer than the whole budget runs alone among the prefills of its step
+        too_long = n > self.config.max_num_batched_tokens
+        return n if too_long and not out.has_prefill else 0
+
+    # --------------------------------------------------------------- schedule
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Decide the next step at time ``now`` (see the module docstring)."""
+        out = SchedulerOutput()
+        if self.config.policy != "continuous" and not self.running:
+            self._form_static_batch(now)
+        budget = self._schedule_running(self.config.max_num_batched_tokens, out)
+        if self.config.policy == "continuous" and not out.preempted:
+            budget = self._swap_in(budget, out)
+            if not self.swapped:
+                self._admit(budget, out)
+        return out
+
+    def _free(self) -> int:
+        return self.cache.allocator.num_free - self._promised_blocks
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        self._promised_blocks = 0
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            n = self._chunk(seq, budget, out)
+            if n == 0:
+                i += 1
+                continue
+            need = self._new_blocks(seq, n)
+            while need > self._free() and self.running[-1] is not seq:
+                self._preempt(self.running[-1], out)      # latest arrival goes first
+            if need > self._free():
+                self._preempt(seq, out)                     # it was the latest itself
+                continue
+            out.scheduled.append((seq, n))
+            budget -= n
+            self._promised_blocks += need
+            i += 1
+        return budget
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.num_preemptions += 1
+        if self.config.preemption == "swap":
+            seq.swapped = swap_out(self.cache, seq.cache_seq)
+            seq.cache_seq = None
+            self.swapped.appendleft(seq)
+        else:
+            self._release(seq)
+            seq.num_computed_tokens = 0
+            self.waiting.appendleft(seq)
+        seq.set_status(SequenceStatus.PREEMPTED)
+        out.preempted.append(seq)
+
+    def _swap_in(self, budget: int, out: SchedulerOutput) -> int:
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            held = seq.swapped.num_tokens
+            n = self._chunk(seq, budget, out)
+            if n == 0 or blocks_needed(held + n, self.cache.block_size) > self._free():
+                break
+            self.swapped.popleft()
+            seq.cache_seq = swap_in(self.cache, seq.swapped)
+            seq.swapped = None
+            seq.set_status(SequenceStatus.RUNNING)
+            self.running.append(seq)
+            out.swapped_in.append(seq)
+            self._promised_blocks += self._new_blocks(seq, n)
+            out.scheduled.append((seq, n))
+            budget -= n
+        return budget
+
+    def _match_prefix(self, seq: Sequence) -> None:
+        if self.config.enable_prefix_caching and seq.cache_seq is None:
+            seq.cache_seq, seq.num_computed_tokens = self.cache.add_prefix_sequence(
+                seq.token_ids())
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            self._match_prefix(seq)
+            n = self._chunk(seq, budget, out)
+            need = self._new_blocks(seq, n)
+            if n == 0 or need > self._free():
+                self._release(seq)                         # give matched prefix blocks back
+                seq.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            if seq.cache_seq is None:
+                seq.cache_seq = self.cache.add_sequence()
+            seq.set_status(SequenceStatus.RUNNING)
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+            self._promised_blocks += need
+
+    # ---------------------------------------------------- static and dynamic
+    def batch_ready(self, now: float) -> bool:
+        """Dynamic batching: enough requests wait, or the oldest waited the window."""
+        if not self.waiting:
+            return False
+        if self.config.policy != "dynamic":
+            return True
+        return (len(self.waiting) >= self.config.max_num_seqs
+                or now - self.waiting[0].arrival_time >= self.config.dynamic_window_s)
+
+    def next_event_time(self, now: float) -> float | None:
+        """When an idle dynamic scheduler will start its batch (for the simulator's clock)."""
+        if self.config.policy == "dynamic" and self.waiting and not self.running:
+            return max(now, self.waiting[0].arrival_time + self.config.dynamic_window_s)
+        return None
+
+    def _form_static_batch(self, now: float) -> None:
+        """Admit a batch whose worst cases (prompt + max_tokens) all fit the free blocks."""
+        if not self.batch_ready(now):
+            return
+        reserved = 0
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            worst = blocks_needed(seq.reserve_tokens(self.config.max_seq_len),
+                                  self.cache.block_size)
+            if reserved + worst > self.cache.allocator.num_free:
+                break
+            reserved += worst
+            self.waiting.popleft()
+            seq.cache_seq = self.cache.add_sequence()
+            seq.num_computed_tokens = 0
+            seq.set_status(SequenceStatus.RUNNING)
+            self.running.append(seq)

@@ -1,0 +1,136 @@
+"""Requests and sequences, and the states a sequence moves through.
+
+A *request* is one prompt with its :class:`SamplingParams`; it owns ``n`` *sequences* (its
+completions), which the scheduler handles one by one. A sequence's life::
+
+    WAITING ──admit──▶ RUNNING ──stop string / EOS──▶ FINISHED_STOPPED
+       ▲                │  │└──────max_tokens / context full──▶ FINISHED_LENGTH
+       │   preempt      │  │
+       └──(recompute)───┘  └──preempt (swap)──▶ PREEMPTED ──swap in──▶ RUNNING
+    any unfinished state ──abort──▶ FINISHED_ABORTED
+
+A sequence preempted by *recompute* loses its K/V and waits again (state ``PREEMPTED``, at the
+head of the waiting queue); its prompt and the tokens it has generated are run again as one
+prefill. One preempted by *swap* keeps its K/V in CPU memory (Kwon et al. 2023,
+arXiv:2309.06180, §4.5). ``num_computed_tokens`` counts the tokens whose K/V are in the cache;
+the step schedules the rest (a prefill chunk, or the one new token of a decode).
+
+Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from llminfra.engine.metrics import RequestMetrics
+from llminfra.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life (module docstring)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        """True for the three finished states."""
+        return self.name.startswith("FINISHED")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """``"stop"``, ``"length"``, ``"abort"`` (the OpenAI API's words), or None."""
+        return {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length",
+                "FINISHED_ABORTED": "abort"}.get(self.name)
+
+
+#: allowed moves of the state machine
+TRANSITIONS: dict[SequenceStatus, set[SequenceStatus]] = {
+    SequenceStatus.WAITING: {SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED},
+    SequenceStatus.RUNNING: {SequenceStatus.PREEMPTED, SequenceStatus.FINISHED_STOPPED,
+                             SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED},
+    SequenceStatus.PREEMPTED: {SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED},
+}
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One completion being generated. ``cache_seq`` is its id in the paged KV cache while it
+    holds blocks; ``swapped`` its K/V in CPU memory while preempted by swap."""
+
+    seq_id: int
+    request: "Request"
+    index: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    cache_seq: int | None = None
+    swapped: object | None = None
+    stop_text: str | None = None
+
+    def set_status(self, new: SequenceStatus) -> None:
+        """Move to ``new``; ``ValueError`` if the state machine does not allow it."""
+        if new not in TRANSITIONS.get(self.status, set()):
+            raise ValueError(f"sequence {self.seq_id}: no transition {self.status.name} -> "
+                             f"{new.name}")
+        self.status = new
+
+    @property
+    def arrival_time(self) -> float:
+        """Arrival of its request (the scheduler's priority: earlier first)."""
+        return self.request.metrics.arrival_time
+
+    @property
+    def params(self) -> SamplingParams:
+        """Its request's sampling parameters."""
+        return self.request.params
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to run through the model before the next one can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while reading the prompt (or re-reading it after a recompute preemption)."""
+        return self.num_uncomputed_tokens > 1 or not self.output_token_ids
+
+    def token_ids(self) -> list[int]:
+        """Prompt followed by the generated tokens."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def reserve_tokens(self, max_seq_len: int) -> int:
+        """Most tokens it can ever hold: prompt + max_tokens, capped by the model's context."""
+        return min(len(self.prompt_token_ids) + self.max_tokens, max_seq_len)
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt, its parameters, its ``n`` sequences and its timestamps."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    seqs: list[Sequence] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """All its sequences are finished."""
+        return all(s.status.is_finished for s in self.seqs)

@@ -1,0 +1,80 @@
+"""PyTorch's own CPU kernels for weight-only int8 and int4 matmuls: the fast paths of
+:class:`llminfra.quant.QuantLinear`.
+
+Dequantize-then-matmul (the reference path) writes a full 16/32-bit copy of ``W`` before the
+matmul, so it reads MORE bytes than an unquantized layer and saves memory but not time. These
+kernels multiply straight from the packed codes, so a decode step reads ``bits/8`` bytes per
+weight and saves time too — the path torchao and gpt-fast take:
+
+* **int8, per output channel, symmetric**: ``y = x · (W_q · s)ᵀ`` with
+  ``torch.ops.aten._weight_int8pack_mm(x (M, K), W_q int8 (N, K), s (N,))``;
+* **int4, group-wise** (groups of 32/64/128/256 along ``K``, ``N`` a multiple of 16):
+  ``torch.ops.aten._convert_weight_to_int4pack_for_cpu(u int32 (N, K), 1)`` packs the codes
+  ``u ∈ [0, 15]`` once; ``torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, g, SZ)``
+  dequantizes as ``w = (u - 8) · s + z'`` with ``SZ (K/g, N, 2) = [s, z']``. Our asymmetric
+  codes ``w = (u - z) · s`` map to it with ``z' = (8 - z) · s`` (symmetric: ``z = 8``, ``z' = 0``).
+
+Each ``prepare_*`` returns the tensors a layer keeps (or ``None`` when the weight's layout does
+not fit the kernel); each ``*_mm`` runs the kernel on ``x (M, K)`` of dtype bf16, fp16 or fp32.
+Checked against the dequantize-then-matmul reference in ``tests/test_roofline_quant.py``.
+Chapters 03 and 08.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llminfra.quant import packing
+from llminfra.quant.tensor import QuantizedTensor
+
+#: activation dtypes the kernels accept
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: int4 group sizes the CPU kernel supports
+INT4_GROUPS = (32, 64, 128, 256)
+
+
+def kernels_available() -> bool:
+    """Whether this PyTorch build has the CPU int8 and int4 weight-only kernels."""
+    ops = torch.ops.aten
+    return all(hasattr(ops, n) for n in ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu",
+                                         "_convert_weight_to_int4pack_for_cpu"))
+
+
+def prepare_int8(q: QuantizedTensor) -> dict | None:
+    """``{"weight": int8 (N, K), "scale": fp32 (N,)}`` for a symmetric per-output-channel int8
+    weight (codes are stored offset by 128), else ``None``."""
+    N, K = q.shape
+    if not (q.kind == "int" and q.bits == 8 and q.zero is None and q.input_scale is None
+            and q.layout.group == K and q.layout.rows == N):
+        return None
+    w = (q.codes.to(torch.int16) - 128).to(torch.int8).reshape(N, K).contiguous()
+    return {"weight": w, "scale": q.scale.float().reshape(N).contiguous()}
+
+
+def prepare_int4(q: QuantizedTensor) -> dict | None:
+    """``{"packed": …, "group": g, "scale_zero": fp32 (K/g, N, 2)}`` for a group-wise int4 weight
+    the CPU kernel can take (``g`` in :data:`INT4_GROUPS`, ``K % g == 0``, ``N % 16 == 0``), else
+    ``None``."""
+    N, K = q.shape
+    g = q.layout.group
+    if not (q.kind == "int" and q.bits == 4 and q.input_scale is None and g in INT4_GROUPS
+            and K % g == 0 and N % 16 == 0 and q.layout.rows == N):
+        return None
+    u = packing.unpack(q.codes, 4, K).to(torch.int32).reshape(N, K).contiguous()
+    s = q.scale.float()                                                 # (N, K/g)
+    z = q.zero.float() if q.zero is not None else torch.full_like(s, 8.0)
+    scale_zero = torch.stack([s, (8.0 - z) * s], dim=-1).transpose(0, 1).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    return {"packed": packed, "group": g, "scale_zero": scale_zero}
+
+
+def int8_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x (M, K) @ (weight · scale)ᵀ -> (M, N)`` in ``x.dtype``, from the int8 codes."""
+    return torch.ops.aten._weight_int8pack_mm(x.contiguous(), weight, scale.to(x.dtype))
+
+
+def int4_mm(x: torch.Tensor, packed: torch.Tensor, group: int,
+            scale_zero: torch.Tensor) -> torch.Tensor:
+    """``x (M, K) @ dequant(W)ᵀ -> (M, N)`` in ``x.dtype``, from the packed int4 codes."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group,
+                                                      scale_zero.to(x.dtype))
