@@ -184,17 +184,13 @@ class _Service:
 
 
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
-               max_model_len: int | None = None, max_n: int = 8,
-               sampling_params_cls=None) -> FastAPI:
+               max_model_len: int | None = None, max_n: int = 8) -> FastAPI:
     """The FastAPI app serving ``engine`` (an ``LLMEngine`` or anything with its API).
 
-    ``max_model_len`` defaults to ``engine.model.config.max_seq_len``; ``max_n`` caps ``n``;
-    ``sampling_params_cls`` defaults to :class:`llminfra.engine.SamplingParams`.
+    ``max_model_len`` defaults to ``engine.model.config.max_seq_len``; ``max_n`` caps ``n``.
     The engine loop starts and stops with the app's lifespan (uvicorn start-up / shutdown).
     """
-    if sampling_params_cls is None:
-        from llminfra.engine import SamplingParams as sampling_params_cls
-    SamplingParams = sampling_params_cls
+    from llminfra.engine import SamplingParams
     if max_model_len is None:
         max_model_len = engine.model.config.max_seq_len
     svc = _Service(engine, tokenizer, model_name, max_model_len, max_n, SamplingParams)
