@@ -99,6 +99,8 @@ class LLMEngine:
         self._seeds = torch.Generator().manual_seed(seed)
         self.counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0,
                          "num_steps": 0, "num_finished": 0}
+        #: set to a list to record ``(batch, seconds)`` of every step, batch = [(new, context)]
+        self.step_log: list | None = None
 
     # ---------------------------------------------------------------- requests
     def _encode(self, prompt) -> tuple[str | None, list[int]]:
@@ -213,6 +215,9 @@ class LLMEngine:
         picked = [seqs[i] for i in rows]
         tokens = sample_tokens(logits, [s.params for s in picked], [s.generator for s in picked])
         now = self.clock()
+        if self.step_log is not None:
+            self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled],
+                                  now - start))
         for seq, token in zip(picked, tokens):
             self._append(seq, token)
             req = seq.request
