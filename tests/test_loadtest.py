@@ -8,26 +8,28 @@ import pytest
 
 from llminfra.cli import main
 from llminfra.engine.background import ServerThread
-from llminfra.engine.loadtest import (RequestRecord, arrival_times, percentiles, prompt_texts,
-                                      run_loadtest, summarize, workload)
+from llminfra.engine.loadtest import (RequestRecord, loadtest_requests, percentiles,
+                                      prompt_texts, run_loadtest, summarize)
 
 
-def test_arrivals_fixed_and_poisson():
-    assert arrival_times(4, 2.0, seed=0, kind="fixed") == [0.0, 0.5, 1.0, 1.5]
-    t = arrival_times(4000, 10.0, seed=1)
+def test_requests_arrivals_and_lengths():
+    fixed = loadtest_requests(4, 0, 256, rate=2.0, arrivals="fixed")
+    assert [r.arrival_time_s for r in fixed] == [0.0, 0.5, 1.0, 1.5]
+    t = [r.arrival_time_s for r in loadtest_requests(4000, 1, 256, rate=10.0)]
     gaps = [b - a for a, b in zip(t, t[1:])]
     assert t[0] == 0.0 and all(g >= 0 for g in gaps)
     assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.05)   # mean gap 1 / rate
-    assert arrival_times(5, 3.0, seed=7) == arrival_times(5, 3.0, seed=7)
+    assert loadtest_requests(5, 7, 256, rate=3.0) == loadtest_requests(5, 7, 256, rate=3.0)
+    for r in loadtest_requests(200, 3, 256, max_output_tokens=50):
+        assert r.arrival_time_s == 0.0 and r.prompt_len >= 1 and 1 <= r.output_len <= 50
+        assert r.prompt_len + r.output_len <= 256
     with pytest.raises(ValueError, match="rate"):
-        arrival_times(3, 0.0, seed=0)
+        loadtest_requests(3, 0, 256, rate=0.0)
     with pytest.raises(ValueError, match="arrivals"):
-        arrival_times(3, 1.0, seed=0, kind="bursty")
+        loadtest_requests(3, 0, 256, rate=1.0, arrivals="bursty")
 
 
-def test_workload_fits_the_context_and_prompts_have_their_length():
-    for p, o in workload(200, seed=3, max_model_len=256):
-        assert p >= 1 and o >= 1 and p + o < 256
+def test_prompts_have_their_length():
     assert [len(s.encode()) for s in prompt_texts([1, 17, 128])] == [1, 17, 128]
     assert len(prompt_texts([10], chars_per_token=4.0)[0]) == 40
 
@@ -57,7 +59,7 @@ def server(one_thread):
 def test_closed_loop_against_the_server(server):
     r = run_loadtest(server.base_url, concurrency=4, num_requests=8, max_output_tokens=8,
                      progress=False)
-    expected = sum(o for _, o in workload(8, 0, 256, max_output_tokens=8))
+    expected = sum(r.output_len for r in loadtest_requests(8, 0, 256, max_output_tokens=8))
     assert r["num_ok"] == 8 and r["num_errors"] == 0
     assert r["output_tokens"] == expected              # every request got all its tokens
     assert r["settings"]["max_model_len"] == 256       # read from /v1/models
@@ -72,7 +74,8 @@ def test_open_loop_and_errors_counted(server):
     # lengths drawn for a 2048-token context do not all fit the 256-token model: 400s counted
     r = run_loadtest(server.base_url, concurrency=4, num_requests=12, max_model_len=2048,
                      max_output_tokens=4, progress=False, seed=5)
-    too_long = sum(p + o > 256 for p, o in workload(12, 5, 2048, max_output_tokens=4))
+    too_long = sum(r.prompt_len + r.output_len > 256
+                   for r in loadtest_requests(12, 5, 2048, max_output_tokens=4))
     assert too_long > 0 and r["num_errors"] == too_long
     assert all(e.startswith("HTTP 400") for e in r["errors"])
 

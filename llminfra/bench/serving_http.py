@@ -46,10 +46,11 @@ def run_http_vs_engine(num_requests: int = 64, concurrency: int = CONCURRENCY,
     """Measure both sides; ``http_vs_engine`` = HTTP tokens/s ÷ in-process tokens/s (target
     ≥ 0.7). Returns both measurements and the settings."""
     from llminfra.engine.background import ServerProcess
-    from llminfra.engine.loadtest import prompt_texts, run_loadtest, workload
+    from llminfra.engine.loadtest import loadtest_requests, prompt_texts, run_loadtest
 
     max_len = 256  # the tiny model's context (ModelConfig "tiny": max_seq_len = 256)
-    lengths = workload(num_requests, SEED, max_len, "sharegpt", max_output_tokens)
+    reqs = loadtest_requests(num_requests, SEED, max_len, max_output_tokens=max_output_tokens)
+    lengths = [(r.prompt_len, r.output_len) for r in reqs]
     prompts = prompt_texts([p for p, _ in lengths])
     engine = _in_process_tokens_per_s(lengths, prompts, num_threads, max_num_seqs=concurrency)
     with ServerProcess(["--threads", str(num_threads), "--log-level", "warning",

@@ -8,7 +8,7 @@ Arrivals (the two regimes of serving benchmarks, e.g. vLLM's ``benchmark_serving
 * **closed loop** — ``concurrency`` clients each send their next request when the last one
   finished.
 
-Lengths come from the chapter-04 trace (:func:`llminfra.kvcache.trace.request_trace`, the vLLM
+Requests come from :func:`llminfra.engine.workload.serving_workload` (the chapter-04 trace, the vLLM
 paper's ShareGPT / Alpaca means), capped to the server's context (``max_model_len`` from
 ``/v1/models`` when it reports one). A prompt of P tokens is P·``chars_per_token`` characters
 of held-out text: exact for the byte-level tiny model (1), about 4 for a BPE model's English.
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 import torch
 
-from llminfra.kvcache.trace import request_trace
+from llminfra.engine.workload import WorkloadRequest, serving_workload
 
 
 @dataclass
@@ -66,15 +66,26 @@ class RequestRecord:
         return self.done_s - self.sent_s
 
 
-def workload(num_requests: int, seed: int, max_model_len: int, name: str = "sharegpt",
-             max_output_tokens: int | None = None) -> list[tuple[int, int]]:
-    """``(prompt_len, output_len)`` pairs from the chapter-04 trace, fitting ``max_model_len``."""
+def loadtest_requests(num_requests: int, seed: int, max_model_len: int, *,
+                      rate: float | None = None, arrivals: str = "poisson",
+                      workload_name: str = "sharegpt",
+                      max_output_tokens: int | None = None) -> list[WorkloadRequest]:
+    """The requests of a run: :func:`llminfra.engine.workload.serving_workload` (trace lengths
+    that fit ``max_model_len``; Poisson arrivals at ``rate``, or all at t = 0 without a rate),
+    with ``arrivals="fixed"`` gaps of exactly 1/rate, and outputs capped at
+    ``max_output_tokens``."""
+    if arrivals not in ("poisson", "fixed"):
+        raise ValueError(f"arrivals must be 'poisson' or 'fixed', got {arrivals!r}")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number of requests per second, got {rate}")
     g = torch.Generator().manual_seed(seed)
-    out = []
-    for r in request_trace(num_requests, g, name, max_seq_len=max_model_len):
-        o = r.output_len if max_output_tokens is None else min(r.output_len, max_output_tokens)
-        out.append((r.prompt_len, max(1, min(o, max_model_len - r.prompt_len - 1))))
-    return out
+    reqs = serving_workload(num_requests, g, rate_per_s=rate or math.inf,
+                            workload=workload_name, max_seq_len=max_model_len)
+    return [WorkloadRequest(i / rate if (rate and arrivals == "fixed") else r.arrival_time_s,
+                            r.prompt_len,
+                            r.output_len if max_output_tokens is None
+                            else max(1, min(r.output_len, max_output_tokens)))
+            for i, r in enumerate(reqs)]
 
 
 def prompt_texts(lengths: list[int], chars_per_token: float = 1.0) -> list[str]:
@@ -87,20 +98,6 @@ def prompt_texts(lengths: list[int], chars_per_token: float = 1.0) -> list[str]:
         start = (i * 997) % max(1, len(text) - n_chars)
         out.append((text * (1 + n_chars // len(text)))[start:start + n_chars])
     return out
-
-
-def arrival_times(n: int, rate: float, seed: int, kind: str = "poisson") -> list[float]:
-    """Send times in seconds: cumulative exponential gaps of mean 1/rate, or fixed 1/rate."""
-    if rate <= 0 or not math.isfinite(rate):
-        raise ValueError(f"rate must be a positive number of requests per second, got {rate}")
-    if kind == "fixed":
-        return [i / rate for i in range(n)]
-    if kind != "poisson":
-        raise ValueError(f"arrivals must be 'poisson' or 'fixed', got {kind!r}")
-    g = torch.Generator().manual_seed(seed)
-    gaps = torch.empty(n, dtype=torch.float64).exponential_(rate, generator=g)
-    gaps[0] = 0.0
-    return torch.cumsum(gaps, 0).tolist()
 
 
 async def _one(client: httpx.AsyncClient, rec: RequestRecord, body: dict, t0: float,
@@ -178,8 +175,7 @@ def _server_max_len(base_url: str, model: str | None, timeout_s: float) -> tuple
     return card["id"], card.get("max_model_len")
 
 
-async def _run(base_url, bodies, records, rate, concurrency, arrivals, seed, timeout_s,
-               progress) -> float:
+async def _run(base_url, bodies, records, times, concurrency, timeout_s, progress) -> float:
     from tqdm.auto import tqdm
     limits = httpx.Limits(max_connections=max(concurrency or 0, 64))
     bar = tqdm(total=len(records), desc="requests", disable=not progress, leave=False)
@@ -201,7 +197,6 @@ async def _run(base_url, bodies, records, rate, concurrency, arrivals, seed, tim
             async def at(i, t):
                 await asyncio.sleep(max(0.0, t - (time.perf_counter() - t0)))
                 await send(i)
-            times = arrival_times(len(records), rate, seed, arrivals)
             await asyncio.gather(*(at(i, t) for i, t in enumerate(times)))
         wall = time.perf_counter() - t0
     bar.close()
@@ -229,15 +224,18 @@ def run_loadtest(base_url: str, *, rate: float | None = None, concurrency: int |
     base_url = base_url.rstrip("/").removesuffix("/v1")
     model, served_len = _server_max_len(base_url, model, timeout_s)
     max_len = max_model_len or served_len or 2048
-    lengths = workload(num_requests, seed, max_len, workload_name, max_output_tokens)
-    prompts = prompt_texts([p for p, _ in lengths], chars_per_token)
-    bodies = [{"model": model, "prompt": text, "max_tokens": o, "temperature": temperature,
-               "stream": True, "stream_options": {"include_usage": True},
+    reqs = loadtest_requests(num_requests, seed, max_len, rate=rate, arrivals=arrivals,
+                             workload_name=workload_name, max_output_tokens=max_output_tokens)
+    prompts = prompt_texts([r.prompt_len for r in reqs], chars_per_token)
+    bodies = [{"model": model, "prompt": text, "max_tokens": r.output_len,
+               "temperature": temperature, "stream": True,
+               "stream_options": {"include_usage": True},
                **({"ignore_eos": True} if ignore_eos else {})}
-              for text, (_, o) in zip(prompts, lengths)]
-    records = [RequestRecord(i, p, o) for i, (p, o) in enumerate(lengths)]
-    wall = asyncio.run(_run(base_url, bodies, records, rate, concurrency, arrivals, seed,
-                            timeout_s, progress))
+              for text, r in zip(prompts, reqs)]
+    records = [RequestRecord(i, r.prompt_len, r.output_len) for i, r in enumerate(reqs)]
+    times = [r.arrival_time_s for r in reqs]
+    wall = asyncio.run(_run(base_url, bodies, records, times, concurrency, timeout_s,
+                            progress))
     result = summarize(records, wall)
     result["settings"] = {"base_url": base_url, "model": model, "rate": rate,
                           "concurrency": concurrency, "arrivals": arrivals if rate else None,
