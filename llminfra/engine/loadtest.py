@@ -8,8 +8,8 @@ Arrivals (the two regimes of serving benchmarks, e.g. vLLM's ``benchmark_serving
 * **closed loop** — ``concurrency`` clients each send their next request when the last one
   finished.
 
-Requests come from :func:`llminfra.engine.workload.serving_workload` (the chapter-04 trace, the vLLM
-paper's ShareGPT / Alpaca means), capped to the server's context (``max_model_len`` from
+Requests come from :func:`llminfra.engine.workload.serving_workload` (the chapter-04 trace,
+the vLLM paper's ShareGPT / Alpaca means), capped to the server's context (``max_model_len`` from
 ``/v1/models`` when it reports one). A prompt of P tokens is P·``chars_per_token`` characters
 of held-out text: exact for the byte-level tiny model (1), about 4 for a BPE model's English.
 Outputs are forced to their drawn length with ``max_tokens`` (and vLLM's ``ignore_eos`` when
@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 import torch
 
+from llminfra.engine.metrics import percentile
 from llminfra.engine.workload import WorkloadRequest, serving_workload
 
 
@@ -138,12 +139,12 @@ async def _one(client: httpx.AsyncClient, rec: RequestRecord, body: dict, t0: fl
 
 
 def percentiles(values: list[float], qs=(50, 90, 99)) -> dict:
-    """``{"mean", "p50", "p90", "p99"}`` of the finite values (NaN when there are none)."""
-    v = torch.tensor([x for x in values if math.isfinite(x)], dtype=torch.float64)
-    if v.numel() == 0:
+    """``{"mean", "p50", "p90", "p99"}`` of the finite values (NaN when there are none), with
+    the engine's :func:`~llminfra.engine.metrics.percentile` (linear interpolation)."""
+    v = [x for x in values if math.isfinite(x)]
+    if not v:
         return {"mean": math.nan, **{f"p{q}": math.nan for q in qs}}
-    return {"mean": float(v.mean()),
-            **{f"p{q}": float(torch.quantile(v, q / 100)) for q in qs}}
+    return {"mean": sum(v) / len(v), **{f"p{q}": percentile(v, q) for q in qs}}
 
 
 def summarize(records: list[RequestRecord], wall_s: float) -> dict:
