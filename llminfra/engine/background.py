@@ -11,10 +11,12 @@ Taught in chapter 05.
 
 from __future__ import annotations
 
+import atexit
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -103,8 +105,10 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServerProcess":
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self._log = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and block it
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     text=True)
+        atexit.register(self.stop)  # the parent exits (a kernel shut down): no stray server
         try:
             wait_healthy(self.base_url, self.start_timeout_s,
                          alive=lambda: self.proc.poll() is None)
@@ -117,6 +121,7 @@ class ServerProcess:
         """SIGTERM, wait, return the exit status (kill and raise if it hangs)."""
         if self.proc is None:
             return 0
+        atexit.unregister(self.stop)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -129,8 +134,11 @@ class ServerProcess:
 
     @property
     def output(self) -> str:
-        """What the process printed (after it stopped)."""
-        return self.proc.stdout.read() if self.proc and self.proc.stdout else ""
+        """What the process has printed so far."""
+        if self.proc is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read()
 
     def __enter__(self):
         return self.start()
