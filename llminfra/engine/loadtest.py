@@ -29,6 +29,7 @@ import asyncio
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -204,6 +205,17 @@ async def _run(base_url, bodies, records, times, concurrency, timeout_s, progres
     return wall
 
 
+def _run_sync(coro):
+    """``asyncio.run(coro)``, also from code that already runs an event loop (a Jupyter
+    kernel): then in a fresh thread with its own loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def run_loadtest(base_url: str, *, rate: float | None = None, concurrency: int | None = None,
                  num_requests: int = 100, model: str | None = None, workload_name: str =
                  "sharegpt", arrivals: str = "poisson", seed: int = 0,
@@ -235,8 +247,7 @@ def run_loadtest(base_url: str, *, rate: float | None = None, concurrency: int |
               for text, r in zip(prompts, reqs)]
     records = [RequestRecord(i, r.prompt_len, r.output_len) for i, r in enumerate(reqs)]
     times = [r.arrival_time_s for r in reqs]
-    wall = asyncio.run(_run(base_url, bodies, records, times, concurrency, timeout_s,
-                            progress))
+    wall = _run_sync(_run(base_url, bodies, records, times, concurrency, timeout_s, progress))
     result = summarize(records, wall)
     result["settings"] = {"base_url": base_url, "model": model, "rate": rate,
                           "concurrency": concurrency, "arrivals": arrivals if rate else None,
