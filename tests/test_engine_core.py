@@ -49,18 +49,22 @@ def _check_drained(engine):
 @given(data=st.data(),
        policy=st.sampled_from(["continuous", "static", "dynamic"]),
        chunked=st.booleans(), preemption=st.sampled_from(["recompute", "swap"]),
-       budget=st.sampled_from([8, 13, 64]), num_blocks=st.sampled_from([11, 14, 40]))
+       budget=st.sampled_from([8, 13, 64]), num_blocks=st.sampled_from([11, 14, 40]),
+       prefix=st.booleans())
 def test_batched_greedy_equals_one_at_a_time(model64, data, policy, chunked, preemption,
-                                             budget, num_blocks):
+                                             budget, num_blocks, prefix):
+    """Random prompts (sharing a random prefix, so prefix caching hits), lengths, admission
+    order, policy, token budget (chunks), pool size (preemption by recompute or swap)."""
     n_req = data.draw(st.integers(1, 6))
-    prompts = [data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=30))
+    shared = data.draw(st.lists(st.integers(0, 255), max_size=12))
+    prompts = [(shared + data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=30)))[:30]
                for _ in range(n_req)]
     max_tokens = [data.draw(st.integers(1, 12)) for _ in range(n_req)]
     order = data.draw(st.permutations(range(n_req)))
     engine = LLMEngine(model64, TOK, num_blocks=num_blocks, block_size=4,
                        max_num_seqs=min(4, budget), max_num_batched_tokens=budget, policy=policy,
                        enable_chunked_prefill=chunked, preemption=preemption,
-                       clock=fake_clock(), dynamic_window_s=2.0)
+                       enable_prefix_caching=prefix, clock=fake_clock(), dynamic_window_s=2.0)
     ids = {}
     for i in order:
         ids[i] = engine.add_request(prompts[i], SamplingParams(max_tokens=max_tokens[i]))
@@ -228,3 +232,16 @@ def test_tiny_model_batched_equals_alone_and_quantized_runs():
     out = LLMEngine(q, tok).generate(prompts[:1], SamplingParams(max_tokens=6))[0]
     assert out.outputs[0].token_ids == _alone(q, tok.encode(prompts[0]), 6)
     assert SequenceStatus.FINISHED_LENGTH.finish_reason == "length"
+
+
+def test_state_machine_refuses_illegal_moves(model64):
+    engine = LLMEngine(model64, TOK)
+    engine.add_request("ab", SamplingParams(max_tokens=2))
+    seq = engine.scheduler.waiting[0]
+    with pytest.raises(ValueError, match="WAITING -> FINISHED_LENGTH"):
+        seq.set_status(SequenceStatus.FINISHED_LENGTH)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert seq.status is SequenceStatus.FINISHED_LENGTH
+    with pytest.raises(ValueError, match="FINISHED_LENGTH -> RUNNING"):
+        seq.set_status(SequenceStatus.RUNNING)

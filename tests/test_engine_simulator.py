@@ -61,7 +61,7 @@ def test_llama_2_13b_on_an_a100_continuous_beats_static(gen):
     step = roofline_step_time("llama-2-13b", "a100-80gb", overhead_s=2e-3)
     thr = {}
     for policy in ("static", "continuous"):
-        res = Simulator(step, num_blocks=blocks, max_seq_len=4096, max_num_seqs=32,
+        res = Simulator(step, num_blocks=blocks, max_seq_len=4096, max_num_seqs=8,
                         max_num_batched_tokens=2048, policy=policy).run(work)
         assert len(res.metrics) == 32 and all(m.finished_time for m in res.metrics)
         thr[policy] = sum(m.num_output_tokens for m in res.metrics) / res.duration_s
@@ -69,6 +69,11 @@ def test_llama_2_13b_on_an_a100_continuous_beats_static(gen):
     tp4 = roofline_step_time("llama-3-70b", "h100", tensor_parallel=4)
     assert tp4([(1, 1000)] * 8) > 0 and kv_blocks_for("llama-3-70b", "h100",
                                                        tensor_parallel=4) > 0
+    sim = Simulator.for_gpu("llama-3-70b", "h100", tensor_parallel=4, max_num_seqs=64,
+                            max_num_batched_tokens=2048, max_seq_len=4096)
+    res = sim.run(work[:8])
+    assert all(m.ttft_s > 0 for m in res.metrics) and res.steps[0][2] == pytest.approx(
+        tp4(res.steps[0][1]))
 
 
 def test_fit_overhead_recovers_a_constant():

@@ -168,3 +168,22 @@ def test_forward_failing_mid_step_rolls_the_cache_back(model, gen, name):
     got = model(nxt, cache, meta=cache.prepare_step([s], [2]))
     want = _alone(model, torch.cat([prompt, nxt]).tolist())[5:]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_ragged_cache_argument_errors():
+    cont = ContiguousKVCache(CFG.n_layers, 2, CFG.n_kv_heads, CFG.head_dim, 8)
+    with pytest.raises(ValueError, match="not rows 0..1"):
+        cont.prepare_step([2], [1])
+    with pytest.raises(ValueError, match="max_seq_len 8"):
+        cont.prepare_step([0], [9])
+    assert cont.row_lengths == [0, 0]
+    dense = DenseKVCache(CFG.n_layers)
+    meta = dense.prepare_step([5], [2])
+    k = torch.zeros(3, CFG.n_kv_heads, CFG.head_dim)
+    with pytest.raises(ValueError, match=r"\(N=2, H_kv, d\)"):
+        dense.update(0, k, k, meta)
+    with pytest.raises(ValueError, match="layer_idx"):
+        dense.update(CFG.n_layers, k[:2], k[:2], meta)
+    paged = PagedKVCache.for_model(CFG, 4, block_size=4)
+    with pytest.raises(KeyError, match="no sequence 3"):
+        paged.prepare_step([3], [1])

@@ -41,6 +41,25 @@ def gather_kv(cache: torch.Tensor, block_ids: list[int] | torch.Tensor,
     return x.transpose(0, 1)                                                     # (H_kv, S, d)
 
 
+def decode_attention_nshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          context_lens: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """The computation of :func:`contiguous_decode_attention` on K/V laid out token-major,
+    ``(N, S_max, H_kv, d)`` (what a gather through block tables gives), without copying K/V to
+    head-major or repeating them per query head: the G = H / H_kv query heads of a group are
+    one axis of the einsum. q ``(N, H, d)``; returns ``(N, H, d)``."""
+    N, H, d = q.shape
+    H_kv = k.shape[2]
+    work = torch.promote_types(q.dtype, torch.float32)                # float64 stays float64
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    Q = q.to(work).view(N, H_kv, H // H_kv, d)                        # (N, H_kv, G, d)
+    s = torch.einsum("nkgd,nskd->nkgs", Q, k.to(work)) * scale        # (N, H_kv, G, S)
+    pos = torch.arange(k.shape[1], device=q.device)
+    mask = pos[None, :] >= context_lens.to(q.device)[:, None]          # (N, S)
+    s = s.masked_fill(mask[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("nkgs,nskd->nkgd", p, v.to(work)).reshape(N, H, d).to(q.dtype)
+
+
 def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 context_lens: torch.Tensor,
                                 scale: float | None = None) -> torch.Tensor:
@@ -58,17 +77,7 @@ def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} and context_lens "
                          f"{tuple(context_lens.shape)}: need equal N and d, H a multiple of "
                          "H_kv, and context_lens (N,)")
-    group = H // k.shape[1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    work = torch.promote_types(q.dtype, torch.float32)                # float64 stays float64
-    K = k.repeat_interleave(group, dim=1).to(work)                    # (N, H, S, d)
-    V = v.repeat_interleave(group, dim=1).to(work)
-    s = torch.einsum("nhd,nhsd->nhs", q.to(work), K) * scale           # (N, H, S)
-    pos = torch.arange(k.shape[2], device=q.device)
-    mask = pos[None, :] >= context_lens.to(q.device)[:, None]          # (N, S)
-    s = s.masked_fill(mask[:, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    return torch.einsum("nhs,nhsd->nhd", p, V).to(q.dtype)
+    return decode_attention_nshd(q, k.transpose(1, 2), v.transpose(1, 2), context_lens, scale)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -93,7 +102,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if int(context_lens.max()) > block_tables.shape[1] * B or int(context_lens.min()) < 1:
         raise ValueError(f"context_lens must lie in 1..{block_tables.shape[1] * B} "
                          f"(max_blocks · block_size); got {context_lens.tolist()}")
-    bt = block_tables.to(device=k_cache.device, dtype=torch.long)
-    K = k_cache[bt].reshape(N, -1, H_kv, d).transpose(1, 2)      # (N, H_kv, max_blocks·B, d)
-    V = v_cache[bt].reshape(N, -1, H_kv, d).transpose(1, 2)
-    return contiguous_decode_attention(q, K, V, context_lens, scale)
+    return gather_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                   int(context_lens.max()), scale)
+
+
+def gather_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, context_lens: torch.Tensor,
+                            max_context: int, scale: float | None = None) -> torch.Tensor:
+    """The body of :func:`paged_attention` without its argument checks (the engine's hot path,
+    whose step metadata is already checked): gather the blocks the longest context uses, then
+    :func:`decode_attention_nshd`. ``max_context`` = max(context_lens), as a Python int."""
+    N = q.shape[0]
+    B, H_kv, d = k_cache.shape[1:]
+    n_blocks = -(-max_context // B)                               # blocks the longest one uses
+    bt = block_tables[:, :n_blocks].to(device=k_cache.device, dtype=torch.long)
+    K = k_cache[bt].reshape(N, -1, H_kv, d)                       # (N, n_blocks·B, H_kv, d)
+    V = v_cache[bt].reshape(N, -1, H_kv, d)
+    return decode_attention_nshd(q, K, V, context_lens, scale)

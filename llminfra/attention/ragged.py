@@ -10,8 +10,8 @@ one attends causally to that sequence's own keys only (bottom-right mask, as in
 Two paths, chosen per sequence from ``meta.query_lens``:
 
 * **decode** (T_i = 1): all such sequences at once, one query each, against their K/V padded to
-  the longest context — :func:`llminfra.attention.paged.paged_attention` straight from the block
-  pool for a paged cache (the Triton kernel on CUDA when triton is installed), else
+  the longest context — :func:`llminfra.attention.paged.paged_attention`'s gather from the
+  block pool for a paged cache (the Triton kernel on CUDA when triton is installed), else
   :func:`llminfra.attention.paged.contiguous_decode_attention`;
 * **prefill** (T_i > 1): one call per sequence of ``attn_fn(q_i, k_i, v_i, causal=True)`` on
   ``(1, H, T_i, d)`` / ``(1, H_kv, S_i, d)`` tensors — :func:`reference_attention` by default,
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from llminfra.attention.paged import contiguous_decode_attention, paged_attention
+from llminfra.attention.paged import contiguous_decode_attention, gather_decode_attention
 from llminfra.attention.reference import reference_attention
 from llminfra.attention.step_metadata import StepMetadata
 
@@ -71,15 +71,17 @@ def sequence_kv(k: torch.Tensor, v: torch.Tensor, meta: StepMetadata,
 def _decode_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMetadata,
                   rows: list[int]) -> torch.Tensor:
     """One query per sequence in ``rows`` (all T_i = 1): ``(len(rows), H, d)``."""
-    tok = meta.query_start_loc[rows]                          # their flat token index
-    ctx = torch.tensor([meta.context_lens[i] for i in rows], device=q.device)
+    everyone = len(rows) == meta.num_seqs                     # a pure decode step
+    tok = slice(None) if everyone else meta.query_start_loc[rows]   # their flat token index
+    lens = [meta.context_lens[i] for i in rows]
+    ctx = torch.tensor(lens, device=q.device)
     if meta.kv_layout == "paged":
-        tables = meta.block_tables[rows]
+        tables = meta.block_tables if everyone else meta.block_tables[rows]
         if q.is_cuda:
             from llminfra.attention.paged_triton import paged_attention_triton, triton
             if triton is not None and not (k.shape[1] & (k.shape[1] - 1)):
                 return paged_attention_triton(q[tok], k, v, tables, ctx)
-        return paged_attention(q[tok], k, v, tables, ctx)
+        return gather_decode_attention(q[tok], k, v, tables, ctx, max(lens))
     if meta.kv_layout == "padded":
         return contiguous_decode_attention(q[tok], k[rows], v[rows], ctx)
     return contiguous_decode_attention(q[tok], k[tok].unsqueeze(2), v[tok].unsqueeze(2), ctx)
@@ -95,9 +97,11 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: St
     :func:`reference_attention` per prefill sequence).
     """
     _check(q, k, v, meta)
+    decodes = [i for i, t in enumerate(meta.query_lens) if t == 1] if attn_fn is None else []
+    if len(decodes) == meta.num_seqs:
+        return _decode_batch(q, k, v, meta, decodes)
     out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
-    decodes = [i for i, t in enumerate(meta.query_lens) if t == 1] if attn_fn is None else []
     if decodes:
         out[meta.query_start_loc[decodes]] = _decode_batch(q, k, v, meta, decodes)
     fn = reference_attention if attn_fn is None else attn_fn

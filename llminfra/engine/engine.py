@@ -62,7 +62,8 @@ class LLMEngine:
     :class:`~llminfra.engine.scheduler.Scheduler`; ``num_blocks`` × ``block_size`` the paged KV
     pool (default :func:`default_num_blocks`); ``enable_prefix_caching`` reuses the K/V of
     shared prompt prefixes. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
-    sampling of requests that give no seed of their own.
+    sampling of requests that give no seed of their own. Not thread-safe: a server calls
+    ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
 
     def __init__(self, model, tokenizer, *, num_blocks: int | None = None, block_size: int = 16,
@@ -207,9 +208,11 @@ class LLMEngine:
         with torch.no_grad():
             logits = self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
         self.counters["num_steps"] += 1
+        B = self.cache.block_size
         for seq, n in scheduled:
             seq.num_computed_tokens += n
-            if self.config.enable_prefix_caching:
+            filled = seq.num_computed_tokens // B > (seq.num_computed_tokens - n) // B
+            if self.config.enable_prefix_caching and filled:   # a block became full
                 self.cache.cache_prefix(seq.cache_seq,
                                         seq.token_ids()[:seq.num_computed_tokens])
         picked = [seqs[i] for i in rows]

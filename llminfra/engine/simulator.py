@@ -91,6 +91,24 @@ class Simulator:
         self.config = SchedulerConfig(max_seq_len=max_seq_len, **scheduler_kwargs)
         self.num_blocks, self.block_size = num_blocks, block_size
 
+    @classmethod
+    def for_gpu(cls, model, gpu, *, tensor_parallel: int = 1, dtype: str = "bf16",
+                overhead_s: float = 0.0, block_size: int = 16, max_seq_len: int | None = None,
+                **scheduler_kwargs) -> "Simulator":
+        """A simulator of ``model`` (preset name or ModelSpec) served on ``tensor_parallel``
+        GPUs ``gpu``: roofline step time, KV pool from :func:`kv_blocks_for`, context from the
+        model's ``max_positions`` unless given. E.g. ``Simulator.for_gpu("llama-3-70b", "h100",
+        tensor_parallel=4, max_num_seqs=128, max_num_batched_tokens=4096)``."""
+        from llminfra.specs.models import get_model
+        spec = get_model(model)
+        max_seq_len = max_seq_len or spec.max_positions
+        blocks = kv_blocks_for(spec, gpu, dtype=dtype, tensor_parallel=tensor_parallel,
+                               block_size=block_size, context=max_seq_len)
+        step = roofline_step_time(spec, gpu, dtype=dtype, tensor_parallel=tensor_parallel,
+                                  overhead_s=overhead_s)
+        return cls(step, num_blocks=blocks, max_seq_len=max_seq_len, block_size=block_size,
+                   **scheduler_kwargs)
+
     def run(self, requests: Seq[WorkloadRequest], max_steps: int = 10_000_000
             ) -> SimulationResult:
         """Serve every request; ``ValueError`` if one can never fit the pool or the context."""

@@ -3,7 +3,8 @@ generation, perplexity, corpus, checkpoint.
 
 Contract (see ``shared/DESIGN.md`` and the module docstrings):
 ``ModelConfig.from_name("tiny" | "bench-100m")``, ``Transformer(config)``,
-``model(tokens, cache=None, start_pos=0) -> logits``, ``model.set_attention(fn)``,
+``model(tokens, cache=None, start_pos=0) -> logits``, one ragged serving step
+``model(tokens (N,), cache, meta=StepMetadata) -> logits (N, V)``, ``model.set_attention(fn)``,
 ``DenseKVCache``, ``ByteTokenizer``, ``load_tiny()``, ``generate(...)``, ``perplexity(...)``,
 ``heldout_tokens()``.
 """
@@ -22,8 +23,8 @@ from llminfra.model.transformer import (Attention, FeedForward, RMSNorm, Transfo
 
 __all__ = [
     "ModelConfig", "config_names", "Transformer", "TransformerBlock", "Attention",
-    "FeedForward", "RMSNorm", "apply_rotary", "rotary_angles", "rotary_angles_at", "reference_attention",
-    "sdpa_attention", "causal_mask", "DenseKVCache", "ByteTokenizer", "generate",
+    "FeedForward", "RMSNorm", "apply_rotary", "rotary_angles", "rotary_angles_at",
+    "reference_attention", "sdpa_attention", "causal_mask", "DenseKVCache", "ByteTokenizer", "generate",
     "sample_next_token", "perplexity", "mean_nll", "heldout_tokens", "corpus_tokens",
     "load_tiny", "load_checkpoint", "save_checkpoint", "TINY_CHECKPOINT",
 ]

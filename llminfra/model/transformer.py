@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llminfra.attention.ragged import ragged_attention
-from llminfra.attention.reference import reference_attention
+from llminfra.attention.reference import reference_attention, sdpa_attention
 from llminfra.attention.step_metadata import StepMetadata
 from llminfra.model.config import ModelConfig
 
@@ -132,7 +132,8 @@ class Attention(nn.Module):
         k = apply_rotary(k.transpose(0, 1), cos, sin).transpose(0, 1)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v, meta)  # in meta.kv_layout
-        custom = None if self.attn_fn is reference_attention else self.attn_fn
+        builtin = self.attn_fn is reference_attention or self.attn_fn is sdpa_attention
+        custom = None if builtin else self.attn_fn  # else: the ragged paths compute the same
         out = ragged_attention(q, k, v, meta, attn_fn=custom)  # (N, H, d)
         return self.wo(out.reshape(N, self.n_heads * self.head_dim))
 

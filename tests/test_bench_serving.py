@@ -1,0 +1,49 @@
+"""bench serving: the suite is registered, serves a workload through the real engine, and its
+table and targets read the result (timings are not checked here: only in the bench run)."""
+
+import torch
+
+from llminfra.bench import SUITES, load_suite
+from llminfra.bench import serving
+from llminfra.engine.workload import WorkloadRequest
+from llminfra.model import ByteTokenizer, ModelConfig, Transformer
+
+CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
+                  max_seq_len=64)
+
+
+def test_registered():
+    assert SUITES["serving"] == "llminfra.bench.serving"
+    assert load_suite("serving") is serving
+
+
+def test_serve_and_decode_rate(one_thread):
+    model = Transformer(CFG).eval()
+    work = [WorkloadRequest(0.0, 5, 3), WorkloadRequest(0.01, 9, 4)]
+    done, engine = serving.serve(model, ByteTokenizer(), work, [[1] * 5, [2] * 9],
+                                    record=True, max_num_seqs=2, max_num_batched_tokens=16)
+    assert sorted(o.metrics.num_output_tokens for o in done) == [3, 4]
+    assert engine.step_log and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    assert serving.decode_rate(model, 4, 2) > 0
+
+
+def test_targets_and_table_read_the_result():
+    r = {"throughput_tokens_per_s": {"static": 100.0, "dynamic": 120.0, "continuous": 250.0},
+         "ttft_p50_s": dict.fromkeys(serving.POLICIES, 0.1),
+         "ttft_p99_s": dict.fromkeys(serving.POLICIES, 0.5),
+         "decode_tokens_per_s": {"tiny": {"1": 50.0, "4": 150.0, "16": 400.0, "64": 800.0},
+                                 "bench-100m": {"1": 10.0, "4": 30.0, "16": 45.0, "64": 60.0}},
+         "decode_floor_s": {"tiny": 0.001, "bench-100m": 0.05},
+         "chunked_prefill": {"short_ttft_p50_s_on": 0.2, "short_ttft_p50_s_off": 0.9,
+                             "long_ttft_p50_s_on": 0.8, "long_ttft_p50_s_off": 0.5},
+         "simulator_calibration": {"overhead_s": 0.004, "residual_rms_s": 0.002,
+                                   "relative_error_median": 0.1,
+                                   "simulated_throughput_tokens_per_s": 240.0,
+                                   "measured_throughput_tokens_per_s": 250.0}}
+    t = serving.targets(r)
+    assert t["continuous_over_static"] == 2.5 and t["continuous_over_static_met"]
+    assert t["bench100m_b16_over_b1"] == 4.5 and not t["bench100m_b16_over_b1_met"]
+    assert t["bench100m_b1_over_floor"] == 2.0 and t["bench100m_b1_over_floor_met"]
+    r["targets"] = t
+    table = serving.format_table(r)
+    assert "continuous" in table and "250" in table and "4.5" in table
