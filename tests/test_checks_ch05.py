@@ -46,7 +46,8 @@ def _overtaking(w, *, free_blocks, block_size, num_running, max_num_seqs,
     n, blocks, tokens = 0, free_blocks, 0
     for p in w:
         need = -(-p // block_size)
-        if num_running + n < max_num_seqs and need <= blocks and tokens + p <= max_num_batched_tokens:
+        if (num_running + n < max_num_seqs and need <= blocks
+                and tokens + p <= max_num_batched_tokens):
             n, blocks, tokens = n + 1, blocks - need, tokens + p
     return n
 

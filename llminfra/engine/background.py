@@ -91,7 +91,8 @@ class ServerProcess:
     """``python -m llminfra serve --host 127.0.0.1 --port P [extra_args]`` as a child process.
 
     ``stop()`` sends SIGTERM (SIGINT's twin for uvicorn) and waits. uvicorn shuts down
-    gracefully, then re-raises the signal (since 0.29), so the status is ``-SIGTERM`` (or 0). If it does not stop within ``timeout_s`` it is killed and
+    gracefully, then re-raises the signal (since 0.29), so the status is ``-SIGTERM`` (or 0).
+    If it does not stop within ``timeout_s`` it is killed and
     ``stop`` raises ``TimeoutError`` — no stray process either way.
     """
 

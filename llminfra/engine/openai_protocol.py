@@ -98,7 +98,8 @@ class ChatCompletionRequest(_Request):
 def apply_chat_template(messages: list[ChatMessage]) -> str:
     """Messages -> one prompt string for the byte-level model (see the module docstring).
 
-    ``[system "Be brief", user "Hi"]`` -> ``"<|system|>\\nBe brief\\n<|user|>\\nHi\\n<|assistant|>\\n"``.
+    ``[system "Be brief", user "Hi"]`` ->
+    ``"<|system|>\\nBe brief\\n<|user|>\\nHi\\n<|assistant|>\\n"``.
     """
     role = {"developer": "system"}
     out = [f"<|{role.get(m.role, m.role)}|>\n{m.text()}\n" for m in messages]

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server on the engine: FastAPI + uvicorn, streaming by SSE.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
-``"stream": true`` as server-sent events ending in ``data: [DONE]``), ``GET /health`` and
+``"stream": true`` as server-sent events ending in ``data: [DONE]``, written by Starlette's
+``StreamingResponse``, which also notices a client that went away), ``GET /health`` and
 ``GET /metrics`` (Prometheus text, :mod:`llminfra.engine.server_metrics`). The official
 ``openai`` client works against it unchanged — the point of vLLM's OpenAI-compatible server
 (vLLM docs, "OpenAI-Compatible Server"): an application written for a hosted API moves to a

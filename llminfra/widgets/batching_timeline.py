@@ -25,7 +25,8 @@ POLICIES = ("static", "dynamic", "continuous")
 def timeline_text(policy: str, summary: dict) -> str:
     """One line: the policy and its mean queueing, TTFT, end-to-end and makespan in steps."""
     return (f"{policy}: {summary['num_requests']} requests, makespan "
-            f"{summary['makespan_steps']:.0f} steps; mean queued {summary['mean_queued_steps']:.4g}, "
+            f"{summary['makespan_steps']:.0f} steps; mean queued "
+            f"{summary['mean_queued_steps']:.4g}, "
             f"TTFT {summary['mean_ttft_steps']:.4g}, end-to-end {summary['mean_e2e_steps']:.4g} "
             f"steps")
 
