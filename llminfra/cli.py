@@ -133,6 +133,59 @@ def _cost(args) -> str:
                 f"{r['tokens_per_s']:g} tokens/s, busy {r['utilization']:.0%}: "
                 f"{r['cost_per_million_tokens']:.4g} USD per million tokens")
     return json.dumps(r, indent=2) if args.json else text
+def _serve(args) -> int:
+    from llminfra.engine.serve import run_server
+    run_server(args.host, args.port, log_level=args.log_level, num_blocks=args.num_blocks,
+               max_num_seqs=args.max_num_seqs, policy=args.policy,
+               num_threads=args.threads)
+    return 0
+
+
+def _loadtest(args) -> int:
+    from llminfra.engine.loadtest import format_summary, run_loadtest
+    r = run_loadtest(args.base_url, rate=args.rate, concurrency=args.concurrency,
+                     num_requests=args.requests, model=args.model, workload_name=args.workload,
+                     arrivals=args.arrivals, seed=args.seed, max_model_len=args.max_model_len,
+                     max_output_tokens=args.max_output_tokens,
+                     chars_per_token=args.chars_per_token, ignore_eos=args.ignore_eos,
+                     progress=not args.no_progress)
+    print(format_summary(r))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(r, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0 if r["num_ok"] else 1
+
+
+def _add_serving_parsers(sub) -> None:
+    s = sub.add_parser("serve", help="the OpenAI-compatible server on the tiny model")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--policy", default="continuous", help="continuous | static | dynamic")
+    s.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
+    s.add_argument("--max-num-seqs", type=int, default=64, help="largest running batch")
+    s.add_argument("--threads", type=int, default=None, help="torch threads")
+    s.add_argument("--log-level", default="info", help="uvicorn log level")
+
+    t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
+    t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    mode = t.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=float, help="requests per second (open loop)")
+    mode.add_argument("--concurrency", type=int, help="clients in a closed loop")
+    t.add_argument("--requests", type=int, default=100, help="number of requests")
+    t.add_argument("--arrivals", default="poisson", help="poisson | fixed (with --rate)")
+    t.add_argument("--model", default=None, help="model id (default: the first served)")
+    t.add_argument("--workload", default="sharegpt", help="sharegpt | alpaca length trace")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-model-len", type=int, default=None,
+                   help="cap prompt + output (default: the server's max_model_len or 2048)")
+    t.add_argument("--max-output-tokens", type=int, default=None)
+    t.add_argument("--chars-per-token", type=float, default=1.0,
+                   help="prompt characters per token (1 for the byte model, ~4 for BPE)")
+    t.add_argument("--ignore-eos", action="store_true", help="send vLLM's ignore_eos")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")
     b.add_argument("--quick", action="store_true", help="smaller sizes, same keys")
     _add_cost_parser(sub)
+    _add_serving_parsers(sub)
     return p
 
 
@@ -179,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         elif args.command == "cost":
             print(_cost(args))
+        elif args.command == "serve":
+            return _serve(args)
+        elif args.command == "loadtest":
+            return _loadtest(args)
     except (KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"llminfra {args.command}: {msg}", file=sys.stderr)

@@ -47,3 +47,14 @@ def test_targets_and_table_read_the_result():
     r["targets"] = t
     table = serving.format_table(r)
     assert "continuous" in table and "250" in table and "4.5" in table
+
+
+def test_http_vs_engine_target_read_from_the_result():
+    """The key the server helper adds: HTTP tokens/s over in-process tokens/s, target >= 0.7."""
+    http = {"http_vs_engine": 0.65, "concurrency": 16, "http_output_tokens_per_s": 65.0,
+            "engine_output_tokens_per_s": 100.0}
+    r = {"throughput_tokens_per_s": {"static": 1.0, "dynamic": 1.0, "continuous": 2.0},
+         "decode_tokens_per_s": {"bench-100m": {"1": 1.0, "16": 5.0}},
+         "decode_floor_s": {"bench-100m": 1.0}, "http": http}
+    t = serving.targets(r)
+    assert t["http_vs_engine"] == 0.65 and not t["http_vs_engine_met"]

@@ -1,0 +1,215 @@
+"""The engine's background loop: one thread owns the :class:`LLMEngine`, the web layer only
+queues work into it and reads results out of per-request queues.
+
+Why a thread: ``engine.step()`` runs the model (torch work that releases the GIL for most of
+its time) and may take milliseconds; run inside the event loop it would stall every HTTP
+connection for that long. So the rule of vLLM's ``AsyncLLMEngine`` (Kwon et al., 2023,
+arXiv:2309.06180, §5) is kept in its simplest form:
+
+* exactly one thread calls the engine (``add_request``, ``step``, ``abort_request``,
+  ``stats``) — never two;
+* callers put commands on a ``queue.Queue`` (thread-safe) and get their outputs on an
+  ``asyncio.Queue`` fed with ``loop.call_soon_threadsafe``;
+* after every step the loop publishes a fresh ``stats()`` snapshot and observes the finished
+  requests' TTFT / time per output token (``on_finished``), so ``/metrics`` never waits for it.
+
+The loop:  drain commands → if work is left, ``step()`` and deliver → else block on the
+command queue (``idle_wait_s``).  An ``abort`` of a running request frees its KV blocks at the
+next turn of the loop, which is how a client that disconnects mid-stream gives memory back.
+
+Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Add:
+    prompt: object
+    params: object
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+    accepted: Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (shut down or crashed); no request can be served."""
+
+
+class AsyncEngine:
+    """Runs ``engine`` in one background thread; ``generate`` is an async iterator of its
+    ``RequestOutput``s for one request.
+
+    ``on_finished(output)`` (optional) is called in the engine thread for every finished
+    request (the server observes its latency histograms there).
+    """
+
+    def __init__(self, engine, *, idle_wait_s: float = 0.05,
+                 on_finished: Callable | None = None):
+        if idle_wait_s <= 0:
+            raise ValueError(f"idle_wait_s must be > 0, got {idle_wait_s}")
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self.on_finished = on_finished
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.stats: dict = dict(engine.stats())
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "AsyncEngine":
+        """Start the loop thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="llminfra-engine",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; every open stream gets an :class:`EngineDeadError`."""
+        self._stop.set()
+        self._commands.put(None)  # wake the loop if it is idle
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("engine thread did not stop within %.3g s", timeout_s)
+            else:
+                log.info("engine loop stopped")
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._error is None
+
+    # ------------------------------------------------------------------ caller side
+    async def generate(self, prompt, params, request_id: str) -> AsyncIterator:
+        """Queue one request; once the engine has accepted it, return an async iterator of its
+        ``RequestOutput``s (the last one has ``finished``).
+
+        Raises the engine's ``ValueError`` (prompt too long for the context or the pool …)
+        here, before any output, so a server can still answer with a 4xx. If the consumer
+        stops early (a client disconnected: the iterator is closed or cancelled), the request
+        is aborted and its KV blocks are freed.
+        """
+        if not self.is_running:
+            raise EngineDeadError(f"the engine loop is not running ({self._error!r})")
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        accepted: Future = Future()
+        self._commands.put(_Add(prompt, params, request_id, loop, outputs, accepted))
+        waiting = asyncio.wrap_future(accepted)
+        while not waiting.done():  # bounded: each turn either resolves or finds the loop dead
+            await asyncio.wait({waiting}, timeout=1.0)
+            if not waiting.done() and not self.is_running:
+                waiting.cancel()
+                raise EngineDeadError(f"the engine loop stopped ({self._error!r})")
+        waiting.result()  # re-raises the engine's ValueError
+        return self._outputs(request_id, outputs)
+
+    async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator:
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the loop to abort ``request_id`` (no-op if it already finished)."""
+        self._commands.put(_Abort(request_id))
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = self.engine.has_unfinished_requests()
+                self._drain(block=not busy)
+                if self._stop.is_set():
+                    break
+                if self.engine.has_unfinished_requests():
+                    self._deliver(self.engine.step())
+                self.stats = dict(self.engine.stats())
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting caller
+            log.exception("engine loop crashed")
+            self._error = e
+        finally:
+            self._close_streams()
+
+    def _drain(self, block: bool) -> None:
+        """Apply every queued command; wait up to ``idle_wait_s`` for one when idle."""
+        try:
+            cmd = (self._commands.get(timeout=self.idle_wait_s) if block
+                   else self._commands.get_nowait())
+        except queue.Empty:
+            return
+        while True:
+            if cmd is not None:
+                self._apply(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd) -> None:
+        if isinstance(cmd, _Add):
+            try:
+                self.engine.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id)
+            except Exception as e:  # noqa: BLE001 - handed back to the caller
+                cmd.accepted.set_exception(e)
+                return
+            self._streams[cmd.request_id] = (cmd.loop, cmd.outputs)
+            cmd.accepted.set_result(cmd.request_id)
+        elif isinstance(cmd, _Abort) and cmd.request_id in self._streams:
+            self.engine.abort_request(cmd.request_id)
+            del self._streams[cmd.request_id]
+
+    def _deliver(self, outs) -> None:
+        for out in outs:
+            if out.finished and self.on_finished is not None:
+                self.on_finished(out)
+            target = self._streams.get(out.request_id)
+            if target is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            loop, q = target
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, out)
+            except RuntimeError:  # the caller's event loop is closed
+                pass
+
+    def _close_streams(self) -> None:
+        err = EngineDeadError(f"the engine loop stopped ({self._error!r})")
+        for loop, q in self._streams.values():
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, err)
+            except RuntimeError:
+                pass
+        self._streams.clear()
+        while not self._commands.empty():
+            cmd = self._commands.get_nowait()
+            if isinstance(cmd, _Add) and not cmd.accepted.done():
+                cmd.accepted.set_exception(err)

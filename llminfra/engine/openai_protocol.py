@@ -1,0 +1,164 @@
+"""The OpenAI HTTP API's request and response bodies, as pydantic models, plus the error body.
+
+Only what the server implements is modelled; fields the API defines but this server ignores
+(``user``, ``presence_penalty`` …) are accepted and dropped (``extra="ignore"``), so the official
+``openai`` client's requests validate unchanged. Field names, defaults and limits follow the
+OpenAI API reference (platform.openai.com/docs/api-reference: *Completions*, *Chat*,
+*Streaming*; checked 2025): completions default ``max_tokens = 16`` and ``temperature = 1``;
+``stop`` holds at most 4 sequences; errors are ``{"error": {"message", "type", "param",
+"code"}}``. ``top_k``, ``seed`` and ``ignore_eos`` are the extensions vLLM also accepts.
+
+The chat template of the byte-level tiny model (it has no special tokens) is plain text::
+
+    <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n
+
+Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+#: OpenAI allows at most 4 stop sequences
+MAX_STOP_SEQUENCES = 4
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: Optional[float] = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: Optional[StrictInt] = Field(default=None, ge=1)
+    n: StrictInt = Field(default=1, ge=1)
+    stream: StrictBool = False
+    stream_options: Optional[dict] = None
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[StrictInt] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        if v is None:
+            return None
+        v = [v] if isinstance(v, str) else v
+        if len(v) > MAX_STOP_SEQUENCES or any(s == "" for s in v):
+            raise ValueError(f"stop takes at most {MAX_STOP_SEQUENCES} non-empty strings")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and
+                    self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: ``prompt`` is a string or a list of token ids."""
+
+    prompt: Union[str, list[StrictInt]]
+    max_tokens: Optional[StrictInt] = Field(default=16, ge=1)
+    echo: StrictBool = False
+
+
+class ChatMessage(BaseModel):
+    """One chat message; ``content`` is a string or a list of ``{"type": "text", "text"}``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[dict], None] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported, got "
+                                 f"{part.get('type')!r}")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Request):
+    """``POST /v1/chat/completions``; ``max_tokens`` (or ``max_completion_tokens``) defaults to
+    what is left of the context after the prompt."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[StrictInt] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
+
+
+def apply_chat_template(messages: list[ChatMessage]) -> str:
+    """Messages -> one prompt string for the byte-level model (see the module docstring).
+
+    ``[system "Be brief", user "Hi"]`` ->
+    ``"<|system|>\\nBe brief\\n<|user|>\\nHi\\n<|assistant|>\\n"``.
+    """
+    role = {"developer": "system"}
+    out = [f"<|{role.get(m.role, m.role)}|>\n{m.text()}\n" for m in messages]
+    return "".join(out) + "<|assistant|>\n"
+
+
+# ---------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    """An OpenAI-style id, e.g. ``cmpl-3f2a…`` or ``chatcmpl-…``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now_s() -> int:
+    """``created``: Unix seconds."""
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_response(rid: str, model: str, choices: list[dict], use: dict) -> dict:
+    """``text_completion`` object; ``choices``: ``{"index", "text", "finish_reason"}``."""
+    return {"id": rid, "object": "text_completion", "created": now_s(), "model": model,
+            "choices": [dict(c, logprobs=None) for c in choices], "usage": use}
+
+
+def completion_chunk(rid: str, model: str, index: int, text: str,
+                     finish_reason: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": now_s(), "model": model,
+            "choices": [{"index": index, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+
+
+def chat_response(rid: str, model: str, choices: list[dict], use: dict) -> dict:
+    """``chat.completion`` object; ``choices``: ``{"index", "text", "finish_reason"}``."""
+    return {"id": rid, "object": "chat.completion", "created": now_s(), "model": model,
+            "choices": [{"index": c["index"], "logprobs": None,
+                         "finish_reason": c["finish_reason"],
+                         "message": {"role": "assistant", "content": c["text"]}}
+                        for c in choices],
+            "usage": use}
+
+
+def chat_chunk(rid: str, model: str, index: int, delta: dict,
+               finish_reason: str | None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": now_s(), "model": model,
+            "choices": [{"index": index, "delta": delta, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+
+
+def usage_chunk(rid: str, model: str, obj: str, use: dict) -> dict:
+    """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+    return {"id": rid, "object": obj, "created": now_s(), "model": model, "choices": [],
+            "usage": use}
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """``{"error": {"message", "type", "param", "code"}}``, the body of every 4xx / 5xx."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

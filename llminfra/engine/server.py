@@ -1,0 +1,280 @@
+"""An OpenAI-compatible HTTP server on the engine: FastAPI + uvicorn, streaming by SSE.
+
+Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
+``"stream": true`` as server-sent events ending in ``data: [DONE]``, written by Starlette's
+``StreamingResponse``, which also notices a client that went away), ``GET /health`` and
+``GET /metrics`` (Prometheus text, :mod:`llminfra.engine.server_metrics`). The official
+``openai`` client works against it unchanged — the point of vLLM's OpenAI-compatible server
+(vLLM docs, "OpenAI-Compatible Server"): an application written for a hosted API moves to a
+self-hosted engine by changing ``base_url``.
+
+The engine runs in one background thread (:class:`~llminfra.engine.async_engine.AsyncEngine`);
+handlers only validate, queue and relay. Every malformed request gets a 4xx with OpenAI's
+error body; a client that disconnects mid-stream aborts its request (blocks freed).
+
+Streaming and bytes: the tokenizer is byte-level, so one token can be half of a UTF-8
+character; ``CompletionOutput.text`` then ends in U+FFFD until the next byte arrives. Deltas
+therefore hold back trailing U+FFFD until the request finishes (:func:`stable_delta`).
+
+Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llminfra.engine import openai_protocol as api
+from llminfra.engine.async_engine import AsyncEngine, EngineDeadError
+from llminfra.engine.server_metrics import CONTENT_TYPE, ServerMetrics
+
+log = logging.getLogger(__name__)
+
+#: default name the server gives the tiny model in ``/v1/models``
+DEFAULT_MODEL_NAME = "llminfra-tiny"
+
+
+class APIError(Exception):
+    """A request the server refuses: HTTP ``status`` and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code, self.type_ = status, param, code, type_
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(api.error_body(str(self), self.type_, self.param, self.code),
+                            status_code=self.status)
+
+
+def stable_delta(text: str, sent: str, finished: bool) -> tuple[str, str]:
+    """``(delta, new_sent)``: the new part of cumulative ``text`` after ``sent``, holding back
+    trailing U+FFFD (an unfinished UTF-8 character) unless ``finished``.
+    ``stable_delta("ab\\ufffd", "a", False) == ("b", "ab")``."""
+    stable = text if finished else text.rstrip("\ufffd")
+    if not stable.startswith(sent):
+        return "", sent
+    return stable[len(sent):], stable
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    err = exc.errors()[0] if exc.errors() else {}
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {err.get('msg', '')}")
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    return APIError(400, f"{where}: {err.get('msg', 'invalid value')} "
+                         f"(got {err.get('input')!r})", param=param)
+
+
+class _Service:
+    """Validation and relaying between HTTP and the engine loop (one per app)."""
+
+    def __init__(self, engine, tokenizer, model_name, max_model_len, max_n, SamplingParams):
+        self.tokenizer, self.model_name = tokenizer, model_name
+        self.max_model_len, self.max_n = max_model_len, max_n
+        self.SamplingParams = SamplingParams
+        self.metrics = ServerMetrics(lambda: self.loop.stats)
+        self.loop = AsyncEngine(engine, on_finished=self.metrics.observe_finished)
+
+    def check_model(self, req) -> None:
+        if req.model != self.model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
+                                f"{self.model_name!r}", param="model", code="model_not_found")
+
+    def prompt_ids(self, prompt, param: str) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        vocab = self.tokenizer.vocab_size
+        if not ids:
+            raise APIError(400, f"{param} is empty", param=param)
+        if any(not 0 <= i < vocab for i in ids):
+            raise APIError(400, f"token ids must lie in [0, {vocab})", param=param)
+        if len(ids) >= self.max_model_len:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} "
+                                f"tokens; the {param} has {len(ids)}", param=param,
+                           code="context_length_exceeded")
+        return ids
+
+    def sampling(self, req, n_prompt: int, max_tokens: int | None):
+        if req.n > self.max_n:
+            raise APIError(400, f"n must be at most {self.max_n}, got {req.n}", param="n")
+        room = self.max_model_len - n_prompt
+        max_tokens = room if max_tokens is None else max_tokens
+        if max_tokens > room:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} "
+                                f"tokens; {n_prompt} prompt tokens + max_tokens {max_tokens} "
+                                f"exceed it", param="max_tokens",
+                           code="context_length_exceeded")
+        try:
+            return self.SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, n=req.n,
+                seed=req.seed, stop=req.stop)
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+
+    async def submit(self, ids, params, rid):
+        try:
+            return await self.loop.generate(ids, params, rid)
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        except EngineDeadError as e:
+            raise APIError(503, str(e), type_="server_error") from None
+
+    async def complete(self, stream, n_prompt):
+        """Non-streaming: run to the end; ``(choices, usage)``."""
+        last = None
+        async for out in stream:
+            last = out
+        choices = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
+                   for c in last.outputs]
+        return choices, api.usage(n_prompt, sum(len(c.token_ids) for c in last.outputs))
+
+    def sse(self, stream, rid, n_prompt, chat: bool, include_usage: bool, prefix: str = ""):
+        """Streaming: one SSE event per new text of one choice, then ``[DONE]``."""
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        async def events():
+            sent, n_tokens, finished = {}, {}, False
+            try:
+                async for out in stream:
+                    finished = out.finished
+                    for c in out.outputs:
+                        if c.index not in sent:
+                            sent[c.index] = ""
+                            first = ({"role": "assistant", "content": ""} if chat else prefix)
+                            if chat or prefix:
+                                yield json.dumps(
+                                    api.chat_chunk(rid, self.model_name, c.index, first, None)
+                                    if chat else api.completion_chunk(
+                                        rid, self.model_name, c.index, prefix, None))
+                        delta, sent[c.index] = stable_delta(c.text, sent[c.index],
+                                                            c.finish_reason is not None)
+                        n_tokens[c.index] = len(c.token_ids)
+                        if not delta and c.finish_reason is None:
+                            continue
+                        yield json.dumps(
+                            api.chat_chunk(rid, self.model_name, c.index,
+                                           {"content": delta} if delta else {}, c.finish_reason)
+                            if chat else api.completion_chunk(rid, self.model_name, c.index,
+                                                              delta, c.finish_reason))
+                if include_usage:
+                    yield json.dumps(api.usage_chunk(rid, self.model_name, obj,
+                                                     api.usage(n_prompt, sum(n_tokens.values()))))
+                yield "[DONE]"
+            except EngineDeadError as e:
+                yield json.dumps(api.error_body(str(e), "server_error"))
+            finally:
+                if not finished:
+                    self.loop.abort(rid)
+
+        async def sse_lines():
+            async for data in events():
+                yield f"data: {data}\n\n"
+
+        return StreamingResponse(sse_lines(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+
+def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
+               max_model_len: int | None = None, max_n: int = 8) -> FastAPI:
+    """The FastAPI app serving ``engine`` (an ``LLMEngine`` or anything with its API).
+
+    ``max_model_len`` defaults to ``engine.model.config.max_seq_len``; ``max_n`` caps ``n``.
+    The engine loop starts and stops with the app's lifespan (uvicorn start-up / shutdown).
+    """
+    from llminfra.engine import SamplingParams
+    if max_model_len is None:
+        max_model_len = engine.model.config.max_seq_len
+    svc = _Service(engine, tokenizer, model_name, max_model_len, max_n, SamplingParams)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        svc.loop.start()
+        try:
+            yield
+        finally:
+            svc.loop.stop()
+
+    app = FastAPI(title="llminfra OpenAI-compatible server", lifespan=lifespan)
+    app.state.service = svc
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):
+        code = "not_found" if exc.status_code == 404 else None
+        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                        code=code).response()
+
+    @app.get("/health")
+    async def health():
+        if not svc.loop.is_running:
+            raise APIError(503, "the engine loop is not running", type_="server_error")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
+
+    def model_card():
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "llminfra",
+                "max_model_len": max_model_len}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str):
+        if name != model_name:
+            raise APIError(404, f"the model {name!r} does not exist", param="model",
+                           code="model_not_found")
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(req: api.CompletionRequest, request: Request):
+        svc.check_model(req)
+        ids = svc.prompt_ids(req.prompt, "prompt")
+        params = svc.sampling(req, len(ids), req.max_tokens)
+        rid = api.new_id("cmpl")
+        stream = await svc.submit(ids, params, rid)
+        echo = svc.tokenizer.decode(ids) if req.echo else ""
+        if req.stream:
+            return svc.sse(stream, rid, len(ids), False, req.include_usage, prefix=echo)
+        choices, use = await svc.complete(stream, len(ids))
+        for c in choices:
+            c["text"] = echo + c["text"]
+        return api.completion_response(rid, model_name, choices, use)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: api.ChatCompletionRequest, request: Request):
+        svc.check_model(req)
+        try:
+            prompt = api.apply_chat_template(req.messages)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from None
+        ids = svc.prompt_ids(prompt, "messages")
+        params = svc.sampling(req, len(ids), req.max_completion_tokens or req.max_tokens)
+        rid = api.new_id("chatcmpl")
+        stream = await svc.submit(ids, params, rid)
+        if req.stream:
+            return svc.sse(stream, rid, len(ids), True, req.include_usage)
+        choices, use = await svc.complete(stream, len(ids))
+        return api.chat_response(rid, model_name, choices, use)
+
+    return app

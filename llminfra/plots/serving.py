@@ -1,0 +1,77 @@
+"""Figures of chapter 05: the batching timeline (a Gantt chart of requests over engine steps)
+and the latency–throughput curve of a load sweep.
+
+Each ``plot_*`` draws on a given ``ax``; :func:`gantt_png` renders off-screen (Agg, no pyplot
+state) for the batching-timeline widget. Timelines: :mod:`llminfra.engine.timeline`; sweeps:
+:mod:`llminfra.engine.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
+OSDI '22, Fig. 1.
+"""
+
+from __future__ import annotations
+
+import io
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+#: bar colours: queued, prefill (incl. chunks), decode
+PHASE_COLOURS = {"queued": "#c8c8c8", "prefill": "#dd8452", "decode": "#4c72b0"}
+
+
+def plot_gantt(rows: list, ax: Axes, title: str | None = None, x_max: float | None = None) -> Axes:
+    """One row per request (request 0 on top): grey from arrival to first scheduled step,
+    orange from there to its first token (the prefill, chunked or not), blue while decoding,
+    a tick at every step that produced a token. ``rows``: :class:`TimelineRow`s (steps)."""
+    for y, r in enumerate(rows):
+        spans = (("queued", r.arrival, r.first_scheduled),
+                 ("prefill", r.first_scheduled, r.first_token_out),
+                 ("decode", r.first_token_out, r.finished_out))
+        for phase, a, b in spans:
+            if b > a:
+                ax.barh(y, b - a, left=a, height=0.7, color=PHASE_COLOURS[phase], lw=0)
+        ax.plot([t + 1 for t in r.token_steps], [y] * len(r.token_steps), "|", color="white",
+                ms=5, mew=0.6)
+    end = x_max or max(r.finished_out for r in rows)
+    ax.set_xlim(0, end)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(len(rows)), [f"req {r.request_id} ({r.prompt_len}→{r.output_len})"
+                                     for r in rows], fontsize=7)
+    ax.set_xlabel("engine step")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in PHASE_COLOURS.items()],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+def gantt_png(rows: list, title: str | None = None, x_max: float | None = None,
+              width_in: float = 7.5, dpi: int = 80) -> bytes:
+    """:func:`plot_gantt` rendered off-screen as PNG bytes (nothing shown, nothing left open)."""
+    fig = Figure(figsize=(width_in, 1.0 + 0.28 * len(rows)), dpi=dpi)
+    FigureCanvasAgg(fig)
+    plot_gantt(rows, fig.add_subplot(1, 1, 1), title, x_max)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    fig.clear()
+    return buf.getvalue()
+
+
+def plot_latency_throughput(points: list[dict], ax: Axes, latency_key: str = "tpot_s",
+                            label: str | None = None) -> Axes:
+    """Throughput (output tokens/s, x) against a latency percentile (ms, y), one point per
+    load level, annotated with its concurrency. ``points``: ``{"concurrency",
+    "output_tokens_per_s", latency_key: {"p50": …}}`` rows, e.g. :func:`run_loadtest` results."""
+    xs = [p["output_tokens_per_s"] for p in points]
+    ys = [1e3 * p[latency_key]["p50"] for p in points]
+    ax.plot(xs, ys, "o-", label=label)
+    for p, x, y in zip(points, xs, ys):
+        ax.annotate(f"C={p['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7)
+    ax.set_xticks(xs, [f"{x:.0f}" for x in xs], fontsize=7)
+    ax.set_xlabel("throughput (output tokens/s)")
+    name = {"tpot_s": "time per output token", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
+    ax.set_ylabel(f"median {name.get(latency_key, latency_key)} (ms)")
+    return ax

@@ -1,0 +1,100 @@
+"""The load generator: arrivals and lengths by hand, then real HTTP against the real server on
+the tiny model (closed loop, open loop, errors counted), and the command line."""
+
+import json
+import math
+
+import pytest
+
+from llminfra.cli import main
+from llminfra.engine.background import ServerThread
+from llminfra.engine.loadtest import (RequestRecord, loadtest_requests, percentiles,
+                                      prompt_texts, run_loadtest, summarize)
+
+
+def test_requests_arrivals_and_lengths():
+    fixed = loadtest_requests(4, 0, 256, rate=2.0, arrivals="fixed")
+    assert [r.arrival_time_s for r in fixed] == [0.0, 0.5, 1.0, 1.5]
+    t = [r.arrival_time_s for r in loadtest_requests(4000, 1, 256, rate=10.0)]
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert t[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.05)   # mean gap 1 / rate
+    assert loadtest_requests(5, 7, 256, rate=3.0) == loadtest_requests(5, 7, 256, rate=3.0)
+    for r in loadtest_requests(200, 3, 256, max_output_tokens=50):
+        assert r.arrival_time_s == 0.0 and r.prompt_len >= 1 and 1 <= r.output_len <= 50
+        assert r.prompt_len + r.output_len <= 256
+    with pytest.raises(ValueError, match="rate"):
+        loadtest_requests(3, 0, 256, rate=0.0)
+    with pytest.raises(ValueError, match="arrivals"):
+        loadtest_requests(3, 0, 256, rate=1.0, arrivals="bursty")
+
+
+def test_prompts_have_their_length():
+    assert [len(s.encode()) for s in prompt_texts([1, 17, 128])] == [1, 17, 128]
+    assert len(prompt_texts([10], chars_per_token=4.0)[0]) == 40
+
+
+def test_percentiles_and_summary_by_hand():
+    """Values 1..4: mean 2.5, p50 2.5, p90 3.7 (linear interpolation)."""
+    p = percentiles([1.0, 2.0, 3.0, 4.0, math.nan])
+    assert p["mean"] == 2.5 and p["p50"] == 2.5 and p["p90"] == pytest.approx(3.7)
+    ok = RequestRecord(0, 5, 3, sent_s=0.0, first_token_s=0.5, done_s=0.9, output_tokens=3)
+    bad = RequestRecord(1, 5, 3, error="HTTP 400")
+    s = summarize([ok, bad], wall_s=2.0)
+    assert (s["num_ok"], s["num_errors"], s["output_tokens"]) == (1, 1, 3)
+    assert s["output_tokens_per_s"] == 1.5
+    assert s["ttft_s"]["p50"] == 0.5 and s["tpot_s"]["p50"] == pytest.approx(0.2)
+
+
+@pytest.fixture(scope="module")
+def server(one_thread):
+    from llminfra.engine import LLMEngine
+    from llminfra.engine.server import create_app
+    from llminfra.model import load_tiny
+    model, tok = load_tiny()
+    with ServerThread(create_app(LLMEngine(model, tok, num_blocks=128), tok)) as srv:
+        yield srv
+
+
+def test_closed_loop_against_the_server(server):
+    r = run_loadtest(server.base_url, concurrency=4, num_requests=8, max_output_tokens=8,
+                     progress=False)
+    expected = sum(r.output_len for r in loadtest_requests(8, 0, 256, max_output_tokens=8))
+    assert r["num_ok"] == 8 and r["num_errors"] == 0
+    assert r["output_tokens"] == expected              # every request got all its tokens
+    assert r["settings"]["max_model_len"] == 256       # read from /v1/models
+    assert 0 < r["ttft_s"]["p50"] <= r["e2e_s"]["p50"]
+    assert r["output_tokens_per_s"] > 0
+
+
+def test_open_loop_and_errors_counted(server):
+    r = run_loadtest(f"{server.base_url}/v1", rate=20.0, num_requests=6, max_output_tokens=4,
+                     arrivals="fixed", progress=False)
+    assert r["num_ok"] == 6
+    # lengths drawn for a 2048-token context do not all fit the 256-token model: 400s counted
+    r = run_loadtest(server.base_url, concurrency=4, num_requests=12, max_model_len=2048,
+                     max_output_tokens=4, progress=False, seed=5)
+    too_long = sum(r.prompt_len + r.output_len > 256
+                   for r in loadtest_requests(12, 5, 2048, max_output_tokens=4))
+    assert too_long > 0 and r["num_errors"] == too_long
+    assert all(e.startswith("HTTP 400") for e in r["errors"])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="exactly one"):
+        run_loadtest("http://127.0.0.1:9", rate=1.0, concurrency=2)
+    with pytest.raises(ValueError, match="no OpenAI-compatible model list"):
+        run_loadtest("http://127.0.0.1:9", concurrency=2, num_requests=1, timeout_s=2)
+
+
+def test_cli_writes_json(server, tmp_path, capsys):
+    path = tmp_path / "lt.json"
+    assert main(["loadtest", "--base-url", server.base_url, "--concurrency", "2",
+                 "--requests", "3", "--max-output-tokens", "3", "--no-progress",
+                 "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "throughput" in out and "TTFT (ms)" in out
+    data = json.loads(path.read_text())
+    assert data["num_ok"] == 3 and data["settings"]["concurrency"] == 2
+    assert main(["loadtest", "--base-url", "http://127.0.0.1:9", "--rate", "1",
+                 "--requests", "1"]) == 2
