@@ -162,8 +162,8 @@ def _compare_tensors(expected, got, rel: float, abs_: float, where: str) -> str 
     if t.numel() == 0:
         return None
     e64, g64 = expected.detach().double().cpu(), t.double().cpu()
-    if t.is_floating_point() and (not expected.is_floating_point() or t.element_size()
-                                  < expected.element_size()):
+    if (rel or abs_) and t.is_floating_point() and (
+            not expected.is_floating_point() or t.element_size() < expected.element_size()):
         lr, la = _eps_tolerance(t.dtype)  # a lower-precision answer gets its own dtype's slack
         rel, abs_ = max(rel, lr), max(abs_, la)
     diff = (g64 - e64).abs()
@@ -333,7 +333,7 @@ def _nonfinite_watch():
     return Watch()
 
 
-def _call(learner, case: Case, name: str, where: str, pure: bool, owner):
+def _call(learner, case: Case, name: str, where: str, pure: bool, owner, on_error=None):
     args = tuple(_copy_args(a) for a in case.args)
     kwargs = {k: _copy_args(v) for k, v in case.kwargs.items()}
     watch = _nonfinite_watch() if case.nonfinite_hint else None
@@ -352,10 +352,19 @@ def _call(learner, case: Case, name: str, where: str, pure: bool, owner):
         raise CheckFailed(f"{name}: `{frame.f_code.co_name}`, which your {name} calls, still "
                           f"raises NotImplementedError — finish that exercise first "
                           f"({where})") from None
-    except CheckFailed:
+    except NotAttempted:
         raise
+    except CheckFailed as e:  # raised by a checker's own driver around the learner's code
+        raise CheckFailed(f"{e}\n  {where}") from None
     except Exception as e:
-        raise CheckFailed(f"{name} raised {type(e).__name__}: {e}\n  {where}") from e
+        msg = f"{name} raised {type(e).__name__}: {e}\n  {where}"
+        extra = ""
+        if on_error is not None:
+            try:
+                extra = on_error(case.args, case.kwargs, e)
+            except Exception:  # noqa: BLE001
+                extra = ""
+        raise CheckFailed(msg + (f"\n  hint: {extra}" if extra else "")) from e
     if watch is not None and watch.seen:
         raise CheckFailed(f"{name}: {case.nonfinite_hint} (torch.{watch.seen} produced NaN or "
                           f"inf from finite inputs)\n  {where}")
@@ -391,7 +400,8 @@ def run_checks(name: str, learner: Callable, reference: Callable,
                cases: Iterable[Case | tuple[tuple, dict]], rel: float = 1e-9, abs_: float = 0.0,
                hint: Callable[[tuple, dict, Any, Any], str] | None = None,
                seed: int | None = None, replay: str | None = None, pure: bool = False,
-               normalize: Callable[[Any, Any], Any] | None = None, owner: Any = None) -> int:
+               normalize: Callable[[Any, Any], Any] | None = None, owner: Any = None,
+               on_error: Callable[[tuple, dict, Exception], str] | None = None) -> int:
     """Call ``learner`` and ``reference`` on every case; raise :class:`CheckFailed` at the first
     disagreement, naming the case, the seed, where the values differ and ``hint(args, kwargs,
     expected, got)`` (a diagnosis; its own errors are ignored).
@@ -401,6 +411,7 @@ def run_checks(name: str, learner: Callable, reference: Callable,
     ``replay``: how to call this checker again (``"ch02.check_largest_batch"``), with ``seed``.
     ``owner``: the learner's own function or class when ``learner`` wraps it (a
     ``NotImplementedError`` raised there means "not attempted"; elsewhere it names the stub).
+    ``on_error(args, kwargs, exception)``: a hint when the learner's code raises.
     Returns the number of cases checked, after printing ``✓ name: N random cases passed``.
     """
     if not callable(learner):
@@ -416,7 +427,8 @@ def run_checks(name: str, learner: Callable, reference: Callable,
         except Exception as e:  # noqa: BLE001
             raise CheckFailed(f"{name}: the checker's reference failed on {where} "
                               f"({type(e).__name__}: {e}); please report this") from None
-        got = _call(learner, case, name, where, pure, learner if owner is None else owner)
+        got = _call(learner, case, name, where, pure, learner if owner is None else owner,
+                    on_error)
         try:
             if normalize is not None:
                 got = normalize(expected, got)
@@ -431,8 +443,8 @@ def run_checks(name: str, learner: Callable, reference: Callable,
         if hint is not None:
             try:
                 extra = hint(case.args, case.kwargs, expected, as_like(expected, got))
-            except Exception:  # noqa: BLE001 - a hint that cannot judge says nothing
-                extra = ""
+            except Exception as e:  # noqa: BLE001 - a broken hint must not hide the mismatch
+                extra = f"(no hint: the checker's hint failed with {type(e).__name__}: {e})"
         if extra:
             msg += f"\n  hint: {extra}"
         raise CheckFailed(msg)

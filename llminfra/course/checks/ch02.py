@@ -47,7 +47,7 @@ def random_spec(rng: random.Random) -> ModelSpec:
     between 1 and ``num_heads``, so a ``num_heads`` mix-up always shows) and a long window."""
     head_dim = rng.choice([64, 80, 96, 128])
     kv_heads = rng.choice([2, 4, 8])
-    heads = kv_heads * rng.choice([2, 4, 8])
+    heads = kv_heads * rng.choice([2, 8])  # never 4: 4·H_kv·1 byte would equal H·(2·1 byte)
     return dataclasses.replace(
         get_model("llama-2-7b"), name=f"random-gqa-{heads}q{kv_heads}kv",
         display_name="random GQA model", num_layers=rng.randint(2, 96), num_heads=heads,
@@ -56,11 +56,13 @@ def random_spec(rng: random.Random) -> ModelSpec:
 
 
 def _specs(rng: random.Random, n_random: int = 4) -> list[ModelSpec]:
-    """A random GQA spec first (so num_heads / num_kv_heads mix-ups show on case 1), a GQA
-    preset, presets, then more random GQA specs."""
+    """Two random GQA specs first (so num_heads / num_kv_heads mix-ups show on case 1, and a
+    1-byte dtype on case 2 is never confused with another mistake), a GQA preset, presets,
+    then more random GQA specs."""
     presets = [get_model(rng.choice(["llama-2-70b", "mistral-7b", "llama-3-8b"]))]  # GQA
     presets += [get_model(n) for n in rng.sample(model_names(), 4)]
-    specs = [random_spec(rng)] + presets + [random_spec(rng) for _ in range(n_random - 1)]
+    specs = [random_spec(rng), random_spec(rng)] + presets
+    specs += [random_spec(rng) for _ in range(n_random - 2)]
     return [_case(s) for s in specs]
 
 
