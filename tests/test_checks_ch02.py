@@ -135,8 +135,8 @@ def test_largest_batch_accepts_numpy_and_float():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_ignored_kv_dtype_is_named_not_factor_2(seed):
-    """A 2-byte, a 1-byte and a 4-byte dtype come in that order, so ignoring kv_dtype fails on
-    the 1-byte case (×2) before the 4-byte one could be mistaken for a missing factor 2."""
+    """A 1-byte, a 4-byte and a 2-byte dtype come in that order, so ignoring kv_dtype fails on
+    the 1-byte case (×2) before a 4-byte one could be mistaken for a missing factor 2."""
     def ignores_dtype(s, k):
         return 2 * s.num_layers * s.num_kv_heads * s.head_dim * 2
     with pytest.raises(CheckFailed, match="you ignored kv_dtype") as e:
@@ -151,3 +151,14 @@ def test_numpy_int32_kv_bytes_do_not_crash_a_hint():
         ch02.check_kv_bytes_per_token(
             lambda s, k: np.int32(2 * s.num_layers * s.num_heads * s.head_dim * dtype_bytes(k)))
     assert ch02.check_kv_bytes_per_token(lambda s, k: np.int64(_kv_right(s, k))) == 9
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("wrong, message, not_message", [
+    (lambda s, k: s.num_layers * s.num_kv_heads * s.head_dim * dtype_bytes(k), "factor 2", "elements"),
+    (lambda s, k: 2 * s.num_layers * s.num_kv_heads * s.head_dim, "counted elements", "factor 2"),
+])
+def test_factor_2_and_elements_are_told_apart(seed, wrong, message, not_message):
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch02.check_kv_bytes_per_token(wrong, seed=seed)
+    assert not_message not in str(e.value).split("hint:")[1]

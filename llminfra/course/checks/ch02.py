@@ -2,7 +2,7 @@
 cache of one sequence in GiB, and the largest batch that fits on a GPU.
 
 Each checker builds named cases from one seed (presets and random GQA / MQA / MHA architectures;
-a 2-byte, a 1-byte and a 4-byte KV dtype in that order; for the largest batch, a model that does
+a 1-byte, a 4-byte and a 2-byte KV dtype in that order; for the largest batch, a model that does
 not fit, one whose exact quotient has a fraction above .5 and one below), compares the learner's
 function with the package's (:mod:`llminfra.calc.memory`) and, on a mismatch, names the usual
 mistake the wrong answer matches: the missing factor 2 for K and V, ``num_heads`` instead of
@@ -26,7 +26,7 @@ from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import ModelSpec, get_model, model_names
 
-KV_DTYPES = ("bf16", "fp8", "fp32", "fp16", "int8")  # first a 2-byte, a 1-byte, a 4-byte one
+KV_DTYPES = ("fp8", "fp32", "bf16", "fp16", "int8")  # 1, 4, 2 bytes first: each mistake distinct
 
 
 class CaseSpec(ModelSpec):
