@@ -204,7 +204,7 @@ def run_checks(name: str, learner: Callable, reference: Callable,
                on_error: Callable[[tuple, dict, Exception], str] | None = None) -> int:
     """Call ``learner`` and ``reference`` on every case; raise :class:`CheckFailed` at the first
     disagreement, naming the case, the seed, where the values differ and ``hint(args, kwargs,
-    expected, got)`` (a diagnosis; its own errors are ignored).
+    expected, got)`` (a diagnosis; a hint that fails says so instead).
 
     ``pure``: the learner must not modify tensor arguments. ``normalize(expected, got)`` may
     convert or validate the answer first (raise :class:`CheckFailed` for a wrong type).

@@ -81,6 +81,9 @@ def describe(x) -> str:
 
 
 def _fmt(v) -> str:
+    """Six significant digits for a float, all digits for a whole number (bytes, counts)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        return repr(int(v))
     return f"{v:.6g}" if isinstance(v, float) else repr(v)
 
 
