@@ -114,6 +114,14 @@ def test_an_edited_checker_cell_is_restored_from_the_reference(tmp_path):
     assert all("check_" in nb.cells[i].source for i, _ in cells)
 
 
+def test_a_deleted_checker_cell_is_reported():
+    reference = nbformat.read(ROOT / "exercises" / NB07, as_version=4)
+    nb = nbformat.read(ROOT / "exercises" / NB07, as_version=4)
+    i, ex = grade.exercise_cells(nb)[-1]
+    del nb.cells[i]
+    assert grade.missing_checkers(nb, reference) == [ex] == ["07-bubble"]
+
+
 def test_status_of_a_checker_cell():
     cell = nbformat.v4.new_code_cell("check(f)")
     cell.execution_count = 3

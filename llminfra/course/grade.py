@@ -88,6 +88,12 @@ def restore_checkers(nb, reference) -> None:
             cell.source = pristine[grade_id]
 
 
+def missing_checkers(nb, reference) -> list[str]:
+    """The exercise ids of ``reference`` whose checker cell ``nb`` no longer has."""
+    present = {ex for _, ex in exercise_cells(nb)}
+    return [ex for _, ex in exercise_cells(reference) if ex not in present]
+
+
 def status_of(cell) -> tuple[str, str]:
     """``(status, message)`` from the outputs of an executed checker cell."""
     for out in cell.get("outputs", []):
@@ -128,11 +134,16 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
     except Exception as e:  # noqa: BLE001 - an unreadable notebook is a result, not a crash
         return [Result(student, path.name, "*", "errored", f"cannot read the notebook: {e}")]
     ref_path = reference_dir / path.name if reference_dir is not None else None
+    missing = []
     if ref_path is not None and ref_path.exists():
-        restore_checkers(nb, nbformat.read(ref_path, as_version=4))
+        reference = nbformat.read(ref_path, as_version=4)
+        restore_checkers(nb, reference)
+        missing = missing_checkers(nb, reference)
+    gone = [Result(student, path.name, ex, "errored", "the checker cell was deleted from the "
+                   "notebook") for ex in missing]
     cells = exercise_cells(nb)
     if not cells:
-        return []
+        return gone
     try:
         ran = run_notebook(nb, path.parent, timeout_s, kernel)
     except Exception as e:  # noqa: BLE001 - a dead kernel fails this notebook only
@@ -145,7 +156,7 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
         if status == "errored" and cause:
             message += f" (after {cause})"
         results.append(Result(student, path.name, ex, status, message))
-    return results
+    return results + gone
 
 
 def _earlier_error(nb, before: int, checker_cells: set[int]) -> str:
