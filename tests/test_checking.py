@@ -145,3 +145,16 @@ def test_old_style_cases_still_work(capsys):
     """Checkers written against the first API ((args, kwargs) pairs, no seed) keep working."""
     assert run_checks("sq", lambda x: x * x, lambda x: x ** 2, [((3,), {}), ((4,), {})]) == 2
     assert "✓ sq: 2 random cases passed" in capsys.readouterr().out
+
+
+def test_a_wrapped_stub_still_reads_as_not_attempted():
+    """A checker that wraps the learner's function without passing owner= (as a new chapter's
+    checker might) still reports the learner's stub as not attempted."""
+    def stub(x):
+        raise NotImplementedError("your code here")
+
+    from llminfra.course.checks import ch07 as module  # any function defined in the package
+    wrapper = module._shard_hint("row")  # a closure whose code lives in llminfra
+    assert wrapper.__code__.co_filename.endswith("ch07.py")
+    with pytest.raises(NotAttempted):
+        run_checks("stub", lambda x: stub(x), lambda x: x, [Case("c", (1,))], owner=wrapper)

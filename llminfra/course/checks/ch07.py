@@ -40,7 +40,7 @@ def _cases(rng: random.Random, n: int = 6) -> list[Case]:
     rows, cols = rng.sample(range(2, 6), 2)  # not square: a transposed split shows
     A = torch.randn(size * rows, size * cols, generator=_gen(rng))
     cases = [Case(f"A {tuple(A.shape)}, rank {r} of {size}", (A, r, size)) for r in range(size)]
-    while len(cases) < max(n, size + 1):
+    while len(cases) < n:
         size = rng.choice([2, 3, 4, 8])
         A = torch.randn(size * rng.randint(1, 5), size * rng.randint(1, 5), generator=_gen(rng))
         r = rng.randrange(1, size)
