@@ -6,7 +6,8 @@ import pytest
 from llminfra.calc.memory import (activation_bytes_training, decode_arithmetic_intensity,
                                   decode_step_bytes, training_memory)
 from llminfra.calc.params import param_count
-from llminfra.course.checking import CheckFailed, fresh_rng
+from llminfra.specs.formats import dtype_bytes
+from llminfra.course.checking import CheckFailed, NotAttempted, fresh_rng
 from llminfra.course.checks import ch01
 
 
@@ -48,19 +49,15 @@ def test_param_count_gqa_mistake():
         return param_count(s) + 2 * s.num_layers * h * (h - kv)
     rng_has_gqa = any(ch01.random_llama_spec(fresh_rng()).attention != "MHA" for _ in range(20))
     assert rng_has_gqa
-    for _ in range(5):  # a run where every spec drawn is MHA would pass; 8 draws make it rare
-        try:
-            ch01.check_param_count(mha)
-        except CheckFailed as e:
-            assert "grouped-query" in str(e)
-            return
-    pytest.fail("an MHA count passed a GQA checker five times")
+    for seed in range(5):  # a GQA spec is case 1 of every run
+        with pytest.raises(CheckFailed, match=r"case 1 of 8: .*\(GQA\)[\s\S]*grouped-query"):
+            ch01.check_param_count(mha, seed=seed)
 
 
 def test_param_count_stub_and_garbage():
     def stub(s):
         raise NotImplementedError("your code here")
-    with pytest.raises(CheckFailed, match="not implemented"):
+    with pytest.raises(NotAttempted, match="not implemented"):
         ch01.check_param_count(stub)
     with pytest.raises(CheckFailed, match="off by"):
         ch01.check_param_count(lambda s: param_count(s) + 7)
@@ -111,3 +108,55 @@ def test_forgotten_return_is_a_check_failure(check):
     """A body without ``return`` gives None: the checker must say so, not crash in a hint."""
     with pytest.raises(CheckFailed, match="returned None"):
         check(lambda *args: None)
+
+
+def _intensity_by_hand(spec, batch, context, dtype, weight_bytes=None, kv_bytes=None):
+    """FLOPs = B·(2P + 4·L·H·d·c); bytes = P·b_w + B·c·2·L·H_kv·d·b_kv."""
+    P = param_count(spec)
+    L, H, Hkv, d = spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    bw = dtype_bytes(dtype) if weight_bytes is None else weight_bytes
+    bkv = dtype_bytes(dtype) if kv_bytes is None else kv_bytes
+    flops = batch * (2 * P + 4 * L * H * d * context)
+    return flops / (P * bw + batch * context * 2 * L * Hkv * d * bkv)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decode_intensity_ignoring_dtype_fails_every_run_with_the_right_hint(seed):
+    """Ignoring dtype passed 3 % of runs (when no fp32 case was drawn); it was then told
+    'forgot the factor 2'. Every run now has fp32 and fp8 cases."""
+    assert ch01.check_decode_intensity(_intensity_by_hand, seed=seed) == 8
+    with pytest.raises(CheckFailed, match="you ignored dtype") as e:
+        ch01.check_decode_intensity(
+            lambda s, b, c, dt: _intensity_by_hand(s, b, c, dt, weight_bytes=2, kv_bytes=2), seed=seed)
+    assert "multiply-add" not in str(e.value)
+    with pytest.raises(CheckFailed, match="KV cache does not"):
+        ch01.check_decode_intensity(lambda s, b, c, dt: _intensity_by_hand(s, b, c, dt, kv_bytes=2),
+                                    seed=seed)
+
+
+def test_decode_intensity_accepts_numpy_and_fraction():
+    import numpy as np
+    from fractions import Fraction
+    assert ch01.check_decode_intensity(lambda *a: np.float64(decode_arithmetic_intensity(*a))) == 8
+    assert ch01.check_decode_intensity(
+        lambda s, b, c, dt: Fraction(decode_arithmetic_intensity(s, b, c, dt))) == 8
+
+
+def test_training_bytes_calling_a_stub_names_the_stub():
+    """training_bytes uses count_params; while that is a stub, the message names count_params,
+    not training_bytes."""
+    def count_params(spec):
+        raise NotImplementedError("your code here")
+
+    def training_bytes(spec, batch, seq_len):
+        return 16 * count_params(spec) + 1
+
+    with pytest.raises(CheckFailed, match="`count_params`, which your training_bytes calls") as e:
+        ch01.check_training_memory(training_bytes)
+    assert not isinstance(e.value, NotAttempted)
+
+
+def test_numpy_int32_answer_does_not_overflow_in_a_hint():
+    import numpy as np
+    with pytest.raises(CheckFailed, match="off by"):
+        ch01.check_param_count(lambda s: np.int32(param_count(s) % 2**31 + 3))

@@ -115,3 +115,57 @@ def test_forgotten_return_is_a_check_failure(check):
     """A body without ``return`` gives None: the checker must say so, not crash in a hint."""
     with pytest.raises(CheckFailed, match="returned None"):
         check(lambda *args: None)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("rounding, message", [
+    (math.floor, "cannot be negative"),   # no clip at 0
+    (int, "cannot be negative"),          # int() truncates toward 0, no clip
+    (round, "cannot be negative"),        # round(), no clip
+    (lambda x: max(0, round(x)), "round\\(\\) rounds up"),
+])
+def test_largest_batch_clip_and_floor_in_every_run(seed, rounding, message):
+    """Passed about 1 run in 5 before: a model that does not fit and a quotient with a
+    fraction above .5 are now cases 1 and 2 of every run."""
+    def wrong(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+        x = ch02._per_sequence_quotient(model, gpu, context, dtype, kv_dtype, reserve_fraction)
+        return rounding(x)
+    with pytest.raises(CheckFailed, match=message):
+        ch02.check_largest_batch(wrong, seed=seed)
+
+
+def test_largest_batch_accepts_numpy_and_float():
+    import numpy as np
+    assert ch02.check_largest_batch(lambda *a: np.int64(_largest_batch_right(*a))) == 7
+    assert ch02.check_largest_batch(lambda *a: float(_largest_batch_right(*a))) == 7
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ignored_kv_dtype_is_named_not_factor_2(seed):
+    """A 1-byte, a 4-byte and a 2-byte dtype come in that order, so ignoring kv_dtype fails on
+    the 1-byte case (×2) before a 4-byte one could be mistaken for a missing factor 2."""
+    def ignores_dtype(s, k):
+        return 2 * s.num_layers * s.num_kv_heads * s.head_dim * 2
+    with pytest.raises(CheckFailed, match="you ignored kv_dtype") as e:
+        ch02.check_kv_bytes_per_token(ignores_dtype, seed=seed)
+    assert "factor 2" not in str(e.value)
+
+
+def test_numpy_int32_kv_bytes_do_not_crash_a_hint():
+    """np.int32 arithmetic inside a hint overflowed; answers are converted to Python ints."""
+    import numpy as np
+    with pytest.raises(CheckFailed, match="num_heads"):
+        ch02.check_kv_bytes_per_token(
+            lambda s, k: np.int32(2 * s.num_layers * s.num_heads * s.head_dim * dtype_bytes(k)))
+    assert ch02.check_kv_bytes_per_token(lambda s, k: np.int64(_kv_right(s, k))) == 9
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("wrong, message, not_message", [
+    (lambda s, k: s.num_layers * s.num_kv_heads * s.head_dim * dtype_bytes(k), "factor 2", "elements"),
+    (lambda s, k: 2 * s.num_layers * s.num_kv_heads * s.head_dim, "counted elements", "factor 2"),
+])
+def test_factor_2_and_elements_are_told_apart(seed, wrong, message, not_message):
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch02.check_kv_bytes_per_token(wrong, seed=seed)
+    assert not_message not in str(e.value).split("hint:")[1]

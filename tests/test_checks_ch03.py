@@ -4,7 +4,7 @@ diagnosis, on the usual wrong answers."""
 import pytest
 import torch
 
-from llminfra.course.checking import CheckFailed
+from llminfra.course.checking import CheckFailed, NotAttempted
 from llminfra.course.checks import ch03
 from llminfra.quant import quantize
 from llminfra.quant.gptq import column_update
@@ -18,7 +18,7 @@ def _int4_package(w, group_size):
 
 def test_checkers_pass_on_the_package():
     assert ch03.check_absmax_int8(lambda x: absmax_quantize(x, 8)) == 7
-    assert ch03.check_quantize_int4(_int4_package) == 5
+    assert ch03.check_quantize_int4(_int4_package) == 6
     assert ch03.check_gptq_column_step(lambda W, H, i, q: column_update(W, H, i, q)[0]) == 5
 
 
@@ -31,11 +31,44 @@ def _absmax_variant(divisor=127, use_abs=True, rounding=torch.round):
     return fn
 
 
+def _absmax_guarded(fn):
+    def guarded(x):
+        if x.abs().max() == 0:
+            return torch.zeros_like(x, dtype=torch.int8), 0.0
+        return fn(x)
+    return guarded
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("right", [
+    _absmax_guarded(lambda x: (torch.round(x.double() / (x.double().abs().max() / 127)).to(torch.int8),
+                               x.double().abs().max() / 127)),
+    _absmax_guarded(lambda x: (torch.round(x * 127 / x.abs().max()).clamp(-127, 127).to(torch.int8),
+                               float(x.abs().max()) / 127)),
+    _absmax_guarded(lambda x: (torch.floor(x / (x.abs().max() / 127) + 0.5).to(torch.int8),
+                               (x.abs().max() / 127).numpy())),
+], ids=["float64", "x*127/max", "half-up"])
+def test_absmax_right_but_different_answers_pass(right, seed):
+    """Computed in float64, as round(x·127/max), or rounding ties up: the spec accepts either
+    neighbour on an exact .5 tie (the tie case is in every run)."""
+    assert ch03.check_absmax_int8(right, seed=seed) == 7
+
+
+def test_absmax_missing_zero_guard_fails_although_the_cast_hides_it():
+    """x / 0 gives NaN, and NaN cast to int8 happens to be 0 on x86: the watch still sees it."""
+    def unguarded(x):
+        s = x.abs().max() / 127
+        return torch.round(x / s).clamp(-127, 127).to(torch.int8), s
+    with pytest.raises(CheckFailed, match=r"all-zero tensor[\s\S]*case 1 of 7"):
+        ch03.check_absmax_int8(unguarded)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (_absmax_variant(divisor=128), "divided by 128"),
     (_absmax_variant(use_abs=False), r"max\(\|x\|\)"),
     (_absmax_variant(rounding=torch.trunc), "truncated"),
-    (lambda x: (torch.round(x / (x.abs().max() / 127)).to(torch.int16), x.abs().max() / 127), "torch.int8"),
+    (_absmax_guarded(lambda x: (torch.round(x / (x.abs().max() / 127)).to(torch.int16),
+                                x.abs().max() / 127)), "torch.int8"),
     (lambda x: torch.round(x), "tuple"),
 ])
 def test_absmax_diagnoses(wrong, message):
@@ -51,12 +84,15 @@ def test_absmax_zero_tensor_diagnosed():
         ch03.check_absmax_int8(nan_on_zero)
 
 
-def _int4_variant(divisor=7, swap=False, offset=8):
+def _int4_variant(divisor=7, swap=False, offset=8, guard=True, fp16_scale=True):
     def fn(w, g):
         rows, cols = w.shape
         G = w.reshape(rows, cols // g, g)
         scales = (G.abs().amax(-1) / divisor).to(torch.float16)
-        q = torch.round(G / scales.float().unsqueeze(-1)).clamp(-7, 7).reshape(rows, cols)
+        s = scales.float().unsqueeze(-1) if fp16_scale else G.abs().amax(-1, keepdim=True) / divisor
+        if guard:
+            s = torch.where(s == 0, torch.ones_like(s), s)
+        q = torch.round(G / s).clamp(-7, 7).reshape(rows, cols)
         codes = (q + offset).to(torch.uint8) & 0x0F
         lo, hi = (codes[:, 1::2], codes[:, 0::2]) if swap else (codes[:, 0::2], codes[:, 1::2])
         return lo | (hi << 4), scales
@@ -64,7 +100,19 @@ def _int4_variant(divisor=7, swap=False, offset=8):
 
 
 def test_int4_variant_right_passes():
-    assert ch03.check_quantize_int4(_int4_variant()) == 5
+    assert ch03.check_quantize_int4(_int4_variant()) == 6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_int4_fp32_scale_fails_in_every_run(seed):
+    """Rounding with the fp32 scale passed 43 % of random runs; a constructed case catches it."""
+    with pytest.raises(CheckFailed, match=rf"seed {seed}[\s\S]*float32 scale"):
+        ch03.check_quantize_int4(_int4_variant(fp16_scale=False), seed=seed)
+
+
+def test_int4_missing_zero_group_guard_fails():
+    with pytest.raises(CheckFailed, match="all-zero group"):
+        ch03.check_quantize_int4(_int4_variant(guard=False))
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -106,9 +154,34 @@ def test_gptq_diagnoses(wrong, message):
         ch03.check_gptq_column_step(wrong)
 
 
+def test_gptq_in_place_fails():
+    def in_place(W, H, i, q):
+        W[:, i:] -= ((W[:, i] - q) / H[i, i])[:, None] * H[i, i:][None, :]
+        return W
+    with pytest.raises(CheckFailed, match="modified its input `W` in place"):
+        ch03.check_gptq_column_step(in_place)
+
+
+def test_gptq_float32_answer_is_judged_not_crashed():
+    """A float32 result: right ones pass with float32's tolerance, wrong ones get their hint
+    (once 'Float did not match Double')."""
+    assert ch03.check_gptq_column_step(lambda W, H, i, q: column_update(W, H, i, q)[0].float()) == 5
+    with pytest.raises(CheckFailed, match="ROW"):
+        ch03.check_gptq_column_step(lambda W, H, i, q: _gptq_column(W, H, i, q).float())
+
+
+def test_failure_message_names_case_seed_position_and_largest_difference():
+    with pytest.raises(CheckFailed) as e:
+        ch03.check_gptq_column_step(_gptq_no_div, seed=42)
+    msg = str(e.value)
+    assert "seed 42" in msg and "ch03.check_gptq_column_step(your_function, seed=42)" in msg
+    assert "first mismatch at index (" in msg and "largest difference" in msg
+    assert "case 1 of 5: W (" in msg and "tensor(" not in msg
+
+
 def test_stubs_fail():
     def stub(*a):
         raise NotImplementedError("your code here")
     for check in (ch03.check_absmax_int8, ch03.check_quantize_int4, ch03.check_gptq_column_step):
-        with pytest.raises(CheckFailed, match="not implemented"):
+        with pytest.raises(NotAttempted, match="not implemented"):
             check(stub)

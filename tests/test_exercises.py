@@ -5,10 +5,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from llminfra.course.exercises import BEGIN, END, STUB, generate, make_exercise, strip_solution
+from llminfra.course.exercises import (BEGIN, END, STUB, annotate, checked_names, generate,
+                                       make_exercise, nbgrader_metadata, strip_solution)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
 def test_strip_solution_keeps_indentation_and_code_around():
@@ -41,8 +43,11 @@ def test_check_mode_reports_stale_and_missing(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(f"{BEGIN}\nx = 1\n{END}")]
     nbformat.write(nb, sol / "01_a.ipynb")
-    assert generate(sol, ex, check=True) == [f"{ex / '01_a.ipynb'} is missing"]
+    assert generate(sol, ex, check=True) == [f"{sol / '01_a.ipynb'} lacks its nbgrader metadata",
+                                             f"{ex / '01_a.ipynb'} is missing"]
     assert generate(sol, ex) == []
+    meta = nbformat.read(sol / "01_a.ipynb", as_version=4).cells[0].metadata["nbgrader"]
+    assert meta["solution"] and meta["grade_id"] == "01-answer-answer"
     assert generate(sol, ex, check=True) == []
     (ex / "01_a.ipynb").write_text((ex / "01_a.ipynb").read_text().replace("NotImpl", "Impl"))
     assert generate(sol, ex, check=True) == [f"{ex / '01_a.ipynb'} is stale"]
@@ -63,7 +68,7 @@ def test_chapters_01_and_02_have_three_exercises_each():
 @pytest.mark.parametrize("path", EXERCISES, ids=[p.name for p in EXERCISES])
 def test_stubs_fail_every_checker(path):
     """Run the exercise notebook: every error must be the stub's NotImplementedError or a
-    checker's CheckFailed, at least one checker must have run, and none may pass."""
+    checker's NotAttempted, at least one checker must have run, and none may pass."""
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
@@ -78,6 +83,80 @@ def test_stubs_fail_every_checker(path):
             if "random cases passed" in text:
                 passed.append(cell.source[:80])
     assert not passed, f"a checker passed on a stub: {passed}"
-    assert "CheckFailed" in errors, "no checker ran against a stub"
-    unexpected = [e for e in errors if e not in ("NotImplementedError", "CheckFailed")]
+    assert "NotAttempted" in errors, "no checker ran against a stub"
+    unexpected = [e for e in errors if e not in ("NotImplementedError", "NotAttempted")]
     assert not unexpected, f"errors other than the stubs': {unexpected}"
+
+
+def _exercises(nb):
+    """``(heading index, answer indices, hint indices, checker index)`` per exercise: an
+    exercise runs from a ``## Exercise`` heading to the next one."""
+    starts = [i for i, c in enumerate(nb.cells)
+              if c.cell_type == "markdown" and c.source.startswith("## Exercise")]
+    out = []
+    for k, start in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(nb.cells)
+        cells = range(start, end)
+        out.append((start, [i for i in cells if BEGIN in nb.cells[i].source],
+                    [i for i in cells if "<details>" in nb.cells[i].source],
+                    [i for i in cells if nb.cells[i].cell_type == "code"
+                     and checked_names(nb.cells[i].source)]))
+    return out
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_teaching_aids(path):
+    """Objectives and time up front; per exercise a worked example before the answer, at least
+    two hints (collapsed, one <details> each) before the checker, the checker after both."""
+    nb = nbformat.read(path, as_version=4)
+    head = nb.cells[0].source
+    assert "**You will learn to**" in head and "**Estimated time:**" in head
+    exercises = _exercises(nb)
+    assert exercises, "no '## Exercise' heading"
+    for start, answers, hints, checks in exercises:
+        title = nb.cells[start].source.splitlines()[0]
+        assert "**Worked example.**" in nb.cells[start].source, title
+        assert answers and checks, f"{title}: no answer cell or no checker cell"
+        assert hints and all(nb.cells[i].source.count("<details>") >= 2 for i in hints), title
+        assert max(answers) < min(hints) < min(checks), f"{title}: answer, hints, checker order"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_no_answer_shown_above_its_exercise(path):
+    """show_source(...) of the package prints the answer: only after the last checker cell."""
+    nb = nbformat.read(path, as_version=4)
+    last_check = max(i for i, c in enumerate(nb.cells)
+                     if c.cell_type == "code" and checked_names(c.source))
+    early = [i for i, c in enumerate(nb.cells[:last_check])
+             if c.cell_type == "code" and "show_source(" in c.source]
+    assert not early, f"show_source in cells {early}, above the checker in cell {last_check}"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_nbgrader_metadata(path):
+    """Answer cells are nbgrader solution cells, checker cells locked autograder cells worth a
+    point, grade ids unique; the exercise twin carries the same metadata cell for cell."""
+    nb = nbformat.read(path, as_version=4)
+    twin = nbformat.read(ROOT / "exercises" / path.name, as_version=4)
+    chapter = path.name.split("_", 1)[0]
+    ids = []
+    for cell, ex_cell in zip(nb.cells, twin.cells, strict=True):
+        want = nbgrader_metadata(cell, chapter)
+        assert cell.metadata.get("nbgrader") == want == ex_cell.metadata.get("nbgrader"), cell.source[:60]
+        if want:
+            ids.append(want["grade_id"])
+    assert len(ids) == len(set(ids)) and ids
+    grades = [c.metadata["nbgrader"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert grades and all(g["locked"] and g["points"] == 1 for g in grades)
+
+
+def test_one_check_per_cell():
+    cell = nbformat.v4.new_code_cell("check_a(f)\ncheck_b(g)")
+    with pytest.raises(ValueError, match="own cell"):
+        nbgrader_metadata(cell, "07")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"def f():\n    {BEGIN}\n    pass\n    {END}"),
+                nbformat.v4.new_code_cell("ch01.check_f(f)")]
+    annotate(nb, "01")
+    assert nb.cells[0].metadata["nbgrader"]["grade_id"] == "01-f-answer"
+    assert nb.cells[1].metadata["nbgrader"]["grade_id"] == "01-f"

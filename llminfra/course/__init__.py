@@ -1,8 +1,13 @@
-"""Course tooling: notebook helpers, answer checkers, the exercise generator, the notebook runner.
+"""Course tooling: notebook helpers, answer checkers, the exercise generator, grading, teaching.
 
 * :mod:`llminfra.course.notebook` — ``setup()``, ``show_source``, ``environment_report``;
-* :mod:`llminfra.course.checking` — the checker framework (``run_checks``, ``CheckFailed``);
+* :mod:`llminfra.course.checking` — the checker framework (``run_checks``, ``Case``, seeds,
+  ``CheckFailed`` / ``NotAttempted``), with :mod:`llminfra.course.compare` (type-tolerant
+  comparison that names the first mismatch and the largest difference);
 * :mod:`llminfra.course.checks` — one module of checkers per chapter (``ch01``, ``ch02``, …);
-* ``python -m llminfra.course.exercises [--check]`` — ``exercises/`` from ``solutions/``;
+* ``python -m llminfra.course.exercises [--check]`` — ``exercises/`` from ``solutions/``, with
+  nbgrader metadata on answer and checker cells;
+* ``python -m llminfra.course.grade DIR [--csv PATH]`` — grade a folder of learners' notebooks;
+* ``python -m llminfra.course.teach check-machines | reset-exercises`` — a teacher's commands;
 * ``python -m llminfra.course.execute NOTEBOOK…`` — re-run notebooks and store their outputs.
 """

@@ -2,9 +2,15 @@
 
 Between nbgrader's markers ``### BEGIN SOLUTION`` and ``### END SOLUTION`` the solution's code is
 replaced by ``raise NotImplementedError("…")`` at the same indentation; everything else is kept,
-and every output is cleared so the learner starts from a fresh notebook. ``--check`` writes
-nothing and exits 1 when ``exercises/`` differs from what would be generated (stale or missing),
-or holds a notebook with no solution twin.
+and every output is cleared so the learner starts from a fresh notebook.
+
+Both versions carry nbgrader's cell metadata (:func:`annotate`): a cell with a solution block is
+an answer cell (``grade_id`` ``"NN-name-answer"``), a cell that calls a ``check_…`` function is a
+locked autograder cell worth one point (``grade_id`` ``"NN-name"``, the exercise's id in
+``python -m llminfra.course.grade``), so a course on nbgrader can autograde them as they are.
+Generating also writes that metadata into ``solutions/`` (outputs untouched). ``--check`` writes
+nothing and exits 1 when ``exercises/`` or the solutions' metadata differ from what would be
+generated (stale or missing), or ``exercises/`` holds a notebook with no solution twin.
 """
 
 from __future__ import annotations
@@ -18,6 +24,45 @@ import nbformat
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("your code here")'
+CHECK_CALL = re.compile(r"\bcheck_(\w+)\(")
+DEFINED = re.compile(r"^(?:def|class)\s+(\w+)", re.MULTILINE)
+NBGRADER_SCHEMA = 3
+
+
+def checked_names(source: str) -> list[str]:
+    """The exercises a cell checks: ``ch03.check_absmax_int8(f)`` -> ``["absmax_int8"]``."""
+    return [m.group(1) for m in CHECK_CALL.finditer(source) if not source[:m.start()].endswith("def ")]
+
+
+def nbgrader_metadata(cell, chapter: str) -> dict | None:
+    """nbgrader's metadata for ``cell`` (None for a cell that is neither an answer nor a check).
+
+    Raises ``ValueError`` for a cell that checks two exercises (split it: one grade per cell).
+    """
+    if cell.cell_type != "code":
+        return None
+    if BEGIN in cell.source:
+        names = DEFINED.findall(cell.source) or ["answer"]
+        return {"grade": False, "grade_id": f"{chapter}-{names[0]}-answer", "locked": False,
+                "schema_version": NBGRADER_SCHEMA, "solution": True, "task": False}
+    names = checked_names(cell.source)
+    if len(names) > 1:
+        raise ValueError(f"one cell checks {names}: put each check in its own cell")
+    if names:
+        return {"grade": True, "grade_id": f"{chapter}-{names[0]}", "locked": True, "points": 1,
+                "schema_version": NBGRADER_SCHEMA, "solution": False, "task": False}
+    return None
+
+
+def annotate(nb: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
+    """Set (or clear) every cell's ``metadata.nbgrader``; return ``nb`` (changed in place)."""
+    for cell in nb.cells:
+        meta = nbgrader_metadata(cell, chapter)
+        if meta is None:
+            cell.metadata.pop("nbgrader", None)
+        else:
+            cell.metadata["nbgrader"] = meta
+    return nb
 
 
 def strip_solution(source: str) -> str:
@@ -45,9 +90,9 @@ def strip_solution(source: str) -> str:
     return "\n".join(out) if found else source
 
 
-def make_exercise(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The exercise twin of a solution notebook: stubs in, outputs out."""
-    nb = nbformat.from_dict(solution)
+def make_exercise(solution: nbformat.NotebookNode, chapter: str = "00") -> nbformat.NotebookNode:
+    """The exercise twin of a solution notebook: stubs in, outputs out, nbgrader metadata on."""
+    nb = annotate(nbformat.from_dict(solution), chapter)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = strip_solution(cell.source)
@@ -67,7 +112,15 @@ def generate(solutions: Path, exercises: Path, check: bool = False) -> list[str]
     problems = []
     wanted = {}
     for path in sorted(solutions.glob("*.ipynb")):
-        wanted[path.name] = _render(make_exercise(nbformat.read(path, as_version=4)))
+        chapter = path.name.split("_", 1)[0]
+        solution = nbformat.read(path, as_version=4)
+        annotated = _render(annotate(nbformat.from_dict(solution), chapter))
+        if annotated != _render(solution):
+            if check:
+                problems.append(f"{path} lacks its nbgrader metadata")
+            else:
+                path.write_text(annotated)
+        wanted[path.name] = _render(make_exercise(solution, chapter))
     for name, text in wanted.items():
         target = exercises / name
         current = target.read_text() if target.exists() else None

@@ -1,8 +1,9 @@
 """Checkers for chapter 01 (training vs inference memory): ``from llminfra.course.checks import ch01``.
 
-Each checker draws fresh random cases, compares the learner's function with the package's own
-(:mod:`llminfra.calc.params`, :mod:`llminfra.calc.memory`) and, when they disagree, names the
-input and says which term is most likely missing or wrong.
+Each checker builds named cases from one seed (tied and untied embeddings, grouped-query and
+multi-head attention, every dtype the instructions name are always there), compares the learner's
+function with the package's own (:mod:`llminfra.calc.params`, :mod:`llminfra.calc.memory`) and,
+when they disagree, names the case, the seed and the term that is most likely missing or wrong.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from llminfra.calc.memory import (activation_bytes_training,
                                   decode_arithmetic_intensity, training_memory)
 from llminfra.calc.params import param_count
-from llminfra.course.checking import fresh_rng, run_checks
+from llminfra.course.checking import Case, checker, first_matching, run_checks, seeded
+from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.models import ModelSpec
 
 
@@ -28,11 +30,14 @@ class _CompactSpec(ModelSpec):
                 f"V={self.vocab_size}, tied_embeddings={self.tied_embeddings})")
 
 
-def random_llama_spec(rng: random.Random, tied: bool | None = None) -> ModelSpec:
+def random_llama_spec(rng: random.Random, tied: bool | None = None,
+                      gqa: bool | None = None) -> ModelSpec:
     """A valid random Llama-style ModelSpec (RMSNorm, rotary, SwiGLU, no biases) with
-    grouped-query attention: H_kv divides H, head_dim even, sizes small and awkward."""
-    kv = rng.choice([1, 2, 3, 4])
-    heads = kv * rng.choice([1, 2, 3, 4])
+    grouped-query attention: H_kv divides H, head_dim even, sizes small and awkward.
+    ``gqa=True``: 1 < H_kv < H; ``gqa=False``: H_kv = H (multi-head); None: either."""
+    kv = rng.choice([2, 3, 4] if gqa else [1, 2, 3, 4])
+    group = {True: rng.choice([2, 3, 4]), False: 1, None: rng.choice([1, 2, 3, 4])}[gqa]
+    heads = kv * group
     head_dim = 2 * rng.randint(2, 40)
     return _CompactSpec(
         name="random-llama", display_name="random llama-style model", family="llama",
@@ -42,10 +47,19 @@ def random_llama_spec(rng: random.Random, tied: bool | None = None) -> ModelSpec
         tied_embeddings=rng.random() < 0.3 if tied is None else tied)
 
 
-def _spec_cases(rng: random.Random, n: int) -> list[tuple[tuple, dict]]:
-    specs = [random_llama_spec(rng, tied=False), random_llama_spec(rng, tied=True)]
-    specs += [random_llama_spec(rng) for _ in range(n - 2)]
-    return [((s,), {}) for s in specs]
+def spec_name(s: ModelSpec) -> str:
+    """``L=3, h=96, H=6 over H_kv=2 (GQA), I=200, V=700, tied`` — a case name."""
+    kind = "MHA" if s.num_kv_heads == s.num_heads else ("MQA" if s.num_kv_heads == 1 else "GQA")
+    return (f"L={s.num_layers}, h={s.hidden_size}, H={s.num_heads} over H_kv={s.num_kv_heads} "
+            f"({kind}), I={s.intermediate_size}, V={s.vocab_size}, "
+            f"{'tied' if s.tied_embeddings else 'untied'} embeddings")
+
+
+def _spec_cases(rng: random.Random, n: int) -> list[Case]:
+    """Always: untied GQA, tied GQA, untied MHA, tied MHA; then random ones."""
+    specs = [random_llama_spec(rng, tied=t, gqa=g) for g in (True, False) for t in (False, True)]
+    specs += [random_llama_spec(rng) for _ in range(n - 4)]
+    return [Case(spec_name(s), (s,)) for s in specs]
 
 
 def _param_hint(args, kwargs, expected, got) -> str:
@@ -74,19 +88,20 @@ def _param_hint(args, kwargs, expected, got) -> str:
     return f"off by {diff:+,}; L={L}, h={h}, H={s.num_heads}, H_kv={s.num_kv_heads}, I={I}, V={V}"
 
 
-def check_param_count(fn) -> int:
+@checker
+def check_param_count(fn, seed: int | None = None) -> int:
     """``fn(spec) -> int``: every parameter of a Llama-style GQA model (no biases), checked
-    against :func:`llminfra.calc.params.param_count` on 8 random specs."""
-    rng = fresh_rng()
-    return run_checks("count_params", fn, param_count, _spec_cases(rng, 8), hint=_param_hint)
+    against :func:`llminfra.calc.params.param_count` on 8 specs (tied / untied × GQA / MHA
+    always, then random)."""
+    seed, rng = seeded(seed)
+    return run_checks("count_params", fn, param_count, _spec_cases(rng, 8), hint=_param_hint,
+                      seed=seed, replay="ch01.check_param_count")
 
 
 def _training_hint(args, kwargs, expected, got) -> str:
     spec, batch, seq_len = args
     P = param_count(spec)
     parts = training_memory(spec, batch, seq_len)
-    if not isinstance(got, (int, float)):
-        return f"return a number of bytes, got {type(got).__name__}"
     for scale, unit in ((1e9, "GB"), (2**30, "GiB")):
         if abs(got * scale - expected) < 0.01 * expected:
             return f"that looks like {unit}: return bytes"
@@ -102,15 +117,19 @@ def _training_hint(args, kwargs, expected, got) -> str:
     return f"per parameter you have {(got - parts['activations']) / P:.4g} bytes; expected 16"
 
 
-def check_training_memory(fn) -> int:
+@checker
+def check_training_memory(fn, seed: int | None = None) -> int:
     """``fn(spec, batch, seq_len) -> bytes``: mixed-precision AdamW (16 B/param) plus
     Korthikanti's activations with FlashAttention, against
     :func:`llminfra.calc.memory.training_memory` (``total``)."""
-    rng = fresh_rng()
-    cases = [((random_llama_spec(rng), rng.randint(1, 8), rng.randint(1, 4096)), {})
-             for _ in range(8)]
+    seed, rng = seeded(seed)
+    cases = []
+    for spec_case in _spec_cases(rng, 8):
+        b, t = rng.randint(2, 8), rng.randint(2, 4096)
+        cases.append(Case(f"{spec_case.name}; batch {b} × {t} tokens",
+                          spec_case.args + (b, t)))
     return run_checks("training_bytes", fn, lambda s, b, t: training_memory(s, b, t)["total"],
-                      cases, hint=_training_hint)
+                      cases, hint=_training_hint, seed=seed, replay="ch01.check_training_memory")
 
 
 def _activation_reference(seq_len, batch, hidden, heads, flash):
@@ -123,8 +142,6 @@ def _activation_reference(seq_len, batch, hidden, heads, flash):
 
 def _activation_hint(args, kwargs, expected, got) -> str:
     s, b, h, a, flash = args
-    if not isinstance(got, numbers.Real):
-        return f"return a number of bytes, got {type(got).__name__}"
     if flash and got - expected == 5 * a * s * s * b:
         return "with FlashAttention the 5·a·s²·b attention-matrix term is not stored"
     if not flash and expected - got == 5 * a * s * s * b:
@@ -136,36 +153,67 @@ def _activation_hint(args, kwargs, expected, got) -> str:
         "" if flash else " + 5·a·s/h")
 
 
-def check_activation_bytes(fn) -> int:
+@checker
+def check_activation_bytes(fn, seed: int | None = None) -> int:
     """``fn(seq_len, batch, hidden, heads, flash) -> bytes`` of one layer (Korthikanti et al.,
-    2022, arXiv:2205.05198, eq. 1), against :func:`activation_bytes_training` on one layer."""
-    rng = fresh_rng()
+    2022, arXiv:2205.05198, eq. 1), against :func:`activation_bytes_training` on one layer;
+    half the cases with FlashAttention, half without."""
+    seed, rng = seeded(seed)
     cases = []
     for i in range(8):
         heads = rng.randint(1, 16)
-        cases.append(((rng.randint(1, 4096), rng.randint(1, 16), heads * rng.randint(1, 200),
-                       heads, i % 2 == 0), {}))
+        s, b, h, flash = rng.randint(2, 4096), rng.randint(1, 16), heads * rng.randint(1, 200), i % 2 == 0
+        cases.append(Case(f"s={s}, b={b}, h={h}, a={heads}, flash={flash}", (s, b, h, heads, flash)))
     return run_checks("activation_bytes_per_layer", fn, _activation_reference, cases,
-                      hint=_activation_hint)
+                      hint=_activation_hint, seed=seed, replay="ch01.check_activation_bytes")
+
+
+INTENSITY_DTYPES = ("fp32", "bf16", "fp16")  # 16- and 32-bit: no quantization scales
+
+
+def _intensity_variants(spec, batch, context, dtype) -> dict[str, float]:
+    """Wrong answers a learner plausibly writes, each with what to say about it."""
+    P, b = param_count(spec), dtype_bytes(dtype)
+    L, H, Hkv, d = spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    flops = batch * (2 * P + 4 * L * H * d * context)
+    kv = 2 * L * Hkv * d * context * batch
+    return {
+        f"you ignored dtype: with {dtype} each weight and each cached K/V element is {b:g} bytes, "
+        "not 2 (use dtype_bytes(dtype))": flops / (2 * P + 2 * kv),
+        f"the weights use dtype_bytes(dtype) but the KV cache does not: it is stored in {dtype} "
+        f"too ({b:g} bytes per element)": flops / (b * P + 2 * kv),
+        "a multiply-add is 2 FLOPs per weight: FLOPs = B·(2·P + …)":
+            batch * (P + 4 * L * H * d * context) / (b * P + b * kv),
+        "the weights are read once for the whole batch, not once per sequence":
+            flops / (batch * b * P + b * kv),
+        "every sequence does its own FLOPs: multiply them by the batch":
+            (2 * P + 4 * L * H * d * context) / (b * P + b * kv),
+        "the cache holds num_kv_heads heads, not num_heads (grouped-query attention)":
+            flops / (b * P + b * 2 * L * H * d * context * batch),
+        "the cache holds K and V: 2·L·H_kv·d elements per token": flops / (b * P + b * kv / 2),
+        "you returned bytes / FLOPs; intensity is FLOPs / bytes": (b * P + b * kv) / flops,
+    }
 
 
 def _intensity_hint(args, kwargs, expected, got) -> str:
-    spec, batch, context, dtype = args
-    if isinstance(got, (int, float)) and got and abs(expected / got - batch) < 1e-6 * batch:
-        return "the weights are read once for the whole batch, but every sequence does the FLOPs"
-    if isinstance(got, (int, float)) and got and abs(got / expected - 2) < 1e-6:
-        return "a multiply-add is 2 FLOPs, and each weight is 2 bytes in bf16: check both"
-    return "FLOPs = B·(2·P + 4·L·H·d·context); bytes = weight bytes + KV bytes for B sequences"
+    return first_matching(got, _intensity_variants(*args), expected) or \
+        "FLOPs = B·(2·P + 4·L·H·d·context); bytes = P·bytes(dtype) + B·context·2·L·H_kv·d·bytes(dtype)"
 
 
-def check_decode_intensity(fn) -> int:
+@checker
+def check_decode_intensity(fn, seed: int | None = None) -> int:
     """``fn(spec, batch, context, dtype) -> FLOP/byte`` of one decode step, against
-    :func:`llminfra.calc.memory.decode_arithmetic_intensity`."""
-    rng = fresh_rng()
-    cases = [((random_llama_spec(rng), rng.randint(1, 64), rng.randint(1, 4096),
-               rng.choice(["bf16", "fp16", "fp32"])), {}) for _ in range(8)]
+    :func:`llminfra.calc.memory.decode_arithmetic_intensity`; fp32 (case 1), bf16 and fp16 each
+    in every run, with GQA and MHA specs."""
+    seed, rng = seeded(seed)
+    cases = []
+    for k, spec_case in enumerate(_spec_cases(rng, 8)):
+        batch, context = rng.randint(2, 64), rng.randint(2, 4096)
+        dtype = INTENSITY_DTYPES[k % len(INTENSITY_DTYPES)]
+        cases.append(Case(f"{spec_case.name}; batch {batch}, context {context}, {dtype}",
+                          spec_case.args + (batch, context, dtype)))
     return run_checks("decode_intensity", fn, decode_arithmetic_intensity, cases, rel=1e-9,
-                      hint=_intensity_hint)
+                      hint=_intensity_hint, seed=seed, replay="ch01.check_decode_intensity")
 
 
 __all__ = ["random_llama_spec", "check_param_count", "check_training_memory",

@@ -1,11 +1,13 @@
 """Answer checkers for chapter 02 (``solutions/02_gpu_memory.ipynb``): KV bytes per token, KV
 cache of one sequence in GiB, and the largest batch that fits on a GPU.
 
-Each checker draws fresh cases (presets and random GQA / MQA / MHA architectures), compares the
-learner's function with the package's (:mod:`llminfra.calc.memory`) and, on a mismatch, names the
-usual mistake when the wrong answer matches it: the missing factor 2 for K and V, ``num_heads``
-instead of ``num_kv_heads``, bits instead of bytes, GB (1e9) instead of GiB (2**30), the runtime
-reserve or the activations left out.
+Each checker builds named cases from one seed (presets and random GQA / MQA / MHA architectures;
+a 1-byte, a 4-byte and a 2-byte KV dtype in that order; for the largest batch, a model that does
+not fit, one whose exact quotient has a fraction above .5 and one below), compares the learner's
+function with the package's (:mod:`llminfra.calc.memory`) and, on a mismatch, names the usual
+mistake the wrong answer matches: the missing factor 2 for K and V, ``num_heads`` instead of
+``num_kv_heads``, the KV dtype ignored, bits instead of bytes, GB (1e9) instead of GiB (2**30),
+the runtime reserve or the activations left out, no clip at 0, round() instead of floor.
 
 KV cache rule: Kwon et al., 2023 (vLLM, arXiv:2309.06180), §3: per token
 ``2 · layers · kv_heads · head_dim · bytes`` (K and V of every layer).
@@ -19,12 +21,12 @@ import random
 
 from llminfra.calc.memory import (DEFAULT_RESERVE_FRACTION, inference_memory, kv_bytes,
                                   kv_bytes_per_token, max_batch)
-from llminfra.course.checking import fresh_rng, run_checks
+from llminfra.course.checking import Case, checker, first_matching, run_checks, seeded
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import ModelSpec, get_model, model_names
 
-KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8")
+KV_DTYPES = ("fp8", "fp32", "bf16", "fp16", "int8")  # 1, 4, 2 bytes first: each mistake distinct
 
 
 class CaseSpec(ModelSpec):
@@ -45,7 +47,7 @@ def random_spec(rng: random.Random) -> ModelSpec:
     between 1 and ``num_heads``, so a ``num_heads`` mix-up always shows) and a long window."""
     head_dim = rng.choice([64, 80, 96, 128])
     kv_heads = rng.choice([2, 4, 8])
-    heads = kv_heads * rng.choice([2, 4, 8])
+    heads = kv_heads * rng.choice([2, 8])  # never 4: 4·H_kv·1 byte would equal H·(2·1 byte)
     return dataclasses.replace(
         get_model("llama-2-7b"), name=f"random-gqa-{heads}q{kv_heads}kv",
         display_name="random GQA model", num_layers=rng.randint(2, 96), num_heads=heads,
@@ -54,9 +56,21 @@ def random_spec(rng: random.Random) -> ModelSpec:
 
 
 def _specs(rng: random.Random, n_random: int = 4) -> list[ModelSpec]:
-    presets = [get_model(n) for n in rng.sample(model_names(), 4)]
-    presets.append(get_model(rng.choice(["llama-2-70b", "mistral-7b", "llama-3-8b"])))  # GQA
-    return [_case(s) for s in presets + [random_spec(rng) for _ in range(n_random)]]
+    """Two random GQA specs first (so num_heads / num_kv_heads mix-ups show on case 1, and a
+    1-byte dtype on case 2 is never confused with another mistake), a GQA preset, presets,
+    then more random GQA specs."""
+    presets = [get_model(rng.choice(["llama-2-70b", "mistral-7b", "llama-3-8b"]))]  # GQA
+    presets += [get_model(n) for n in rng.sample(model_names(), 4)]
+    specs = [random_spec(rng), random_spec(rng)] + presets
+    specs += [random_spec(rng) for _ in range(n_random - 2)]
+    return [_case(s) for s in specs]
+
+
+def _spec_name(spec: ModelSpec) -> str:
+    kind = ("MHA" if spec.num_kv_heads == spec.num_heads else
+            "MQA" if spec.num_kv_heads == 1 else "GQA")
+    return (f"{spec.name} ({kind}: L={spec.num_layers}, H={spec.num_heads}, "
+            f"H_kv={spec.num_kv_heads}, d={spec.head_dim})")
 
 
 def _kv_hint(args, kwargs, expected, got) -> str:
@@ -64,6 +78,8 @@ def _kv_hint(args, kwargs, expected, got) -> str:
     L, Hkv, H, d = spec.num_layers, spec.num_kv_heads, spec.num_heads, spec.head_dim
     b = dtype_bytes(kv_dtype)
     wrong = {
+        f"you ignored kv_dtype: {kv_dtype} takes {b:g} bytes per element, not 2 (use "
+        "dtype_bytes(kv_dtype))": 2 * L * Hkv * d * 2,
         "you forgot the factor 2: the cache holds both K and V": L * Hkv * d * b,
         "you used num_heads (query heads) instead of num_kv_heads: with GQA/MQA only "
         f"{Hkv} K/V heads are stored, not {H}": 2 * L * H * d * b,
@@ -79,22 +95,30 @@ def _kv_hint(args, kwargs, expected, got) -> str:
 
 def _matching(wrong: dict, got, expected) -> str:
     """The messages whose wrong value equals ``got`` (joined by "; or "), else ''."""
-    try:
-        got = float(got)
-    except (TypeError, ValueError):
-        return ""
-    hits = [message for message, value in wrong.items()
-            if math.isclose(got, value, rel_tol=1e-9) and not math.isclose(value, expected)]
-    return "; or ".join(hits)
+    return first_matching(got, wrong, expected)
 
 
-def check_kv_bytes_per_token(fn) -> int:
+def _kv_cases(rng: random.Random, with_context: bool) -> list[Case]:
+    cases = []
+    for k, spec in enumerate(_specs(rng)):
+        kv = KV_DTYPES[k % len(KV_DTYPES)]
+        if with_context:
+            context = rng.randint(2, spec.max_positions or 2048)
+            cases.append(Case(f"{_spec_name(spec)}, {context} tokens, kv_dtype={kv}",
+                              (spec, context, kv)))
+        else:
+            cases.append(Case(f"{_spec_name(spec)}, kv_dtype={kv}", (spec, kv)))
+    return cases
+
+
+@checker
+def check_kv_bytes_per_token(fn, seed: int | None = None) -> int:
     """Check ``fn(spec, kv_dtype) -> int``: KV-cache bytes of one token over all layers,
     against :func:`llminfra.calc.memory.kv_bytes_per_token` on fresh presets and random GQA
     models. Llama-2-7B in bf16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes."""
-    rng = fresh_rng()
-    cases = [((spec, rng.choice(KV_DTYPES)), {}) for spec in _specs(rng)]
-    return run_checks("kv_bytes_per_token", fn, kv_bytes_per_token, cases, hint=_kv_hint)
+    seed, rng = seeded(seed)
+    return run_checks("kv_bytes_per_token", fn, kv_bytes_per_token, _kv_cases(rng, False),
+                      hint=_kv_hint, seed=seed, replay="ch02.check_kv_bytes_per_token")
 
 
 def _kv_gib_reference(spec: ModelSpec, context: int, kv_dtype: str) -> float:
@@ -114,27 +138,28 @@ def _gib_hint(args, kwargs, expected, got) -> str:
             per_token / 2**30,
         "you forgot the factor 2 for K and V": n_bytes / 2 / 2**30,
     }
+    wrong[f"you ignored kv_dtype: {kv_dtype} takes {dtype_bytes(kv_dtype):g} bytes per "
+          "element, not 2"] = n_bytes / dtype_bytes(kv_dtype) * 2 / 2**30
     heads_wrong = 2 * spec.num_layers * spec.num_heads * spec.head_dim * dtype_bytes(kv_dtype)
     wrong["you used num_heads instead of num_kv_heads"] = heads_wrong * context / 2**30
     return _matching(wrong, got, expected) or "expected kv_bytes_per_token · context / 2**30"
 
 
-def check_kv_sequence_gib(fn) -> int:
+@checker
+def check_kv_sequence_gib(fn, seed: int | None = None) -> int:
     """Check ``fn(spec, context, kv_dtype) -> float``: the KV cache of ONE sequence of
     ``context`` tokens, in GiB (2**30 bytes). Llama-2-13B, 2048 tokens, bf16:
     819,200 · 2048 / 2**30 = 1.5625 GiB (= 1.678 GB)."""
-    rng = fresh_rng()
-    cases = []
-    for spec in _specs(rng):
-        top = spec.max_positions or 2048
-        cases.append(((spec, rng.randint(1, top), rng.choice(KV_DTYPES)), {}))
-    return run_checks("kv_sequence_gib", fn, _kv_gib_reference, cases, hint=_gib_hint)
+    seed, rng = seeded(seed)
+    return run_checks("kv_sequence_gib", fn, _kv_gib_reference, _kv_cases(rng, True),
+                      hint=_gib_hint, seed=seed, replay="ch02.check_kv_sequence_gib")
 
 
-def _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve_fraction,
-                              memory_bytes=None, activations="once") -> int:
-    """``floor((usable - weights - activations) / KV of one sequence)``, clipped at 0;
-    ``activations``: ``"once"`` (right: one prefill's peak), ``"none"`` or ``"per_sequence"``."""
+def _per_sequence_quotient(model, gpu, context, dtype, kv_dtype, reserve_fraction,
+                           memory_bytes=None, activations="once") -> float:
+    """``(usable - weights - activations) / KV of one sequence``, not rounded, not clipped;
+    ``activations``: ``"once"`` (right: one prefill's peak, as
+    :func:`llminfra.calc.memory.kv_budget` counts it), ``"none"`` or ``"per_sequence"``."""
     est = inference_memory(model, dtype, kv_dtype, context, batch=1)
     memory = get_gpu(gpu).memory_bytes if memory_bytes is None else memory_bytes
     left = memory * (1 - reserve_fraction) - est.weight_bytes
@@ -143,13 +168,27 @@ def _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve_frac
         left -= est.activation_bytes
     elif activations == "per_sequence":
         per_seq += est.activation_bytes
-    return max(0, math.floor(left / per_seq))
+    return left / per_seq
+
+
+def _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve_fraction,
+                              memory_bytes=None, activations="once") -> int:
+    """``floor(quotient)`` of :func:`_per_sequence_quotient`, clipped at 0."""
+    return max(0, math.floor(_per_sequence_quotient(model, gpu, context, dtype, kv_dtype,
+                                                    reserve_fraction, memory_bytes,
+                                                    activations)))
 
 
 def _batch_hint(args, kwargs, expected, got) -> str:
     model, gpu, context, dtype, kv_dtype, reserve = args
     g = get_gpu(gpu)
+    x = _per_sequence_quotient(*args)
+    if isinstance(got, (int, float)) and got < 0:
+        return ("a batch cannot be negative: when even one sequence does not fit, the answer is "
+                "0 (clip at 0 with max(0, …))")
     wrong = {
+        "round() rounds up here: the batch must fit, so round down with math.floor":
+            max(0, round(x)),
         "you left out the runtime reserve: only (1 - reserve_fraction) of the card is usable":
             _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, 0.0),
         "you left out the activations: one prefill's peak is held beside the weights":
@@ -167,25 +206,54 @@ def _batch_hint(args, kwargs, expected, got) -> str:
     wrong["one too many: the batch must fit, so round down (floor), not up"] = expected + 1
     return _matching(wrong, got, expected) or (
         "expected floor((usable - weights - activations of one prefill) / KV of one sequence), "
+        "clipped at 0; "
         "usable = memory_bytes · (1 - reserve_fraction)")
 
 
-def check_largest_batch(fn) -> int:
+_BATCH_KINDS = {
+    "does not fit (exact quotient below -1)": lambda x: x < -1,
+    "fits, exact quotient's fraction above .5": lambda x: x > 1 and x - math.floor(x) > 0.55,
+    "fits, exact quotient's fraction below .5": lambda x: x > 1 and x - math.floor(x) < 0.45,
+}
+
+
+def _batch_case(rng: random.Random) -> tuple:
+    name = rng.choice(model_names())
+    spec = get_model(name)
+    return (name, rng.choice(gpu_names()), rng.randint(1, spec.max_positions or 2048),
+            rng.choice(["bf16", "fp16", "int8", "int4"]), rng.choice(["bf16", "fp8"]),
+            rng.choice([DEFAULT_RESERVE_FRACTION, 0.05, 0.2]))
+
+
+def _batch_name(args: tuple, kind: str) -> str:
+    model, gpu, context, dtype, kv, reserve = args
+    return (f"{model} on {gpu}, {context} tokens, {dtype} weights / {kv} KV, reserve "
+            f"{reserve:g} — {kind}")
+
+
+@checker
+def check_largest_batch(fn, seed: int | None = None) -> int:
     """Check ``fn(model, gpu, context, dtype, kv_dtype, reserve_fraction) -> int``: the
     largest batch of ``context``-token sequences that fits, against the package's bisection
-    :func:`llminfra.calc.memory.max_batch` (0 when even one sequence does not fit)."""
-    rng = fresh_rng()
+    :func:`llminfra.calc.memory.max_batch` (0 when even one sequence does not fit). Every run
+    has a model that does not fit (clip at 0) and quotients with fractions above and below .5
+    (floor, not round), then random cases."""
+    seed, rng = seeded(seed)
     cases = []
-    for name in rng.sample(model_names(), 7):
-        spec = get_model(name)
-        context = rng.randint(1, spec.max_positions or 2048)
-        dtype = rng.choice(["bf16", "fp16", "int8", "int4"])
-        kv = rng.choice(["bf16", "fp8"])
-        reserve = rng.choice([DEFAULT_RESERVE_FRACTION, 0.05, 0.2])
-        cases.append(((name, rng.choice(gpu_names()), context, dtype, kv, reserve), {}))
+    for kind, wanted in _BATCH_KINDS.items():
+        for _ in range(5000):
+            args = _batch_case(rng)
+            if wanted(_per_sequence_quotient(*args)):
+                cases.append(Case(_batch_name(args, kind), args))
+                break
+        else:  # pragma: no cover - the presets make every kind common
+            raise RuntimeError(f"no case of kind {kind!r} found")
+    cases += [Case(_batch_name(args, "random"), args) for args in
+              (_batch_case(rng) for _ in range(4))]
 
     def reference(model, gpu, context, dtype, kv_dtype, reserve_fraction):
         return max_batch(model, gpu, context=context, dtype=dtype, kv_dtype=kv_dtype,
                          reserve_fraction=reserve_fraction)
 
-    return run_checks("largest_batch", fn, reference, cases, hint=_batch_hint)
+    return run_checks("largest_batch", fn, reference, cases, hint=_batch_hint, seed=seed,
+                      replay="ch02.check_largest_batch")

@@ -2,8 +2,11 @@
 allocator with reference counts (allocate / free / fork), the slot mapping, and the waste of a
 contiguous cache reserved at the maximum length.
 
-Each checker draws fresh random cases, compares the learner's answer with the package's
-(:mod:`llminfra.kvcache`) and names the usual mistake when the wrong answer matches it.
+Each checker builds named cases from one seed — for the allocator always an exhausted pool, a
+block freed and handed out again in first-in-first-out order, and a forked (shared) block freed
+by one holder — compares the learner's answer with the package's (:mod:`llminfra.kvcache`) and
+names the usual mistake the wrong answer matches. A slot mapping may be a list, tuple, NumPy
+array or tensor.
 
 Design: Kwon et al., 2023 (vLLM, arXiv:2309.06180), §3.1 (reservation waste), §4.2 (block
 tables, slot = block · B + offset), §4.4 (reference counts for shared blocks).
@@ -11,10 +14,9 @@ tables, slot = block · B + offset), §4.4 (reference counts for shared blocks).
 
 from __future__ import annotations
 
-import numbers
 import random
 
-from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import Case, CheckFailed, checker, run_checks, seeded
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import slot_mapping
 from llminfra.kvcache.contiguous import contiguous_waste
@@ -48,6 +50,12 @@ def drive(allocator_cls, num_blocks: int, block_size: int, ops: list[tuple]) -> 
                 log.append(("allocate", a.allocate()))
             except BlockPoolExhausted:
                 log.append(("allocate", "exhausted"))
+            except (IndexError, KeyError, ValueError, RuntimeError) as e:
+                if used and len(used) < num_blocks:
+                    raise
+                raise CheckFailed(f"allocate() on a pool with no free block raised "
+                                  f"{type(e).__name__}: {e}; raise BlockPoolExhausted instead "
+                                  "(the caller then preempts, swaps or waits)") from None
         elif used:
             b = used[op[1] % len(used)]
             (a.free if op[0] == "free" else a.incref)(b)
@@ -74,17 +82,36 @@ def _allocator_hint(args, kwargs, expected, got) -> str:
     return ""
 
 
-def check_block_allocator(allocator_cls) -> int:
-    """Drive the learner's class and the package's ``BlockAllocator`` through the same random
-    operations; every returned id, reference count and the final free list must agree."""
+def _fixed_ops(num_blocks: int) -> list[tuple]:
+    """Exhaust the pool, free two blocks (the second-used first), allocate again (FIFO order),
+    fork block 0 and free it once (still used), then free it again (back to the free list)."""
+    return ([("allocate",)] * (num_blocks + 1) + [("free", 1), ("free", 0), ("allocate",),
+                                                  ("allocate",), ("fork", 0), ("free", 0),
+                                                  ("free", 0), ("allocate",)])
+
+
+def _ops_name(num_blocks: int, block_size: int, ops: list[tuple], what: str) -> str:
+    return f"{num_blocks} blocks of {block_size} tokens, {len(ops)} operations ({what})"
+
+
+@checker
+def check_block_allocator(allocator_cls, seed: int | None = None) -> int:
+    """Drive the learner's class and the package's ``BlockAllocator`` through the same
+    operations; every returned id, reference count and the final free list must agree. Case 1
+    is fixed (exhaustion, FIFO reuse, fork then free); the rest are random."""
     if not isinstance(allocator_cls, type):
         raise CheckFailed("check_block_allocator wants a class, got "
                           f"{type(allocator_cls).__name__}")
-    rng = fresh_rng()
-    cases = []
-    for _ in range(8):
+    seed, rng = seeded(seed)
+    n = rng.randint(3, 6)
+    ops = _fixed_ops(n)
+    cases = [Case(_ops_name(n, 16, ops, "exhaust, free, reuse in FIFO order, fork, free twice"),
+                  (n, 16, ops))]
+    for _ in range(7):
         n = rng.randint(1, 6)
-        cases.append(((n, rng.choice([4, 16]), _random_ops(rng, n, rng.randint(4, 25))), {}))
+        ops = _random_ops(rng, n, rng.randint(4, 25))
+        bs = rng.choice([4, 16])
+        cases.append(Case(_ops_name(n, bs, ops, "random"), (n, bs, ops)))
 
     def learner(num_blocks, block_size, ops):
         return drive(allocator_cls, num_blocks, block_size, ops)
@@ -92,7 +119,8 @@ def check_block_allocator(allocator_cls) -> int:
     def reference(num_blocks, block_size, ops):
         return drive(BlockAllocator, num_blocks, block_size, ops)
 
-    return run_checks("block allocator", learner, reference, cases, hint=_allocator_hint)
+    return run_checks("block allocator", learner, reference, cases, hint=_allocator_hint,
+                      seed=seed, replay="ch04.check_block_allocator", owner=allocator_cls)
 
 
 # --------------------------------------------------------------- slot mapping
@@ -112,24 +140,27 @@ def _slot_hint(args, kwargs, expected, got) -> str:
     return "expected slot = block_ids[p // block_size] * block_size + p % block_size"
 
 
-def check_slot_mapping(fn) -> int:
-    """``fn(block_ids, positions, block_size) -> list of slots`` against the package's."""
-    rng = fresh_rng()
+@checker
+def check_slot_mapping(fn, seed: int | None = None) -> int:
+    """``fn(block_ids, positions, block_size) -> slots`` (any sequence, array or tensor)
+    against the package's; every case has positions in at least two blocks."""
+    seed, rng = seeded(seed)
     cases = []
     for _ in range(10):
         B = rng.choice([2, 3, 4, 8, 16])
         n_blocks = rng.randint(2, 6)
         block_ids = rng.sample(range(40), n_blocks)
-        positions = sorted(rng.sample(range(n_blocks * B), rng.randint(1, n_blocks * B)))
-        cases.append(((block_ids, positions, B), {}))
-    return run_checks("slot_mapping", fn, slot_mapping, cases, hint=_slot_hint)
+        positions = sorted(set(rng.sample(range(n_blocks * B), rng.randint(1, n_blocks * B)))
+                           | {rng.randrange(B), B + rng.randrange(B)})
+        cases.append(Case(f"block table {block_ids}, block_size {B}, {len(positions)} positions",
+                          (block_ids, positions, B)))
+    return run_checks("slot_mapping", fn, slot_mapping, cases, hint=_slot_hint, seed=seed,
+                      replay="ch04.check_slot_mapping")
 
 
 # ----------------------------------------------------------- contiguous waste
 def _waste_hint(args, kwargs, expected, got) -> str:
     lengths, max_len = args
-    if not isinstance(got, numbers.Real):
-        return f"return a share between 0 and 1 (a float), got {type(got).__name__}"
     if abs(got - (1 - expected)) < 1e-9:
         return "you returned the utilisation (used / reserved); the waste is 1 minus it"
     if abs(got - (1 - sum(lengths) / (len(lengths) * max(lengths)))) < 1e-9:
@@ -139,13 +170,16 @@ def _waste_hint(args, kwargs, expected, got) -> str:
     return "expected 1 - sum(lengths) / (len(lengths) * max_seq_len)"
 
 
-def check_contiguous_waste(fn) -> int:
-    """``fn(lengths, max_seq_len) -> share of reserved slots left empty`` against the package's."""
-    rng = fresh_rng()
+@checker
+def check_contiguous_waste(fn, seed: int | None = None) -> int:
+    """``fn(lengths, max_seq_len) -> share of reserved slots left empty`` against the
+    package's; one request alone and several of different lengths in every run."""
+    seed, rng = seeded(seed)
     cases = []
-    for _ in range(10):
+    for k in range(10):
         max_len = rng.choice([512, 1024, 2048, 4096])
-        lengths = [rng.randint(1, max_len // 2) for _ in range(rng.randint(1, 12))]
-        cases.append(((lengths, max_len), {}))
+        lengths = [rng.randint(1, max_len // 2) for _ in range(1 if k == 0 else rng.randint(2, 12))]
+        cases.append(Case(f"{len(lengths)} request(s) of lengths {lengths}, max_seq_len {max_len}",
+                          (lengths, max_len)))
     return run_checks("contiguous_waste", fn, contiguous_waste, cases, rel=1e-9, abs_=1e-12,
-                      hint=_waste_hint)
+                      hint=_waste_hint, seed=seed, replay="ch04.check_contiguous_waste")

@@ -11,39 +11,29 @@ Sources: Milakov & Gimelshein 2018 (arXiv:1805.02867, Algorithm 3); Dao et al. 2
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
 
 import torch
 
 from llminfra.attention import flash_attention, online_softmax
-from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import Case, CheckFailed, checker, compare, run_checks, seeded
 from llminfra.course.checking import torch_generator as _gen
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "CheckFailed"]
 
 
-@dataclass(frozen=True)
-class _Case:
-    """One random input, shown by its shapes (not by its numbers) in failure messages."""
-
-    tensors: tuple
-    options: tuple
-    label: str
-
-    def __repr__(self) -> str:
-        return self.label
-
-
-
 # ------------------------------------------------------------------ online softmax
-def _softmax_cases(rng: random.Random, n: int = 8) -> list:
+def _softmax_cases(rng: random.Random, n: int = 8) -> list[Case]:
     cases = []
     for i in range(n):
         rows, cols = rng.randint(1, 4), rng.randint(1, 40)
-        scale = [1.0, 10.0, 1000.0][i % 3]  # 1000: exp overflows without the running max
+        scale = [1000.0, 1.0, 10.0][i % 3]  # 1000: exp overflows without the running max
         x = torch.randn(rows, cols, generator=_gen(rng), dtype=torch.float64) * scale
-        cases.append(((_Case((x,), (), f"x of shape {tuple(x.shape)}, values ~N(0, {scale:g}²)"),), {}))
+        if i == 0:
+            x[:, -1] = x.abs().max() + 50  # the max comes last: the sum must be rescaled
+        cases.append(Case(f"x of shape {tuple(x.shape)}, values ~N(0, {scale:g}²)"
+                          + (", largest value in the last column" if i == 0 else ""), (x,)))
     return cases
 
 
@@ -52,76 +42,128 @@ def _softmax_hint(args, kwargs, expected, got) -> str:
         return f"return a tensor, not {type(got).__name__}"
     if got.shape != expected.shape:
         return f"return the same shape as x {tuple(expected.shape)}, got {tuple(got.shape)}"
+    got = got.double()
     if not torch.isfinite(got).all():
         return ("the result has inf/nan: subtract the running max before exp, and rescale the "
                 "running sum by exp(m_old - m_new) when the max grows")
     sums = got.sum(-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-6):
-        return (f"rows sum to {sums.tolist()}, not 1: when the max grows, multiply the running "
-                "sum by exp(m_old - m_new); divide by the final sum at the end")
+        worst = int((sums - 1).abs().argmax())
+        return (f"row {worst} sums to {float(sums[worst]):.6g}, not 1 (rows sum to 1 when the "
+                "running sum is right): when the max grows, multiply the running sum by "
+                "exp(m_old - m_new); divide by the final sum at the end")
     return "each row sums to 1 but the values differ from softmax(x)"
 
 
-def check_online_softmax(fn, n_cases: int = 8) -> int:
+@checker
+def check_online_softmax(fn, n_cases: int = 8, seed: int | None = None) -> int:
     """Check ``fn(x) -> softmax(x)`` along the last dim of a 2-D float64 tensor (one pass for
-    the statistics) against :func:`llminfra.attention.online_softmax` on fresh random cases."""
-    return run_checks("online_softmax", lambda case: fn(*case.tensors),
-                      lambda case: online_softmax(*case.tensors),
-                      _softmax_cases(fresh_rng(), n_cases), rel=1e-9, abs_=1e-12,
-                      hint=_softmax_hint)
+    the statistics) against :func:`llminfra.attention.online_softmax`; values ~1000 (overflow
+    without the running max) and a maximum in the last column (rescaling) in every run."""
+    seed, rng = seeded(seed)
+    return run_checks("online_softmax", fn, online_softmax, _softmax_cases(rng, n_cases),
+                      rel=1e-9, abs_=1e-12, hint=_softmax_hint, seed=seed,
+                      replay="ch06.check_online_softmax")
 
 
 # ------------------------------------------------------------------ tiled attention
-def _attention_cases(rng: random.Random, n: int = 6) -> list:
-    cases = []
-    for i in range(n):
-        H_kv = rng.choice([1, 2])
-        H = H_kv * rng.choice([1, 2])
+# (H, H_kv, causal, T, S): the layouts and masks the instructions name, in every run.
+_ATTENTION_LAYOUTS = [
+    (8, 2, True, 37, 64),   # GQA: .repeat instead of .repeat_interleave shows (group 4)
+    (6, 3, False, 23, 23),  # GQA with an odd number of KV heads
+    (4, 1, True, 19, 19),   # MQA, causal, T = S
+    (2, 2, True, 1, 29),    # MHA, one decode query at the end of the keys
+    (4, 4, False, 16, 40),  # MHA, not causal, T < S
+]
+
+
+def _layout_name(H: int, H_kv: int, causal: bool, T: int, S: int, d: int, bq: int, bk: int) -> str:
+    kind = ("MHA" if H == H_kv else "MQA" if H_kv == 1 else "GQA")
+    heads = (f"{H} heads" if H == H_kv else
+             f"{H} query heads over {H_kv} KV head{'s' if H_kv > 1 else ''}")
+    return (f"{kind} {heads}, {'causal' if causal else 'not causal'}, T={T} S={S}, d={d}, "
+            f"block_q={bq} block_k={bk}")
+
+
+def _attention_cases(rng: random.Random, n: int = 6) -> list[Case]:
+    layouts = list(_ATTENTION_LAYOUTS)
+    while len(layouts) < n:
+        H_kv = rng.choice([1, 2, 3])
         T = rng.randint(1, 40)
-        S = T + (0 if i % 2 == 0 else rng.randint(1, 30))  # S > T: the queries are the last T
+        layouts.append((H_kv * rng.choice([1, 2, 4]), H_kv, rng.random() < 0.5, T,
+                        T + rng.randint(0, 30)))
+    cases = []
+    for H, H_kv, causal, T, S in layouts[:max(n, 1)]:
         d = rng.choice([4, 8, 16])
-        causal = i % 3 != 2
         block_q, block_k = rng.randint(2, 16), rng.randint(2, 16)
         g = _gen(rng)
         q = torch.randn(1, H, T, d, generator=g, dtype=torch.float64)
         k, v = (torch.randn(1, H_kv, S, d, generator=g, dtype=torch.float64) for _ in range(2))
-        label = (f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, causal={causal}, "
-                 f"block_q={block_q}, block_k={block_k}")
-        cases.append(((_Case((q, k, v), (causal, block_q, block_k), label),), {}))
+        cases.append(Case(_layout_name(H, H_kv, causal, T, S, d, block_q, block_k),
+                          (q, k, v, causal, block_q, block_k)))
     return cases
 
 
+def _attention_variants(q, k, v, causal) -> dict[str, torch.Tensor]:
+    """Wrong answers a learner plausibly writes, each with what to say about it."""
+    H, H_kv, T, S, d = q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    G = H // H_kv
+
+    def attend(kk, vv, scale=1 / math.sqrt(d), top_left=False, mask=causal):
+        s = q @ kk.transpose(-2, -1) * scale
+        if mask:
+            offset = 0 if top_left else S - T
+            keep = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + offset
+            s = s.masked_fill(~keep, -math.inf)
+        return torch.softmax(s, -1) @ vv
+
+    k_i, v_i = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    k_r, v_r = k.repeat(1, G, 1, 1), v.repeat(1, G, 1, 1)
+    return {
+        "this is the non-causal result: mask keys j > S - T + i with -inf": attend(k_i, v_i, mask=False),
+        "the mask is aligned top-left: with T < S the queries are the LAST T positions, query i "
+        "sees keys j <= S - T + i": attend(k_i, v_i, top_left=True),
+        "the scores are not scaled: S_ij = Q_i K_jᵀ / √d": attend(k_i, v_i, scale=1.0),
+        "the scores are divided by d, not √d": attend(k_i, v_i, scale=1 / d),
+        "wrong grouped-query mapping: query head h reads K/V head h // (H / H_kv) — use "
+        "repeat_interleave(H // H_kv, dim=1), not repeat (which gives h % H_kv)": attend(k_r, v_r),
+    }
+
+
 def _attention_hint(args, kwargs, expected, got) -> str:
-    (q, k, v), (causal, block_q, block_k) = args[0].tensors, args[0].options
+    q, k, v, causal, block_q, block_k = args
     if not isinstance(got, torch.Tensor):
         return f"return a tensor, not {type(got).__name__}"
     if got.shape != expected.shape:
         return f"the output has q's shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-    if causal:
-        unmasked = flash_attention(q, k, v, False)
-        if torch.allclose(got, unmasked, atol=1e-9):
-            return "this is the non-causal result: mask keys j > S - T + i with -inf"
-        T, S = q.shape[2], k.shape[2]
-        if S > T:
-            top_left = flash_attention(q, k[:, :, :T], v[:, :, :T], True)
-            if torch.allclose(got, top_left, atol=1e-9):
-                return ("the mask is aligned top-left: with T < S the queries are the LAST T "
-                        "positions, query i sees keys j <= S - T + i")
-    if q.shape[1] != k.shape[1]:
-        return "check the grouped-query layout: query head h reads key/value head h // (H / H_kv)"
+    got = got.double()
+    for why, wrong in _attention_variants(q, k, v, causal).items():
+        if compare(wrong, got, 1e-5, 1e-6) is None and compare(wrong, expected, 1e-5, 1e-6):
+            return why
+    if not torch.isfinite(got).all():
+        return ("the output has inf/nan: a fully masked block gives m = -inf; skip blocks "
+                "entirely above the diagonal, or guard exp(-inf - -inf)")
     return ("values differ: check the rescaling of l_i and O_i by exp(m_old - m_new) "
             "and the blocks at the end (T, S not multiples of the block sizes)")
 
 
-def check_tiled_attention(fn, n_cases: int = 6) -> int:
-    """Check ``fn(q, k, v, causal, block_q, block_k)`` (tiled attention, any T <= S, GQA) against
-    :func:`llminfra.attention.flash_attention` on fresh random float64 cases."""
-    def call(f):
-        return lambda case: f(*case.tensors, *case.options)
+def _attention_error_hint(args, kwargs, error) -> str:
+    q, k = args[0], args[1]
+    if q.shape[1] != k.shape[1] and "size of tensor" in str(error):
+        return (f"q has {q.shape[1]} heads but k and v have {k.shape[1]}: query head h reads "
+                f"K/V head h // (H / H_kv); expand k and v with repeat_interleave(H // H_kv, dim=1)")
+    return ""
 
+
+@checker
+def check_tiled_attention(fn, n_cases: int = 6, seed: int | None = None) -> int:
+    """Check ``fn(q, k, v, causal, block_q, block_k)`` (tiled attention, any T <= S, GQA) against
+    :func:`llminfra.attention.flash_attention` on float64 cases: GQA (8 over 2, 6 over 3), MQA
+    and MHA, causal and not, T = S, T < S and one decode query, in every run."""
     def ref(q, k, v, causal, block_q, block_k):
         return flash_attention(q, k, v, causal, block_q=block_q, block_k=block_k)
 
-    return run_checks("tiled_attention", call(fn), call(ref),
-                      _attention_cases(fresh_rng(), n_cases), rel=1e-7, abs_=1e-9,
-                      hint=_attention_hint)
+    seed, rng = seeded(seed)
+    return run_checks("tiled_attention", fn, ref, _attention_cases(rng, n_cases), rel=1e-7,
+                      abs_=1e-9, hint=_attention_hint, seed=seed,
+                      replay="ch06.check_tiled_attention", on_error=_attention_error_hint)

@@ -16,17 +16,13 @@ import random
 
 import torch
 
-from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import (Case, CheckFailed, checker, compare, first_matching,
+                                      run_checks, seeded)
 from llminfra.course.checking import torch_generator as _gen
 from llminfra.parallel.pipeline import bubble_fraction
 from llminfra.parallel.tensor_parallel import shard_cols, shard_rows
 
-
-class Matrix(torch.Tensor):
-    """A tensor whose repr in a checker message is its shape only."""
-
-    def __repr__(self) -> str:
-        return f"<tensor of shape {tuple(self.shape)}>"
+__all__ = ["check_column_shard", "check_row_shard", "check_bubble", "CheckFailed"]
 
 
 def _column_reference(A: torch.Tensor, rank: int, size: int) -> torch.Tensor:
@@ -37,14 +33,18 @@ def _row_reference(A: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return shard_cols(A.T, rank, size).T  # input features of A = columns of W = Aᵀ
 
 
-
-def _cases(rng: random.Random, n: int = 6) -> list:
-    cases = []
-    for _ in range(n):
+def _cases(rng: random.Random, n: int = 6) -> list[Case]:
+    """Every rank of one non-square matrix (so together they must rebuild A), then random
+    (matrix, rank) pairs with rank > 0."""
+    size = 4
+    rows, cols = rng.sample(range(2, 6), 2)  # not square: a transposed split shows
+    A = torch.randn(size * rows, size * cols, generator=_gen(rng))
+    cases = [Case(f"A {tuple(A.shape)}, rank {r} of {size}", (A, r, size)) for r in range(size)]
+    while len(cases) < n:
         size = rng.choice([2, 3, 4, 8])
-        A = torch.randn(size * rng.randint(1, 5), size * rng.randint(1, 5),
-                        generator=_gen(rng))
-        cases.append(((A.as_subclass(Matrix), rng.randrange(size), size), {}))
+        A = torch.randn(size * rng.randint(1, 5), size * rng.randint(1, 5), generator=_gen(rng))
+        r = rng.randrange(1, size)
+        cases.append(Case(f"A {tuple(A.shape)}, rank {r} of {size}", (A, r, size)))
     return cases
 
 
@@ -53,8 +53,11 @@ def _shard_hint(other: str):
         A, rank, size = args
         if not isinstance(got, torch.Tensor):
             return f"return a torch.Tensor, got {type(got).__name__}"
+        if got.dtype != A.dtype:
+            return (f"A is {str(A.dtype).replace('torch.', '')} but your shard is "
+                    f"{str(got.dtype).replace('torch.', '')}: a shard holds A's values unchanged")
         swapped = (_row_reference if other == "row" else _column_reference)(A, rank, size)
-        if got.shape == swapped.shape and torch.equal(got, swapped):
+        if compare(swapped, got, 0.0, 0.0) is None:
             return f"that is the {other}-parallel shard: you split the other dimension of A"
         if got.shape == expected.shape:
             return "right shape, wrong block: rank r takes block r of n consecutive equal blocks"
@@ -62,35 +65,22 @@ def _shard_hint(other: str):
     return hint
 
 
-def check_column_shard(fn) -> int:
-    """``fn(A (in, out), rank, size)`` -> ``A_r``, the columns ``r·out/size … (r+1)·out/size-1``;
-    also checks that ``cat_r(X A_r) == X A``."""
-    rng = fresh_rng()
-    cases = _cases(rng)
-    n = run_checks("column_shard", fn, _column_reference, cases, rel=0, abs_=0,
-                   hint=_shard_hint("row"))
-    A, _, size = cases[0][0]
-    X = torch.randn(3, A.shape[0], generator=_gen(rng))
-    Y = torch.cat([X @ fn(A, r, size) for r in range(size)], dim=1)
-    if not torch.allclose(Y, X @ A, atol=1e-5):
-        raise CheckFailed("column_shard: concatenating X @ A_r over the ranks does not give X @ A")
-    return n
+@checker
+def check_column_shard(fn, seed: int | None = None) -> int:
+    """``fn(A (in, out), rank, size)`` -> ``A_r``, the columns ``r·out/size … (r+1)·out/size-1``.
+    Every rank of one matrix is checked, so ``cat_r(X A_r) == X A`` follows."""
+    seed, rng = seeded(seed)
+    return run_checks("column_shard", fn, _column_reference, _cases(rng), rel=0, abs_=0,
+                      hint=_shard_hint("row"), seed=seed, replay="check_column_shard")
 
 
-def check_row_shard(fn) -> int:
-    """``fn(A (in, out), rank, size)`` -> ``A_r``, the rows ``r·in/size … (r+1)·in/size-1``;
-    also checks that ``Σ_r X_r A_r == X A`` (the all-reduce of row parallelism)."""
-    rng = fresh_rng()
-    cases = _cases(rng)
-    n = run_checks("row_shard", fn, _row_reference, cases, rel=0, abs_=0,
-                   hint=_shard_hint("column"))
-    A, _, size = cases[0][0]
-    X = torch.randn(3, A.shape[0], generator=_gen(rng))
-    k = A.shape[0] // size
-    Y = sum(X[:, r * k:(r + 1) * k] @ fn(A, r, size) for r in range(size))
-    if not torch.allclose(Y, X @ A, atol=1e-5):
-        raise CheckFailed("row_shard: the sum over ranks of X_r @ A_r does not give X @ A")
-    return n
+@checker
+def check_row_shard(fn, seed: int | None = None) -> int:
+    """``fn(A (in, out), rank, size)`` -> ``A_r``, the rows ``r·in/size … (r+1)·in/size-1``.
+    Every rank of one matrix is checked, so ``Σ_r X_r A_r == X A`` (the all-reduce) follows."""
+    seed, rng = seeded(seed)
+    return run_checks("row_shard", fn, _row_reference, _cases(rng), rel=0, abs_=0,
+                      hint=_shard_hint("column"), seed=seed, replay="check_row_shard")
 
 
 def _bubble_hint(args, kwargs, expected, got) -> str:
@@ -101,18 +91,20 @@ def _bubble_hint(args, kwargs, expected, got) -> str:
         "that is the busy share m/(m+p-1); the bubble is the idle share": m / (m + p - 1),
         "the makespan is m+p-1 stage times, not m+p": (p - 1) / (m + p),
         "the bubble is (p-1)/(m+p-1); you used p instead of p-1": p / (m + p - 1),
+        "integer division: (p - 1) // (m + p - 1) is 0; use /": (p - 1) // (m + p - 1),
     }
-    for why, value in wrong.items():
-        if (isinstance(got, (int, float)) and abs(got - value) < 1e-9
-                and abs(value - expected) > 1e-9):
-            return why
-    return "idle share of p stages over a makespan of (m+p-1) stage times, each stage busy m"
+    return first_matching(got, wrong, expected) or \
+        "idle share of p stages over a makespan of (m+p-1) stage times, each stage busy m"
 
 
-def check_bubble(fn) -> int:
-    """``fn(p, m)`` -> GPipe's bubble fraction ``(p-1)/(m+p-1)`` for random p, m."""
-    rng = fresh_rng()
-    cases = [((rng.randint(2, 16), rng.randint(1, 64)), {}) for _ in range(8)]
-    cases.append(((1, rng.randint(1, 9)), {}))  # one stage: no bubble
+@checker
+def check_bubble(fn, seed: int | None = None) -> int:
+    """``fn(p, m)`` -> GPipe's bubble fraction ``(p-1)/(m+p-1)``; one stage (no bubble) and
+    one micro-batch in every run, then random p, m. Any number type is accepted (a
+    ``Fraction`` too)."""
+    seed, rng = seeded(seed)
+    pairs = [(rng.randint(2, 16), rng.randint(2, 64)) for _ in range(7)]
+    pairs += [(1, rng.randint(1, 9)), (rng.randint(2, 8), 1)]
+    cases = [Case(f"p={p} stages, m={m} micro-batches", (p, m)) for p, m in pairs]
     return run_checks("bubble", fn, bubble_fraction, cases, rel=1e-9, abs_=1e-12,
-                      hint=_bubble_hint)
+                      hint=_bubble_hint, seed=seed, replay="check_bubble")

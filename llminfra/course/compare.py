@@ -1,0 +1,227 @@
+"""Compare a learner's answer with the expected value, whatever type holds it.
+
+:func:`compare` accepts any type that holds the right value — a list, tuple, NumPy array or
+tensor of the right numbers; an int, float, ``Fraction``, NumPy or 0-d tensor scalar — and, on a
+mismatch, returns one line saying where the first difference is and how large the largest one
+is, never a full tensor. A floating tensor of lower precision than the expected one is judged
+with its own dtype's tolerance (torch.testing's defaults) in tolerance-based checks.
+:func:`as_like` converts an answer to the expected kind for a hint's arithmetic, and
+:func:`first_matching` names the known mistake an answer equals. Used by
+:mod:`llminfra.course.checking`; taught in chapter 00 (how exercises are checked).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from fractions import Fraction
+from typing import Any
+
+__all__ = ["compare", "as_like", "first_matching", "describe"]
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _is_tensor(x) -> bool:
+    return _torch().is_tensor(x)
+
+
+def _scalar(x) -> float | int | None:
+    """A Python number for anything that holds one number, else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if isinstance(x, (Fraction, numbers.Rational)):
+        return float(x)
+    if isinstance(x, numbers.Real):
+        return float(x)
+    if hasattr(x, "shape") and tuple(getattr(x, "shape")) in ((), (1,)) and hasattr(x, "item"):
+        try:
+            v = x.item()
+        except Exception:  # noqa: BLE001 - an odd object is "not a number", not a crash
+            return None
+        return None if isinstance(v, (bool, complex)) else v
+    return None
+
+
+def _as_tensor(x):
+    torch = _torch()
+    if torch.is_tensor(x):
+        return x.detach().as_subclass(torch.Tensor)
+    try:
+        import numpy as np
+        if isinstance(x, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(x))
+    except ImportError:
+        pass
+    if isinstance(x, (list, tuple)):
+        try:
+            return torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+def describe(x) -> str:
+    """A short description of a value: shape and dtype for arrays, the repr for numbers."""
+    if _is_tensor(x) or type(x).__module__ == "numpy":
+        shape = tuple(getattr(x, "shape", ()))
+        dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
+        if shape == ():
+            return f"{x.item()!r} ({type(x).__name__} {dtype})"
+        return f"{type(x).__name__} of shape {shape}, {dtype}"
+    if isinstance(x, (list, tuple)) and len(x) > 8:
+        return f"{type(x).__name__} of {len(x)} items starting {list(x[:4])!r}…"
+    text = repr(x)
+    return text if len(text) <= 120 else text[:117] + "…"
+
+
+def _fmt(v) -> str:
+    """Six significant digits for a float, all digits for a whole number (bytes, counts)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        return repr(int(v))
+    return f"{v:.6g}" if isinstance(v, float) else repr(v)
+
+
+def _eps_tolerance(dtype) -> tuple[float, float]:
+    """torch.testing's default (rtol, atol) for a floating dtype; (0, 0) for integers."""
+    torch = _torch()
+    table = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+             torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
+    return table.get(dtype, (0.0, 0.0))
+
+
+def _compare_tensors(expected, got, rel: float, abs_: float, where: str) -> str | None:
+    torch = _torch()
+    t = _as_tensor(got)
+    if t is None:
+        return f"{where}expected a tensor of shape {tuple(expected.shape)}, got {describe(got)}"
+    if t.is_complex():
+        return f"{where}expected real numbers, got a complex tensor"
+    if tuple(t.shape) != tuple(expected.shape):
+        return f"{where}shape {tuple(t.shape)}, expected {tuple(expected.shape)}"
+    if t.numel() == 0:
+        return None
+    e64, g64 = expected.detach().double().cpu(), t.double().cpu()
+    if (rel or abs_) and t.is_floating_point() and (
+            not expected.is_floating_point() or t.element_size() < expected.element_size()):
+        lr, la = _eps_tolerance(t.dtype)  # a lower-precision answer gets its own dtype's slack
+        rel, abs_ = max(rel, lr), max(abs_, la)
+    diff = (g64 - e64).abs()
+    diff = torch.where(torch.isnan(diff) | torch.isinf(g64), torch.full_like(diff, math.inf), diff)
+    diff = torch.where((g64 == e64), torch.zeros_like(diff), diff)  # equal infinities
+    bad = diff > abs_ + rel * e64.abs()
+    if not bool(bad.any()):
+        return None
+    idx = lambda flat: tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape))
+    first = int(bad.flatten().nonzero()[0])
+    worst = int(diff.flatten().argmax())
+    fi, wi = idx(first), idx(worst)
+    return (f"{where}first mismatch at index {fi}: got {_fmt(g64[fi].item())}, expected "
+            f"{_fmt(e64[fi].item())}; largest difference {_fmt(diff[wi].item())} at index {wi}; "
+            f"{int(bad.sum())} of {bad.numel()} values differ")
+
+
+def compare(expected: Any, got: Any, rel: float = 1e-9, abs_: float = 0.0,
+            where: str = "") -> str | None:
+    """None when ``got`` holds the value ``expected``; else one line saying where it differs.
+
+    Numbers match within ``rel``/``abs_`` whatever their type; sequences, arrays and tensors
+    match element-wise whatever their container (a lower-precision float tensor gets its dtype's
+    tolerance); dicts by keys. Never raises on odd input and never prints a whole tensor.
+    """
+    try:
+        return _compare(expected, got, rel, abs_, where)
+    except Exception as e:  # noqa: BLE001 - the comparison itself must never crash a check
+        return f"{where}could not compare {describe(got)} with the expected value ({type(e).__name__}: {e})"
+
+
+def _compare(expected, got, rel, abs_, where):
+    if got is None:
+        return f"{where}returned None: did you forget `return`?"
+    if isinstance(expected, bool):
+        g = got.item() if hasattr(got, "item") and getattr(got, "shape", None) == () else got
+        if g in (True, False) and bool(g) == expected and not isinstance(g, float):
+            return None
+        return f"{where}got {describe(got)}, expected {expected}"
+    if isinstance(expected, numbers.Real):
+        g = _scalar(got)
+        if g is None:
+            return f"{where}expected a number, got {describe(got)}"
+        if isinstance(g, float) and not math.isfinite(g):
+            return f"{where}got {g}, expected {_fmt(expected)}"
+        if math.isclose(g, expected, rel_tol=rel, abs_tol=abs_) or g == expected:
+            return None
+        return f"{where}got {_fmt(g)}, expected {_fmt(expected)} (difference {_fmt(g - expected)})"
+    if _is_tensor(expected):
+        return _compare_tensors(expected, got, rel, abs_, where)
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"{where}expected a dict with keys {sorted(expected)}, got {describe(got)}"
+        if set(expected) != set(got):
+            return f"{where}keys {sorted(map(str, got))}, expected {sorted(map(str, expected))}"
+        for k in expected:
+            problem = _compare(expected[k], got[k], rel, abs_, f"{where}[{k!r}] ")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, (list, tuple)):
+        if all(isinstance(e, numbers.Real) and not isinstance(e, bool) for e in expected):
+            items = got.tolist() if hasattr(got, "tolist") and not isinstance(got, (list, tuple)) else got
+            if not isinstance(items, (list, tuple)):
+                return f"{where}expected a sequence of {len(expected)} numbers, got {describe(got)}"
+            if len(items) != len(expected):
+                return f"{where}{len(items)} items, expected {len(expected)}"
+            bad = [i for i, (e, g) in enumerate(zip(expected, items))
+                   if _compare(e, g, rel, abs_, "") is not None]
+            if not bad:
+                return None
+            i = bad[0]
+            return (f"{where}first mismatch at index {i}: got {describe(items[i])}, expected "
+                    f"{expected[i]!r}; {len(bad)} of {len(expected)} items differ")
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            return f"{where}expected a {type(expected).__name__} of {len(expected)} items, got {describe(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            problem = _compare(e, g, rel, abs_, f"{where}item {i}: ")
+            if problem:
+                return problem
+        return None
+    return None if expected == got else f"{where}got {describe(got)}, expected {describe(expected)}"
+
+
+def as_like(expected: Any, got: Any) -> Any:
+    """``got`` converted to ``expected``'s kind when it holds such a value (a Python number for
+    a number, a list for a list of numbers, a plain tensor for a tensor), else unchanged — so a
+    hint can do arithmetic on it without NumPy overflow or dtype clashes."""
+    try:
+        if isinstance(expected, numbers.Real) and not isinstance(expected, bool):
+            v = _scalar(got)
+            return got if v is None else v
+        if isinstance(expected, (list, tuple)) and hasattr(got, "tolist") and not isinstance(got, (list, tuple)):
+            return got.tolist()
+        if _is_tensor(expected):
+            t = _as_tensor(got)
+            return got if t is None else t
+        if isinstance(expected, tuple) and isinstance(got, (list, tuple)) and len(got) == len(expected):
+            return tuple(as_like(e, g) for e, g in zip(expected, got))
+    except Exception:  # noqa: BLE001
+        pass
+    return got
+
+
+def first_matching(got: Any, variants: dict[str, Any], expected: Any, rel: float = 1e-9,
+                   abs_: float = 0.0) -> str:
+    """The messages of the wrong ``variants`` (message -> wrong value) that ``got`` equals and
+    ``expected`` does not, joined by "; or " (a hint names the bug the answer actually has)."""
+    hits = []
+    for message, value in variants.items():
+        try:
+            if compare(value, got, rel, abs_) is None and compare(value, expected, rel, abs_) is not None:
+                hits.append(message)
+        except Exception:  # noqa: BLE001
+            continue
+    return "; or ".join(hits)
