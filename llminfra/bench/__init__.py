@@ -23,6 +23,7 @@ SUITES: dict[str, str] = {
     "quant": "llminfra.bench.quant",
     "parallel": "llminfra.bench.parallel",
     "gpu": "llminfra.bench.gpu",
+    "roofline": "llminfra.bench.roofline",
 }
 
 
