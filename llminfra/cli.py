@@ -20,8 +20,7 @@ def _memory(args) -> dict:
     if args.gpu:
         result = mem.fits(args.model, args.gpu, args.dtype, args.kv_dtype, args.context,
                           args.batch, args.reserve)
-        result["max_batch"] = mem.max_batch(args.model, args.gpu, args.context, args.dtype,
-                                            args.kv_dtype, args.reserve)
+        result["max_batch"] = result["max_sequences"]  # from calc.memory.kv_budget
     else:
         result = mem.inference_memory(args.model, args.dtype, args.kv_dtype, args.context,
                                       args.batch).to_dict()
@@ -35,7 +34,7 @@ def _format_memory(r: dict) -> str:
         lines.append(f"  {key:<18} {mem.gb(r[key]):10.3f} GB  {mem.gib(r[key]):10.3f} GiB")
     lines.append(f"  kv_bytes_per_token {r['kv_bytes_per_token']:,} bytes")
     if "gpu" in r:
-        lines.append(f"  on {r['gpu']} ({mem.gb(r['gpu_memory_bytes']):.0f} GB, "
+        lines.append(f"  on {r['gpu']} ({mem.gib(r['gpu_memory_bytes']):.4g} GiB, "
                      f"{r['reserve_fraction']:.0%} reserved, source confidence: "
                      f"{r['gpu_confidence']}): {'fits' if r['fits'] else 'does NOT fit'}; "
                      f"largest batch at this context: {r['max_batch']}")

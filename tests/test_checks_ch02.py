@@ -17,10 +17,11 @@ def _kv_right(spec, kv_dtype):
 
 
 def _largest_batch_right(model, gpu, context, dtype, kv_dtype, reserve_fraction):
-    """Closed form: memory is linear in the batch with no other batch term."""
+    """Closed form: weights and one prefill's activations are paid once, the KV cache per
+    sequence."""
     est = inference_memory(model, dtype, kv_dtype, context, batch=1)
     usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
-    return max(0, math.floor((usable - est.weight_bytes) / (est.kv_bytes + est.activation_bytes)))
+    return max(0, math.floor((usable - est.weight_bytes - est.activation_bytes) / est.kv_bytes))
 
 
 def test_checkers_pass_on_the_package():
@@ -65,18 +66,24 @@ def test_largest_batch_diagnoses():
     def plus_one(*args):
         return _largest_batch_right(*args) + 1
 
-    def gib_card(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+    def gb_card(model, gpu, context, dtype, kv_dtype, reserve_fraction):
         est = inference_memory(model, dtype, kv_dtype, context, batch=1)
-        usable = get_gpu(gpu).memory_gb * 2**30 * (1 - reserve_fraction)
-        return max(0, math.floor((usable - est.weight_bytes) / (est.kv_bytes + est.activation_bytes)))
+        usable = get_gpu(gpu).memory_gb * 1e9 * (1 - reserve_fraction)
+        return max(0, math.floor((usable - est.weight_bytes - est.activation_bytes) / est.kv_bytes))
 
     def no_activations(model, gpu, context, dtype, kv_dtype, reserve_fraction):
         est = inference_memory(model, dtype, kv_dtype, context, batch=1)
         usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
         return max(0, math.floor((usable - est.weight_bytes) / est.kv_bytes))
 
-    for wrong, message in [(no_reserve, "runtime reserve"), (gib_card, "GiB vs GB"),
-                           (no_activations, "left out the activations")]:
+    def per_sequence_activations(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+        est = inference_memory(model, dtype, kv_dtype, context, batch=1)
+        usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
+        return max(0, math.floor((usable - est.weight_bytes) / (est.kv_bytes + est.activation_bytes)))
+
+    for wrong, message in [(no_reserve, "runtime reserve"), (gb_card, "GB vs GiB"),
+                           (no_activations, "left out the activations"),
+                           (per_sequence_activations, "once per sequence")]:
         with pytest.raises(CheckFailed, match=message):
             for _ in range(20):  # a case where the mistake shows is drawn almost always
                 wrong_passes = ch02.check_largest_batch(wrong)

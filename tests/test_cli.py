@@ -29,7 +29,7 @@ def test_memory_with_gpu(capsys):
     assert main(["memory", "--model", "opt-13b", "--context", "2048", "--gpu", "a100-40gb",
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["fits"] is True and d["gpu_memory_bytes"] == 40_000_000_000
+    assert d["fits"] is True and d["gpu_memory_bytes"] == 40_960 * 2**20
     assert d["max_batch"] == mem.max_batch("opt-13b", "a100-40gb", 2048)
 
 

@@ -134,8 +134,9 @@ def test_fits_and_max_batch_are_consistent():
 
 
 def test_fits_reserve():
+    """A100-40GB: 40,960 MiB = 42,949,672,960 bytes; 75 % of it is 32,212,254,720."""
     r = mem.fits("llama-2-7b", "a100-40gb", reserve_fraction=0.25)
-    assert r["usable_bytes"] == 30_000_000_000 and r["gpu_memory_bytes"] == 40_000_000_000
+    assert r["usable_bytes"] == 32_212_254_720 and r["gpu_memory_bytes"] == 42_949_672_960
 
 
 @pytest.mark.parametrize("kwargs,match", [

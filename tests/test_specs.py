@@ -77,9 +77,28 @@ def test_rtx_4090_quotes_fp32_accumulate():
 
 
 def test_gpu_memory_and_bandwidth_units():
-    """A100 40GB: 40 GB = 4e10 bytes; 1555 GB/s = 1.555e12 bytes/s."""
+    """A100 40GB: the vendor's 40 GB are 40 GiB = 42,949,672,960 bytes, and nvidia-smi reports
+    40,960 MiB = the same; 1555 GB/s = 1.555e12 bytes/s (bandwidth GB are decimal). H100 SXM:
+    nominal 80 GiB = 85,899,345,920, driver total 81,559 MiB = 85,520,809,984 (79.65 GiB), which
+    is the figure used."""
     g = get_gpu("a100-40gb")
-    assert g.memory_bytes == 4e10 and g.hbm_bytes_per_s == 1.555e12
+    assert g.memory_bytes == g.nominal_memory_bytes == 42_949_672_960
+    assert g.hbm_bytes_per_s == 1.555e12
+    h = get_gpu("h100")
+    assert h.nominal_memory_bytes == 85_899_345_920
+    assert h.memory_bytes == h.driver_memory_bytes == 85_520_809_984
+    assert "81,559 MiB" in h.memory_source
+
+
+def test_every_gpu_memory_has_a_source():
+    """One rule: the driver total where on record (never above nominal by more than rounding:
+    H200 NVL's 141 is a rounded figure), else the nominal GiB."""
+    from llminfra.specs import gpu_names
+    for name in gpu_names():
+        g = get_gpu(name)
+        assert g.memory_bytes == (g.driver_memory_bytes or g.nominal_memory_bytes)
+        assert g.memory_bytes <= g.nominal_memory_bytes * 1.01, name
+        assert g.memory_source and g.memory_unit == "GiB"
 
 
 @pytest.mark.parametrize("name,torch_dtype", [("fp32", torch.float32), ("fp16", torch.float16),

@@ -19,12 +19,12 @@ def calc():
 def test_breakdown_matches_the_memory_model():
     """OPT-13B fp16 on an A100-40GB at 2048 tokens (vLLM paper Fig. 1 setting):
     weights 12,853,473,280 · 2 = 25,706,946,560 B; KV 2·40·5120·2·2048 = 1,677,721,600 B;
-    usable 40e9 · 0.9 = 36e9 B."""
+    card 40,960 MiB = 42,949,672,960 B; usable int(0.9 · that) = 38,654,705,664 B."""
     d = memory_breakdown("opt-13b", "a100-40gb", dtype="fp16", context=2048, batch=1)
     assert d["weight_bytes"] == 25_706_946_560 == weight_bytes("opt-13b", "fp16")
     assert d["kv_bytes"] == 1_677_721_600 == kv_bytes("opt-13b", 2048, 1, "fp16")
-    assert d["usable_bytes"] == 36_000_000_000
-    assert d["reserve_bytes"] == 4_000_000_000
+    assert d["usable_bytes"] == 38_654_705_664
+    assert d["reserve_bytes"] == 42_949_672_960 - 38_654_705_664
     assert d["free_bytes"] == d["usable_bytes"] - d["total_bytes"]
     ref = fits("opt-13b", "a100-40gb", dtype="fp16", context=2048, batch=1)
     assert {k: d[k] for k in ref} == ref
@@ -63,7 +63,7 @@ def test_kv_dtype_context_and_gpu_change_the_numbers(calc):
     assert calc.data["kv_bytes"] == kv_bytes("llama-2-13b", 4096, 1, "fp8")
     assert calc.data["max_batch"] == max_batch("llama-2-13b", "a100-40gb", 4096, kv_dtype="fp8")
     calc.controls["gpu"].value = "h200"
-    assert calc.data["gpu_memory_bytes"] == 141e9
+    assert calc.data["gpu_memory_bytes"] == 143_771 * 2**20   # nvidia-smi's H200 total
     assert calc.data["max_batch"] == max_batch("llama-2-13b", "h200", 4096, kv_dtype="fp8")
     calc.controls["dtype"].value = "int4"
     assert calc.data["weight_bytes"] == weight_bytes("llama-2-13b", "int4")

@@ -2,8 +2,9 @@
 
 Measured on request traces whose lengths follow the vLLM paper's workloads
 (:mod:`llminfra.kvcache.trace`), served in one fixed KV budget: OPT-13B in fp16 on an A100-40GB,
-the setting of Kwon et al., 2023 (arXiv:2309.06180) Fig. 2 — ``0.9 · memory - weights`` bytes,
-divided by the KV bytes per token (:mod:`llminfra.calc.memory`). Every number is simulated on the
+the setting of Kwon et al., 2023 (arXiv:2309.06180) Fig. 2 — the package's one KV budget,
+:func:`llminfra.calc.memory.kv_budget` (``0.9 · memory - weights - one prefill's activations``,
+in tokens). Every number is simulated on the
 package's own allocator, block tables and prefix cache; the paper's figures sit beside them under
 ``"paper"``. ``run_gpu()`` checks and times the Triton paged-attention kernel on CUDA.
 
@@ -17,7 +18,7 @@ import time
 import torch
 
 from llminfra.bench.timing import best_time_s, environment
-from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, kv_bytes_per_token, weight_bytes
+from llminfra.calc.memory import kv_budget
 from llminfra.kvcache.sharing import (beam_search_blocks, parallel_sampling_blocks,
                                       prefix_cache_run, sharing_saving)
 from llminfra.kvcache.simulate import simulate_contiguous, simulate_paged
@@ -40,14 +41,15 @@ SYSTEM_PROMPT_LEN = 341
 SEED = 2023
 
 
-def kv_budget_tokens(model: str = "opt-13b", gpu_memory_bytes: float = 40e9,
-                     dtype: str = "fp16") -> int:
-    """KV tokens that fit beside the weights: ``(0.9 · memory - weights) / kv_bytes_per_token``.
+def kv_budget_tokens(model: str = "opt-13b", gpu: str = "a100-40gb", dtype: str = "fp16",
+                     context: int = DEFAULT_MAX_SEQ_LEN) -> int:
+    """KV tokens that fit beside the weights: :func:`llminfra.calc.memory.kv_budget`'s
+    ``kv_budget_tokens`` (the same answer chapter 02 gives).
 
-    OPT-13B fp16 on 40e9 bytes: (36e9 - 25,706,946,560) // 819,200 = 12,564 tokens.
+    OPT-13B fp16 on an A100-40GB (42,949,672,960 bytes), context 2048:
+    (38,654,705,664 - 25,706,946,560 - 293,802,368) // 819,200 = 15,446 tokens.
     """
-    free = gpu_memory_bytes * (1 - DEFAULT_RESERVE_FRACTION) - weight_bytes(model, dtype)
-    return int(free // kv_bytes_per_token(model, dtype))
+    return kv_budget(model, gpu, dtype, context=context).kv_budget_tokens
 
 
 def _utilisation(trace, budget: int) -> dict:

@@ -239,75 +239,194 @@ def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str 
         activation_bytes=activation_bytes_inference(spec, batch, chunk, compute))
 
 
-def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
-         context: int = 2048, batch: int = 1, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-         num_gpus: int = 1) -> dict:
-    """Whether serving fits on ``num_gpus`` of ``gpu`` after holding back ``reserve_fraction``
-    of each card for the runtime. Returns the estimate's keys plus ``fits``,
-    ``gpu_memory_bytes``, ``usable_bytes``, ``reserve_fraction``, ``gpu``."""
-    g = get_gpu(gpu)
+@dataclass(frozen=True)
+class KVBudget:
+    """What is left for the KV cache beside the weights, in bytes, tokens and sequences
+    (see :func:`kv_budget`)."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    dtype: str
+    kv_dtype: str
+    context: int
+    reserve_fraction: float
+    gpu_memory_bytes: int
+    gpu_memory_source: str
+    usable_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    kv_budget_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_tokens: int
+    max_sequences: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | None = None,
+              context: int = 2048, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+              num_gpus: int = 1) -> KVBudget:
+    """The one answer to "how much is left for the KV cache beside the weights, and how many
+    sequences fit", as vLLM sizes its cache (Kwon et al., 2023, arXiv:2309.06180, §4.3 and
+    ``gpu_memory_utilization``):
+
+    * ``usable = memory_bytes · num_gpus · (1 - reserve_fraction)`` — the card's memory by the
+      catalog's one rule (:attr:`llminfra.specs.GPUSpec.memory_bytes`);
+    * ``kv_budget_bytes = usable - weights - activations``, the activations being the peak of
+      ONE forward pass over a ``context``-token prompt (vLLM measures this peak in a profiling
+      run; prompts are prefilled one chunk at a time, so it does not grow with the batch);
+    * ``kv_budget_tokens = kv_budget_bytes // kv_bytes_per_token``;
+      ``max_sequences = kv_budget_tokens // context``.
+
+    OPT-13B in fp16 on an A100-40GB (40,960 MiB = 42,949,672,960 bytes), 10 % reserve, context
+    2048: usable 38,654,705,664; weights 25,706,946,560; activations 2048 · 143,360 + 4 · 50,272
+    = 293,802,368; budget 12,653,956,736 bytes = 15,446 tokens of 819,200 bytes = 7 sequences.
+    Taught in chapters 02 and 04.
+    """
+    spec, g = get_model(model), get_gpu(gpu)
     if not 0 <= reserve_fraction < 1:
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
     num_gpus = _positive_int("num_gpus", num_gpus)
-    est = inference_memory(model, dtype, kv_dtype, context, batch)
+    one = inference_memory(spec, dtype, kv_dtype, context, batch=1)
     memory = g.memory_bytes * num_gpus
-    usable = memory * (1 - reserve_fraction)
+    usable = int(memory * (1 - reserve_fraction))
+    left = max(0, usable - one.weight_bytes - one.activation_bytes)
+    tokens = left // one.kv_bytes_per_token
+    return KVBudget(model=spec.name, gpu=g.name, num_gpus=num_gpus, dtype=one.dtype,
+                    kv_dtype=one.kv_dtype, context=one.context,
+                    reserve_fraction=reserve_fraction, gpu_memory_bytes=int(memory),
+                    gpu_memory_source=g.memory_source, usable_bytes=usable,
+                    weight_bytes=one.weight_bytes, activation_bytes=one.activation_bytes,
+                    kv_budget_bytes=left, kv_bytes_per_token=one.kv_bytes_per_token,
+                    kv_budget_tokens=tokens, max_sequences=tokens // one.context)
+
+
+def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
+         context: int = 2048, batch: int = 1, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+         num_gpus: int = 1) -> dict:
+    """Whether ``batch`` sequences of ``context`` tokens fit on ``num_gpus`` of ``gpu``: the
+    weights, the batch's KV cache and the activations of ONE ``context``-token prefill (see
+    :func:`kv_budget`) within ``usable_bytes``; so ``fits`` is exactly
+    ``batch <= kv_budget(...).max_sequences``. Returns the keys of :func:`inference_memory`
+    (``activation_bytes`` for one prefill) plus ``fits``, ``gpu_memory_bytes``,
+    ``gpu_memory_source``, ``usable_bytes``, ``kv_budget_bytes``, ``max_sequences``,
+    ``reserve_fraction``, ``gpu``, ``num_gpus``, ``gpu_confidence``."""
+    budget = kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction, num_gpus)
+    est = inference_memory(model, dtype, kv_dtype, context, batch)
     d = est.to_dict()
-    d.update(gpu=g.name, num_gpus=num_gpus, gpu_memory_bytes=int(memory),
-             usable_bytes=int(usable), reserve_fraction=reserve_fraction,
-             fits=est.total_bytes <= usable, gpu_confidence=g.confidence)
+    d.update(activation_bytes=budget.activation_bytes,
+             total_bytes=est.weight_bytes + est.kv_bytes + budget.activation_bytes,
+             gpu=budget.gpu, num_gpus=budget.num_gpus,
+             gpu_memory_bytes=budget.gpu_memory_bytes,
+             gpu_memory_source=budget.gpu_memory_source, usable_bytes=budget.usable_bytes,
+             kv_budget_bytes=budget.kv_budget_bytes, max_sequences=budget.max_sequences,
+             reserve_fraction=reserve_fraction, gpu_confidence=get_gpu(gpu).confidence)
+    d["fits"] = batch <= budget.max_sequences
     return d
 
 
 def max_batch(model: str | ModelSpec, gpu: str, context: int = 2048, dtype: str = "bf16",
               kv_dtype: str | None = None, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
               num_gpus: int = 1) -> int:
-    """The largest batch of ``context``-token sequences that fits (0 if even one does not).
+    """The largest batch of ``context``-token sequences that fits (0 if even one does not):
+    ``kv_budget(...).max_sequences``, the KV budget in tokens divided by the context."""
+    return kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction,
+                     num_gpus).max_sequences
 
-    Memory grows linearly in the batch, so the answer is found by bisection on :func:`fits`.
+
+def _step_pairs(spec: ModelSpec, batch) -> list[tuple[int, int]]:
+    """``batch`` as a list of ``(new_tokens, context_tokens)`` pairs, checked:
+    ``1 <= new_tokens <= context_tokens <= max_positions``."""
+    try:
+        pairs = [tuple(p) for p in batch]
+    except TypeError:
+        raise ValueError(f"batch must be a sequence of (new_tokens, context_tokens) pairs, "
+                         f"got {batch!r}") from None
+    if not pairs:
+        raise ValueError("batch must hold at least one (new_tokens, context_tokens) pair")
+    out = []
+    for i, p in enumerate(pairs):
+        if len(p) != 2:
+            raise ValueError(f"batch[{i}] = {p!r} is not a (new_tokens, context_tokens) pair")
+        n, c = _positive_int(f"batch[{i}] new_tokens", p[0]), _check_context(spec, p[1])
+        if n > c:
+            raise ValueError(f"batch[{i}]: new_tokens {n} > context_tokens {c} (the context "
+                             f"includes the new tokens); allowed: 1..{c}")
+        out.append((n, c))
+    return out
+
+
+def step_flops(model: str | ModelSpec, batch) -> int:
+    """FLOPs of one forward step over ``batch``, a sequence of ``(new_tokens, context_tokens)``
+    pairs, one per sequence (``context_tokens`` includes the new tokens).
+
+    Per sequence with ``n`` new tokens at context ``c``: ``2 · active_params · n`` (a multiply
+    and an add per weight, Kaplan et al., 2020, arXiv:2001.08361, Table 1, C_forward ≈ 2N) plus
+    causal attention, ``4 · L · H · head_dim`` per attended (query, key) pair (QKᵀ and AV): new
+    token ``j`` sits at position ``c - n + j`` and attends to that many keys, so the pairs number
+    ``n · c - n(n-1)/2`` (decode, n = 1: ``c``; whole-prompt prefill, n = c: ``c(c+1)/2``).
+
+    Llama-2-7B, one decode step at context 1: 2 · 6,738,415,616 + 4 · 32 · 32 · 128 · 1
+    = 13,477,355,520. Taught in chapters 01 (decode) and 08 (roofline).
     """
-    if not fits(model, gpu, dtype, kv_dtype, context, 1, reserve_fraction, num_gpus)["fits"]:
-        return 0
-    lo, hi = 1, 2
-    while fits(model, gpu, dtype, kv_dtype, context, hi, reserve_fraction, num_gpus)["fits"]:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(model, gpu, dtype, kv_dtype, context, mid, reserve_fraction, num_gpus)["fits"]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    spec = get_model(model)
+    per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
+    total = 0
+    for n, c in _step_pairs(spec, batch):
+        total += 2 * active_param_count(spec) * n + per_pair * (n * c - n * (n - 1) // 2)
+    return total
 
 
-def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 2048,
-                      dtype: str = "bf16", kv_dtype: str | None = None) -> int:
-    """Bytes read from GPU memory by one decode step of ``batch`` sequences at ``context``
-    tokens: every weight once (shared by the batch) plus each sequence's whole KV cache,
-    ``weight_bytes(dtype) + kv_bytes(context, batch)``. The embedding table is counted although
-    only ``batch`` rows of it are read (an upper bound; 2% of Llama-2-7B).
+def step_bytes(model: str | ModelSpec, batch, dtype: str = "bf16",
+               kv_dtype: str | None = None) -> int:
+    """Bytes moved to and from GPU memory by one forward step over ``batch`` (pairs of
+    ``(new_tokens, context_tokens)``, as in :func:`step_flops`):
 
-    Llama-2-7B, bf16, batch 1, context 1: 13,476,831,232 + 524,288 bytes.
-    Taught in chapter 01 (why decode is memory-bound) and chapter 08 (roofline).
+    ``weight_bytes(dtype)`` once per step (shared by the batch) + per sequence the cached
+    keys and values read, ``(c - n) · kv_bytes_per_token``, and the new tokens' written,
+    ``n · kv_bytes_per_token`` — together ``c · kv_bytes_per_token``. The new tokens' keys and
+    values are counted once: a fused kernel uses them from on-chip memory (FlashAttention
+    prefill re-reads them per query tile, which only adds to a step that is compute-bound).
+    Activations are not counted (one layer's at a time, small beside the weights in decode).
+    ``kv_dtype`` defaults to the compute dtype (``bf16`` for quantized weights). The embedding
+    table is counted whole although only the new tokens' rows are read (2% of Llama-2-7B).
+
+    Llama-2-7B, bf16, one decode step at context 1: 13,476,831,232 + 524,288 bytes.
+    Taught in chapters 01 (decode) and 08 (roofline).
     """
     spec = get_model(model)
     if kv_dtype is None:
         kv_dtype = _compute_dtype(dtype)
-    return weight_bytes(spec, dtype) + kv_bytes(spec, context, batch, kv_dtype)
+    kv = kv_bytes_per_token(spec, kv_dtype)
+    return weight_bytes(spec, dtype) + sum(kv * c for _, c in _step_pairs(spec, batch))
+
+
+def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 2048,
+                      dtype: str = "bf16", kv_dtype: str | None = None) -> int:
+    """Bytes of one decode step of ``batch`` sequences at ``context`` tokens:
+    :func:`step_bytes` of ``batch`` pairs ``(1, context)`` — every weight once plus each
+    sequence's KV cache, ``weight_bytes(dtype) + batch · context · kv_bytes_per_token``.
+
+    Llama-2-7B, bf16, batch 1, context 1: 13,476,831,232 + 524,288 bytes.
+    Taught in chapter 01 (why decode is memory-bound) and chapter 08 (roofline).
+    """
+    batch = _positive_int("batch", batch)
+    return step_bytes(model, [(1, context)] * batch, dtype, kv_dtype)
 
 
 def decode_step_flops(model: str | ModelSpec, batch: int = 1, context: int = 2048) -> int:
     """FLOPs of one decode step (one new token for each of ``batch`` sequences):
+    :func:`step_flops` of ``batch`` pairs ``(1, context)``, i.e.
     ``B · (2 · active_params + 4 · L · H · head_dim · context)`` — a multiply and an add per
     weight (Kaplan et al., 2020, arXiv:2001.08361, Table 1, C_forward ≈ 2N) plus QKᵀ and AV
     over the ``context`` cached positions.
 
     Llama-2-7B, batch 1, context 1: 2 · 6,738,415,616 + 4 · 32 · 32 · 128 = 13,477,355,520.
     """
-    spec = get_model(model)
-    batch, context = _positive_int("batch", batch), _check_context(spec, context)
-    attention = 4 * spec.num_layers * spec.num_heads * spec.head_dim * context
-    return batch * (2 * active_param_count(spec) + attention)
+    batch = _positive_int("batch", batch)
+    return step_flops(model, [(1, context)] * batch)
 
 
 def decode_arithmetic_intensity(model: str | ModelSpec, batch: int = 1, context: int = 2048,

@@ -5,8 +5,13 @@ The facts are transcribed with their sources in ``gpu_datasheets.json`` beside t
 ``confidence`` is ``"datasheet"`` where the value was re-read from a vendor datasheet and
 something else (``"recalled"``, …) where it was not: show it wherever the value is shown.
 
-Memory is given by vendors as "GB"; here ``memory_bytes = memory_gb * 1e9`` (the literal reading,
-which is the conservative one: HBM stacks are in fact sized in powers of two).
+Memory, one rule everywhere (:attr:`GPUSpec.memory_bytes`): the total the driver reports
+(``nvidia-smi`` / ``rocm-smi``, the same figure as ``torch.cuda.mem_get_info()[1]`` and the one
+vLLM's ``gpu_memory_utilization`` multiplies) where a report is on record, else the datasheet's
+nominal figure in the unit the vendor means. Vendors write "GB" for memory, but memory chips and
+cards are sized in binary units (JEDEC Standard 100B.01: giga = 2**30 for memory capacity), so an
+"80 GB" H100 has 80 GiB of HBM3, of which the driver reports 81,559 MiB (79.6 GiB); an
+A100-40GB reports 40,960 MiB = 40 GiB exactly. ``memory_source`` says which figure is used.
 
 Peak TFLOPS are tensor-core peaks. ``dense`` is without 2:4 structured sparsity; ``sparse`` is
 the vendor's "with sparsity" figure, twice the dense one, reached only by 2:4-pruned weights.
@@ -49,6 +54,9 @@ _NAMES = {
     "m4-max": "Apple M4 Max (unified memory)",
 }
 
+#: bytes per unit of a vendor's memory figure
+_UNITS = {"GiB": 2**30, "GB": 10**9}
+
 ALIASES = {"a100": "a100-80gb", "h100-sxm": "h100", "h200-sxm": "h200"}
 
 #: datasheet field -> dtype keys it stands for
@@ -63,7 +71,9 @@ _TFLOPS_FIELDS = {
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator. ``peak_tflops[dtype]`` is ``{"dense": x, "sparse": y}`` (either may be
-    ``None``); ``memory_gb`` may be a range for unified-memory parts (then the largest)."""
+    ``None``); ``memory_gb`` is the vendor's figure (the largest for unified-memory parts sold in
+    several sizes), in ``memory_unit``; ``driver_memory_bytes`` the driver-reported total where
+    on record (``None`` otherwise), from ``driver_memory_source``."""
 
     name: str
     display_name: str
@@ -80,11 +90,31 @@ class GPUSpec:
     source: str = ""
     confidence: str = ""
     notes: tuple[str, ...] = ()
+    memory_unit: str = "GiB"
+    driver_memory_bytes: int | None = None
+    driver_memory_source: str | None = None
 
     @property
-    def memory_bytes(self) -> float:
-        """Datasheet memory in bytes, reading "GB" as 1e9 bytes."""
-        return self.memory_gb * 1e9
+    def nominal_memory_bytes(self) -> int:
+        """The datasheet's figure in bytes, in the vendor's unit: ``memory_gb · 2**30`` for
+        ``GiB`` (A100-40GB: 42,949,672,960), ``· 1e9`` for ``GB``."""
+        if self.memory_unit not in _UNITS:
+            raise ValueError(f"{self.name}: unknown memory_unit {self.memory_unit!r}; "
+                             f"allowed: {', '.join(_UNITS)}")
+        return int(round(self.memory_gb * _UNITS[self.memory_unit]))
+
+    @property
+    def memory_bytes(self) -> int:
+        """The card's memory, one rule everywhere: the driver-reported total where on record,
+        else :attr:`nominal_memory_bytes`. H100 SXM: 81,559 MiB = 85,520,809,984 bytes."""
+        return self.driver_memory_bytes or self.nominal_memory_bytes
+
+    @property
+    def memory_source(self) -> str:
+        """Where :attr:`memory_bytes` comes from."""
+        if self.driver_memory_bytes:
+            return f"driver-reported total: {self.driver_memory_source}"
+        return f"datasheet nominal {self.memory_gb:g} {self.memory_unit} ({self.source})"
 
     @property
     def bandwidth_gb_per_s(self) -> float:
@@ -110,7 +140,10 @@ class GPUSpec:
         return {
             "name": self.name, "display_name": self.display_name, "vendor": self.vendor,
             "arch": self.arch, "launch": self.launch, "memory_gb": self.memory_gb,
-            "memory_bytes": self.memory_bytes, "memory_type": self.memory_type,
+            "memory_bytes": self.memory_bytes, "memory_unit": self.memory_unit,
+            "nominal_memory_bytes": self.nominal_memory_bytes,
+            "driver_memory_bytes": self.driver_memory_bytes,
+            "memory_source": self.memory_source, "memory_type": self.memory_type,
             "bandwidth_gb_per_s": self.bandwidth_gb_per_s,
             "peak_tflops": {k: dict(v) for k, v in self.peak_tflops.items()},
             "fp32_tflops": self.fp32_tflops, "tdp_w": self.tdp_w,
@@ -153,7 +186,10 @@ def _from_entry(name: str, entry: dict) -> GPUSpec:
         memory_type=entry["memory_type"], hbm_bytes_per_s=entry["bandwidth_GBps"] * 1e9,
         peak_tflops=peaks, fp32_tflops=entry.get("fp32_TFLOPS"),
         tdp_w=None if tdp is None else str(tdp), interconnect=entry.get("interconnect"),
-        source=entry["source"], confidence=entry["confidence"], notes=tuple(notes))
+        source=entry["source"], confidence=entry["confidence"], notes=tuple(notes),
+        memory_unit=entry.get("memory_unit", "GiB"),
+        driver_memory_bytes=entry.get("memory_driver_total_bytes"),
+        driver_memory_source=entry.get("memory_driver_source"))
 
 
 @lru_cache(maxsize=1)

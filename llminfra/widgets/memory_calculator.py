@@ -3,7 +3,7 @@ weights / KV cache / activations against the card's memory, fits or not, and the
 that fits.
 
 Thin wiring over a pure function: :func:`memory_breakdown` returns the numbers (a dict of bytes,
-from :func:`llminfra.calc.memory.fits` and :func:`~llminfra.calc.memory.max_batch`),
+from :func:`llminfra.calc.memory.fits`, which carries :func:`~llminfra.calc.memory.kv_budget`),
 :func:`summary_text` / :func:`summary_html` say them in GB (1e9) and GiB (2**30), and
 :func:`llminfra.plots.memory_calculator.memory_bar_png` draws them. :class:`MemoryCalculator`
 only connects ipywidgets controls to those through ``observe`` callbacks that set an ``HTML``
@@ -23,7 +23,7 @@ import html
 
 import ipywidgets as widgets
 
-from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, fits, max_batch
+from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, fits
 from llminfra.plots.memory_calculator import memory_bar_png
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import get_model, model_names
@@ -45,10 +45,11 @@ def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | 
     ``activation_bytes``, ``total_bytes``, ``gpu_memory_bytes``, ``usable_bytes``, ``fits``,
     ``gpu_confidence``, …) plus ``reserve_bytes = gpu_memory_bytes - usable_bytes``,
     ``free_bytes = usable_bytes - total_bytes`` (negative when it does not fit),
-    ``max_batch`` (largest batch of ``context``-token sequences that fits, 0 if none),
+    ``max_batch`` (largest batch of ``context``-token sequences that fits, 0 if none: the
+    ``max_sequences`` of :func:`llminfra.calc.memory.kv_budget`, which ``fits`` carries),
     ``max_context`` (the model's window, ``None`` if its config has none) and ``gpu_source``.
 
-    Example: OPT-13B in fp16, 2048 tokens, batch 1 on an A100-40GB (40e9 bytes, 10 % reserve):
+    Example: OPT-13B in fp16, 2048 tokens, batch 1 on an A100-40GB (40,960 MiB, 10 % reserve):
     weights 12,853,473,280 · 2 = 25.71 GB, KV 2 · 40 · 5120 · 2 · 2048 = 1.678 GB.
     """
     est = fits(model, gpu, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
@@ -57,8 +58,7 @@ def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | 
     est.update(
         reserve_bytes=est["gpu_memory_bytes"] - est["usable_bytes"],
         free_bytes=est["usable_bytes"] - est["total_bytes"],
-        max_batch=max_batch(model, gpu, context=context, dtype=dtype, kv_dtype=kv_dtype,
-                            reserve_fraction=reserve_fraction),
+        max_batch=est["max_sequences"],
         max_context=spec.max_positions, gpu_source=g.source)
     return est
 
@@ -76,10 +76,11 @@ def summary_lines(data: dict) -> list[str]:
         f"weights     {_both(data['weight_bytes'])}",
         f"KV cache    {_both(data['kv_bytes'])} "
         f"({data['kv_bytes_per_token']:,} bytes per token)",
-        f"activations {_both(data['activation_bytes'])} (prefill of batch x context tokens)",
+        f"activations {_both(data['activation_bytes'])} (one prefill of context tokens)",
         f"total       {_both(data['total_bytes'])}",
         f"{data['gpu']} [{data['gpu_confidence']}]: {_both(data['gpu_memory_bytes'])}, usable "
         f"{_both(data['usable_bytes'])} after a {data['reserve_fraction']:.0%} reserve",
+        f"KV budget beside the weights {_both(data['kv_budget_bytes'])}",
         f"{verdict}; largest batch that fits at context {data['context']}: {data['max_batch']}",
     ]
 

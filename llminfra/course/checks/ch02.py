@@ -132,12 +132,18 @@ def check_kv_sequence_gib(fn) -> int:
 
 
 def _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve_fraction,
-                              memory_bytes=None, with_activations=True) -> int:
-    """``floor((usable - weights) / (KV + activations of one sequence))``, clipped at 0."""
+                              memory_bytes=None, activations="once") -> int:
+    """``floor((usable - weights - activations) / KV of one sequence)``, clipped at 0;
+    ``activations``: ``"once"`` (right: one prefill's peak), ``"none"`` or ``"per_sequence"``."""
     est = inference_memory(model, dtype, kv_dtype, context, batch=1)
     memory = get_gpu(gpu).memory_bytes if memory_bytes is None else memory_bytes
-    per_seq = est.kv_bytes + (est.activation_bytes if with_activations else 0)
-    return max(0, math.floor((memory * (1 - reserve_fraction) - est.weight_bytes) / per_seq))
+    left = memory * (1 - reserve_fraction) - est.weight_bytes
+    per_seq = est.kv_bytes
+    if activations == "once":
+        left -= est.activation_bytes
+    elif activations == "per_sequence":
+        per_seq += est.activation_bytes
+    return max(0, math.floor(left / per_seq))
 
 
 def _batch_hint(args, kwargs, expected, got) -> str:
@@ -146,16 +152,22 @@ def _batch_hint(args, kwargs, expected, got) -> str:
     wrong = {
         "you left out the runtime reserve: only (1 - reserve_fraction) of the card is usable":
             _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, 0.0),
-        "you left out the activations, which also grow with the batch":
+        "you left out the activations: one prefill's peak is held beside the weights":
             _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve,
-                                      with_activations=False),
-        "GiB vs GB: the datasheet's memory_gb is 1e9 bytes per GB, not 2**30":
+                                      activations="none"),
+        "you counted the activations once per sequence: prompts are prefilled one at a time, "
+        "so one prefill's peak is paid once":
             _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve,
-                                      memory_bytes=g.memory_gb * 2**30),
+                                      activations="per_sequence"),
+        "GB vs GiB: memory_bytes is the card's real size (vendors' memory 'GB' are GiB, or the "
+        "driver's total); memory_gb · 1e9 reads them as decimal GB":
+            _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve,
+                                      memory_bytes=g.memory_gb * 1e9),
     }
     wrong["one too many: the batch must fit, so round down (floor), not up"] = expected + 1
-    return _matching(wrong, got, expected) or ("expected floor((usable - weights) / (KV + activations of one sequence)), "
-            "usable = memory_bytes · (1 - reserve_fraction)")
+    return _matching(wrong, got, expected) or (
+        "expected floor((usable - weights - activations of one prefill) / KV of one sequence), "
+        "usable = memory_bytes · (1 - reserve_fraction)")
 
 
 def check_largest_batch(fn) -> int:
