@@ -96,6 +96,45 @@ def _bench(args) -> int:
     return 0
 
 
+def _add_cost_parser(sub) -> None:
+    """``cost api …`` and ``cost selfhost …``: prices are inputs (see chapter 09)."""
+    c = sub.add_parser("cost", help="monthly API cost, or self-hosted cost per token")
+    csub = c.add_subparsers(dest="cost_kind", required=True)
+    a = csub.add_parser("api", help="monthly bill of a hosted API (prices per million tokens)")
+    a.add_argument("--requests-per-day", type=float, required=True)
+    a.add_argument("--input-tokens", type=float, required=True, help="per request")
+    a.add_argument("--output-tokens", type=float, required=True, help="per request")
+    a.add_argument("--input-price", type=float, required=True, help="USD per million tokens")
+    a.add_argument("--output-price", type=float, required=True, help="USD per million tokens")
+    a.add_argument("--days", type=float, default=30, help="days in the month")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    h = csub.add_parser("selfhost", help="USD per million tokens on GPUs paid by the hour")
+    h.add_argument("--gpu-hour-price", type=float, required=True, help="USD per GPU hour")
+    h.add_argument("--tokens-per-s", type=float, required=True, help="throughput while busy")
+    h.add_argument("--utilization", type=float, default=1.0, help="share of hours busy, (0, 1]")
+    h.add_argument("--n-gpus", type=float, default=1, help="GPUs serving that throughput")
+    h.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _cost(args) -> str:
+    from llminfra.calc import cost
+    if args.cost_kind == "api":
+        r = cost.api_monthly_cost(args.requests_per_day, args.input_tokens, args.output_tokens,
+                                  args.input_price, args.output_price, args.days).to_dict()
+        text = (f"{r['monthly_input_tokens']:,.0f} input + {r['monthly_output_tokens']:,.0f} "
+                f"output tokens in {r['days']:g} days: {r['monthly_input_cost']:,.2f} + "
+                f"{r['monthly_output_cost']:,.2f} = {r['monthly_cost']:,.2f} USD")
+    else:
+        r = {"gpu_hour_price": args.gpu_hour_price, "tokens_per_s": args.tokens_per_s,
+             "utilization": args.utilization, "n_gpus": args.n_gpus,
+             "cost_per_million_tokens": cost.selfhost_cost_per_million_tokens(
+                 args.gpu_hour_price, args.tokens_per_s, args.utilization, args.n_gpus)}
+        text = (f"{r['n_gpus']:g} GPU(s) at {r['gpu_hour_price']:g} USD/h, "
+                f"{r['tokens_per_s']:g} tokens/s, busy {r['utilization']:.0%}: "
+                f"{r['cost_per_million_tokens']:.4g} USD per million tokens")
+    return json.dumps(r, indent=2) if args.json else text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llminfra", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -119,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("suite", help="attention | kvcache | quant | parallel | gpu")
     b.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")
     b.add_argument("--quick", action="store_true", help="smaller sizes, same keys")
+    _add_cost_parser(sub)
     return p
 
 
@@ -137,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows, indent=2) if args.json else _format_gpus(rows))
         elif args.command == "bench":
             return _bench(args)
+        elif args.command == "cost":
+            print(_cost(args))
     except (KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"llminfra {args.command}: {msg}", file=sys.stderr)

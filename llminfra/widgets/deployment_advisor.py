@@ -1,0 +1,160 @@
+"""The deployment-advisor widget: volume, request shape, data rules, team, load shape ->
+the four ways to deploy ranked, each with its monthly cost and its reasons.
+
+Thin wiring over pure functions: :func:`advise` returns the numbers (the volume from
+:func:`llminfra.calc.cost.api_monthly_cost`, the ranking from
+:func:`llminfra.calc.deployment.rank_deployments`) and :func:`advice_html` says them as a table.
+:class:`DeploymentAdvisor` connects ipywidgets controls to those through ``observe`` callbacks
+that set an ``HTML`` value (no ``interact``, no printing), so it behaves the same in
+JupyterLab, in a test, and under nbval. The prices are constructor inputs: the notebook passes
+examples labelled with their date and source, never "current" prices.
+
+Taught in chapter 09 (``notebooks/09_deployment_and_cost.ipynb``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+
+import ipywidgets as widgets
+
+from llminfra.calc.cost import api_monthly_cost, blended_price_per_million
+from llminfra.calc.deployment import Prices, Requirements, rank_deployments
+
+#: the names the table shows for each option
+OPTION_NAMES = {"api": "hosted API", "rented": "rented cloud GPUs", "own": "own servers",
+                "local": "local (PC / laptop)"}
+
+
+def advise(prices: Prices, requests_per_day: float, input_tokens: float, output_tokens: float,
+           data_may_leave: bool = True, needs_open_weights: bool = False,
+           has_gpu_team: bool = False, single_user: bool = False,
+           utilization: float = 0.5,
+           api_prices_per_million: tuple[float, float] | None = None) -> dict:
+    """Everything the advisor shows, as data: ``monthly_tokens`` (input + output over 30 days),
+    ``api_usd_per_million`` (the API price used) and ``ranking`` (a list of
+    :class:`~llminfra.calc.deployment.RankedOption`, best first).
+
+    With ``api_prices_per_million = (p_in, p_out)`` the API price is blended from this request
+    mix (:func:`~llminfra.calc.cost.blended_price_per_million`), replacing
+    ``prices.api_usd_per_million``. 1,000 requests a day of 2,000 + 500 tokens: 75,000,000
+    tokens a month (source 000); at 3 / 15 USD per million, 5.4 USD per million blended.
+    """
+    bill = api_monthly_cost(requests_per_day, input_tokens, output_tokens, 0, 0)
+    tokens = bill.monthly_input_tokens + bill.monthly_output_tokens
+    if api_prices_per_million is not None and input_tokens + output_tokens > 0:
+        blended = blended_price_per_million(input_tokens, output_tokens,
+                                            *api_prices_per_million)
+        prices = dataclasses.replace(prices, api_usd_per_million=blended)
+    req = Requirements(tokens, data_may_leave=data_may_leave,
+                       needs_open_weights=needs_open_weights, has_gpu_team=has_gpu_team,
+                       single_user=single_user, utilization=utilization)
+    return {"monthly_tokens": tokens, "api_usd_per_million": prices.api_usd_per_million,
+            "ranking": rank_deployments(req, prices)}
+
+
+def advice_lines(data: dict) -> list[str]:
+    """The ranking as plain lines: rank, option, monthly cost (USD), GPUs, reasons."""
+    lines = [f"{data['monthly_tokens'] / 1e6:,.4g} M tokens a month (input + output)"]
+    rank = 0
+    for r in data["ranking"]:
+        cost = "-" if r.monthly_cost_usd is None else f"{r.monthly_cost_usd:,.0f} USD/month"
+        if r.feasible:
+            rank += 1
+        head = f"{rank}." if r.feasible else "x "
+        gpus = f", {r.n_gpus} GPU(s)" if r.n_gpus else ""
+        lines.append(f"{head} {OPTION_NAMES[r.option]}: {cost}{gpus}; " + "; ".join(r.reasons))
+    return lines
+
+
+def advice_html(data: dict) -> str:
+    """:func:`advice_lines` as an HTML table (infeasible options greyed, the first in bold)."""
+    rows, rank = [], 0
+    for r in data["ranking"]:
+        rank += r.feasible
+        cost = "-" if r.monthly_cost_usd is None else f"{r.monthly_cost_usd:,.0f}"
+        style = "" if r.feasible else " style='color:#888'"
+        name = html.escape(OPTION_NAMES[r.option])
+        if r.feasible and rank == 1:
+            name = f"<b>{name}</b>"
+        rows.append(f"<tr{style}><td>{rank if r.feasible else 'x'}</td><td>{name}</td>"
+                    f"<td style='text-align:right'>{cost}</td><td>{r.n_gpus or '-'}</td>"
+                    f"<td>{html.escape('; '.join(r.reasons))}</td></tr>")
+    head = ("<tr><th>rank</th><th>option</th><th>USD per month</th><th>GPUs</th>"
+            "<th>reasons</th></tr>")
+    return (f"<div>{data['monthly_tokens'] / 1e6:,.4g} M tokens a month (input + output)</div>"
+            f"<table style='font-size:12px'>{head}{''.join(rows)}</table>")
+
+
+class DeploymentAdvisor:
+    """ipywidgets panel over :func:`advise`.
+
+    Attributes: ``controls`` (dict name -> widget: ``requests_per_day``, ``input_tokens``,
+    ``output_tokens``, ``utilization``, ``data_may_leave``, ``needs_open_weights``,
+    ``has_gpu_team``, ``single_user``), ``summary`` (``HTML``), ``widget`` (the ``VBox`` to
+    display), ``data`` (the last :func:`advise`) and ``text`` (its lines joined). Give
+    ``api_prices_per_million = (p_in, p_out)`` to price the API from the sliders' request mix.
+    """
+
+    def __init__(self, prices: Prices, api_prices_per_million: tuple[float, float] | None = None,
+                 requests_per_day: float = 1000, input_tokens: int = 2000,
+                 output_tokens: int = 500, utilization: float = 0.5, data_may_leave: bool = True,
+                 needs_open_weights: bool = False, has_gpu_team: bool = False,
+                 single_user: bool = False):
+        if not isinstance(prices, Prices):
+            raise ValueError(f"prices must be a llminfra.calc.deployment.Prices, "
+                             f"got {type(prices).__name__}")
+        self.prices = prices
+        self.api_prices_per_million = api_prices_per_million
+        style = {"description_width": "130px"}
+        layout = widgets.Layout(width="420px")
+        self.controls = {
+            "requests_per_day": widgets.FloatLogSlider(
+                value=requests_per_day, base=10, min=1, max=7, step=0.25,
+                description="requests / day", style=style, layout=layout,
+                continuous_update=False, readout_format=",.0f"),
+            "input_tokens": widgets.IntSlider(value=input_tokens, min=0, max=32_000, step=100,
+                                              description="input tokens", style=style,
+                                              layout=layout, continuous_update=False),
+            "output_tokens": widgets.IntSlider(value=output_tokens, min=0, max=8_000, step=50,
+                                               description="output tokens", style=style,
+                                               layout=layout, continuous_update=False),
+            "utilization": widgets.FloatSlider(value=utilization, min=0.05, max=1.0, step=0.05,
+                                               description="average load", style=style,
+                                               layout=layout, continuous_update=False,
+                                               readout_format=".0%"),
+            "data_may_leave": widgets.Checkbox(value=data_may_leave,
+                                               description="data may leave the company"),
+            "needs_open_weights": widgets.Checkbox(value=needs_open_weights,
+                                                   description="needs an open-weights model"),
+            "has_gpu_team": widgets.Checkbox(value=has_gpu_team,
+                                             description="a team can run GPU servers"),
+            "single_user": widgets.Checkbox(value=single_user, description="one user only"),
+        }
+        self.summary = widgets.HTML()
+        self.summary.add_class("llminfra-deployment-summary")
+        c = self.controls
+        self.widget = widgets.VBox([
+            c["requests_per_day"], c["input_tokens"], c["output_tokens"], c["utilization"],
+            widgets.HBox([c["data_may_leave"], c["needs_open_weights"]]),
+            widgets.HBox([c["has_gpu_team"], c["single_user"]]), self.summary])
+        self.widget.add_class("llminfra-deployment-advisor")
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+        self.update()
+
+    def _on_change(self, change) -> None:
+        self.update()
+
+    def values(self) -> dict:
+        """The controls' current values, as keyword arguments of :func:`advise`."""
+        return {name: control.value for name, control in self.controls.items()}
+
+    def update(self) -> dict:
+        """Recompute from the controls; refresh ``summary``; return the data."""
+        self.data = advise(self.prices, **self.values(),
+                           api_prices_per_million=self.api_prices_per_million)
+        self.text = "\n".join(advice_lines(self.data))
+        self.summary.value = advice_html(self.data)
+        return self.data
