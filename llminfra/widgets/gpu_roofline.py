@@ -126,11 +126,13 @@ class RooflineCalculator:
                                                     description="USD / GPU h", style=st),
         }
         self.summary, self.image = widgets.HTML(), widgets.Image(format="png")
+        self.summary.add_class("llminfra-roofline-summary")
         c = self.controls
         self.widget = widgets.VBox([
             widgets.HBox([c["model"], c["dtype"]]), widgets.HBox([c["gpu"], c["num_gpus"]]),
             widgets.HBox([c["context"], c["concurrency"]]), c["gpu_hour_price_usd"],
             self.image, self.summary])
+        self.widget.add_class("llminfra-roofline-calculator")
         for control in self.controls.values():
             control.observe(lambda change: self.update(), names="value")
         self.update()
