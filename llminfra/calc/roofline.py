@@ -89,9 +89,9 @@ PCIE_X16_GB_PER_S = {3: 8 * 16 * 128 / 130 / 8, 4: 16 * 16 * 128 / 130 / 8,
 def default_interconnect(device: str | GPUSpec, n_gpus: int = 2) -> Interconnect:
     """The link ``n_gpus``-way tensor parallelism uses on ``device``, per direction: NVLink when
     the catalog lists a bandwidth for it (an NVLink *bridge* of PCIe cards joins 2 GPUs, or
-    the 2 or 4 its text names, so more ranks fall back to PCIe), else one Infinity Fabric link (MI300X), else PCIe (the catalog's
-    figure, or :data:`PCIE_X16_GB_PER_S` for its generation). Catalog figures are totals of
-    both directions and are halved. ``ValueError`` when the catalog names no link."""
+    the 2 or 4 its text names, so more ranks fall back to PCIe), else one Infinity Fabric link
+    (MI300X), else PCIe (the catalog's figure, or :data:`PCIE_X16_GB_PER_S` for its
+    generation). Catalog figures are totals of both directions and are halved. ``ValueError`` when the catalog names no link."""
     g = get_gpu(device)
     text = g.interconnect or ""
     source = f"llminfra.specs GPU catalog, {g.name}: {text!r}"

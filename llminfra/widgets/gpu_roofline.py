@@ -66,7 +66,8 @@ def summary_lines(d: dict) -> list[str]:
     return [
         f"{d['model']} in {d['dtype']} on {d['num_gpus']} x {d['gpu']} [{d['gpu_confidence']}], "
         f"context {d['context']}, {d['concurrency']} sequences at once",
-        f"memory: {d['gpu_memory_bytes'] / 2**30:.4g} GiB, weights {d['weight_bytes'] / 1e9:.4g} GB,"
+        f"memory: {d['gpu_memory_bytes'] / 2**30:.4g} GiB, "
+        f"weights {d['weight_bytes'] / 1e9:.4g} GB,"
         f" KV budget {d['kv_budget_bytes'] / 1e9:.4g} GB = room for {d['max_sequences']} sequences",
         f"decode bound: {d['tpot_ms']:.3g} ms per step ({d['decode']['bound']}-bound), "
         f"{d['tokens_per_s']:.4g} tokens/s in all",

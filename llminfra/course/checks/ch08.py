@@ -165,7 +165,8 @@ def _decode_hint(args, kwargs, expected, got) -> str:
         "you left out the KV cache each sequence reads every step": B * bw / w,
         "you read one KV cache for the whole batch: every sequence reads its own":
             B * bw / (w + c * kv),
-        "you counted the weights once per sequence: a step reads them once": B * bw / (B * w + B * c * kv),
+        "you counted the weights once per sequence: a step reads them once":
+            B * bw / (B * w + B * c * kv),
         "tokens/s counts every sequence's token: multiply by the batch": expected / B,
         "you returned seconds per token (step time / batch), not tokens per second": 1 / expected,
         "you returned the step time, not tokens per second": B / expected,
