@@ -16,11 +16,11 @@ from llminfra.specs import get_gpu, get_model
 
 
 def layer_right(model, B, c):
-    """By hand: P_layer = (params - params without layers) / L; FLOPs = B·(2·P_layer +
+    """By hand: P_layer = what one more layer adds to the parameters; FLOPs = B·(2·P_layer +
     4·H·d·c); bytes = 2·P_layer + B·c·kv_bytes_per_token/L (bf16). Llama-2-7B at B = 1, c = 1:
     404,783,104 / 404,783,104 = 1."""
     s = get_model(model)
-    p = (param_count(s) - param_count(replace(s, num_layers=0))) / s.num_layers
+    p = param_count(replace(s, num_layers=2)) - param_count(replace(s, num_layers=1))
     flops = B * (2 * p + 4 * s.num_heads * s.head_dim * c)
     return flops / (2 * p + B * c * kv_bytes_per_token(s) / s.num_layers)
 
@@ -54,7 +54,7 @@ def test_any_numeric_type_is_accepted():
 
 def _layer_parts(model, B, c):
     s = get_model(model)
-    p = (param_count(s) - param_count(replace(s, num_layers=0))) / s.num_layers
+    p = param_count(replace(s, num_layers=2)) - param_count(replace(s, num_layers=1))
     return s, p, 4 * s.num_heads * s.head_dim, kv_bytes_per_token(s) / s.num_layers
 
 

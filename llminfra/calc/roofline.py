@@ -211,17 +211,16 @@ def layer_point(model: str | ModelSpec, batch, dtype: str = "bf16",
                 kv_dtype: str | None = None) -> dict:
     """One transformer block's share of a step: ``flops``, ``bytes`` and ``intensity``.
 
-    Computed with the same accounting as the whole model: the step of the model minus the step
-    of the same model with no blocks (embeddings, final norm, lm_head), divided by ``L``. A block
+    Computed with the same accounting as the whole model: the step of the model with two
+    blocks minus the step of the same model with one (what one more block adds). A block
     of Llama-2-7B in bf16 at batch 1, context 1: 4·4096² + 3·4096·11008 + 2·4096 = 202,383,360
     weights -> 404,766,720 FLOPs + 4·32·128 attention = 404,783,104; bytes 404,766,720 +
     2·32·128·2 = 404,783,104: intensity 1.0.
     """
     spec = get_model(model)
-    bare = replace(spec, num_layers=0)
-    flops = (step_flops(spec, batch) - step_flops(bare, batch)) / spec.num_layers
-    nbytes = (step_bytes(spec, batch, dtype, kv_dtype)
-              - step_bytes(bare, batch, dtype, kv_dtype)) / spec.num_layers
+    one, two = replace(spec, num_layers=1), replace(spec, num_layers=2)
+    flops = step_flops(two, batch) - step_flops(one, batch)
+    nbytes = step_bytes(two, batch, dtype, kv_dtype) - step_bytes(one, batch, dtype, kv_dtype)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
 
 

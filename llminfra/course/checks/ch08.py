@@ -101,11 +101,11 @@ def _layer_reference(model, batch, context):
 
 def _block(model):
     spec = get_model(model)
-    bare, L = replace(spec, num_layers=0), spec.num_layers
-    p_flops = (active_param_count(spec) - active_param_count(bare)) / L
-    p_bytes = (param_count(spec) - param_count(bare)) / L
+    one, two = replace(spec, num_layers=1), replace(spec, num_layers=2)
+    p_flops = active_param_count(two) - active_param_count(one)
+    p_bytes = param_count(two) - param_count(one)
     attn = 4 * spec.num_heads * spec.head_dim
-    kv = kv_bytes_per_token(spec, "bf16") / L
+    kv = kv_bytes_per_token(spec, "bf16") / spec.num_layers
     return p_flops, p_bytes, attn, kv
 
 
