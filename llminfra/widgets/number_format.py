@@ -14,6 +14,7 @@ import html
 import ipywidgets as widgets
 
 from llminfra.quant.formats import SHOWN_FORMATS, encode_all
+from llminfra.widgets.panel import Panel
 
 
 def encoding_lines(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> list[str]:
@@ -32,7 +33,8 @@ class NumberFormatExplorer:
         self.formats = formats
         self.control = widgets.FloatText(value=value, description="number")
         self.table = widgets.HTML()
-        self.widget = widgets.VBox([self.control, self.table])
+        self.widget = Panel([self.control, self.table], title="Number formats",
+                            how="type a number; each format's bits, stored value and error")
         self.control.observe(lambda change: self.update(), names="value")
         self.update()
 

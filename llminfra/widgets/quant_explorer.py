@@ -19,6 +19,7 @@ import torch
 
 from llminfra.plots.quant import error_histogram_png
 from llminfra.quant import quantize
+from llminfra.widgets.panel import Panel, natural_size
 
 FAMILIES = ("int absmax", "int zero-point", "fp8-e4m3", "fp8-e5m2", "nf4")
 GROUPS = ("tensor", "channel", 32, 64, 128, 256)
@@ -73,8 +74,10 @@ class QuantExplorer:
         self.image = widgets.Image(format="png")
         self.summary = widgets.HTML()
         c = self.controls
-        self.widget = widgets.VBox([widgets.HBox([c["family"], c["bits"], c["group"]]),
-                                    self.image, self.summary])
+        self.widget = Panel([widgets.HBox([c["family"], c["bits"], c["group"]]),
+                             self.image, self.summary], title="Quantizer",
+                            how="pick a scheme, bits and group size; rounding errors, bytes, "
+                                "layer error and perplexity")
         for control in self.controls.values():
             control.observe(lambda change: self.update(), names="value")
         self.update()
@@ -102,4 +105,5 @@ class QuantExplorer:
         self.text = "\n".join(lines)
         self.summary.value = f"<pre style='margin:0;font-size:12px'>{html.escape(self.text)}</pre>"
         self.image.value = error_histogram_png(self.w, d["w_hat"], scheme)
+        natural_size(self.image)
         return d
