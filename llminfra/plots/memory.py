@@ -61,7 +61,11 @@ def stacked_memory_bars(bars: Mapping[str, Mapping[str, float]], unit: str = "GB
             ax.annotate(f" {text}", (total, x), va="center", fontsize=8)
         else:
             ax.annotate(text, (x, total), ha="center", va="bottom", fontsize=8)
-    (ax.margins(x=0.12) if horizontal else ax.margins(y=0.1))
+    # headroom for the totals written past the longest bar (text is not autoscaled)
+    top = max(bottoms, default=0.0) * 1.12
+    if limit_bytes is not None:
+        top = max(top, limit_bytes / scale * 1.05)
+    (ax.set_xlim if horizontal else ax.set_ylim)(0, top or 1.0)
     if limit_bytes is not None:
         line = ax.axvline if horizontal else ax.axhline
         line(limit_bytes / scale, color="k", ls="--", lw=1, label=limit_label)

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from llminfra.parallel.pipeline import StageEvent, measured_bubble
 
@@ -102,6 +102,9 @@ def plot_bubble(measured: dict, formula: dict, ax: Axes) -> Axes:
         ax.plot([int(key[2:]) for key in got], list(got.values()), "o", color=colour,
                 label=f"{p} measured")
     ax.set_xscale("log", base=2)
+    ms_all = sorted({int(key[2:]) for row in (*formula.values(), *measured.values()) for key in row})
+    ax.set_xticks(ms_all, [str(m) for m in ms_all])
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble fraction")
     ax.legend(fontsize=8)
