@@ -244,6 +244,10 @@ def glossary_markdown(entries: tuple[Term, ...] = GLOSSARY) -> str:
 _PROTECTED = re.compile(r"`[^`]*`|\$[^$]*\$|\[[^\]]*\]\([^)]*\)|<[^>]+>|^#.*$", re.MULTILINE)
 
 
+#: italic spans; those of four words or more are titles of cited works, never linked into
+_ITALIC = re.compile(r"(?<![*\w])\*[^*\n]+\*(?![*\w])")
+
+
 def _pattern(e: Term) -> re.Pattern:
     names = sorted({e.term, *e.aliases}, key=len, reverse=True)
     alts = "|".join(re.escape(n) for n in names)
@@ -253,6 +257,7 @@ def _pattern(e: Term) -> re.Pattern:
 def _link_once(text: str, e: Term, href: str) -> tuple[str, bool]:
     """Link the first unprotected match of ``e`` in ``text``; ``(new text, linked?)``."""
     protected = [m.span() for m in _PROTECTED.finditer(text)]
+    protected += [m.span() for m in _ITALIC.finditer(text) if len(m.group().split()) >= 4]  # titles
     for m in _pattern(e).finditer(text):
         if any(a <= m.start() < b for a, b in protected):
             continue

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 #: colour of each memory part, by the names the calculators use
 PART_COLOURS = {
@@ -89,6 +90,9 @@ def intensity_vs_batch(batches: Sequence[int], intensities: Sequence[float],
     ax.loglog(batches, intensities, "o-", label=label)
     for i, (name, ridge) in enumerate(ridges.items()):
         ax.axhline(ridge, color=f"C{i + 1}", ls="--", lw=1, label=f"{name} ridge: {ridge:.0f}")
+    ax.set_xticks(list(batches), [str(b) for b in batches])  # ticks at the computed batches
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("batch (sequences decoded together)")
     ax.set_ylabel("FLOPs per byte read")
     ax.legend(fontsize=8)
