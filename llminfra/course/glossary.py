@@ -176,7 +176,7 @@ GLOSSARY: tuple[Term, ...] = (
          "different GPUs and streaming micro-batches through them.", "07", "000",
          ("pipeline parallel",)),
     Term("data parallelism", "데이터 병렬", "Whole copies of the model on several GPUs, each "
-         "serving (or training on) its share of the requests.", "07", "000",
+         "serving (or training on) its share of the requests.", "01", "000",
          ("data parallel", "data-parallel")),
     Term("model parallelism", "모델 병렬화", "Splitting one model across GPUs (tensor or "
          "pipeline parallelism) because it does not fit on one.", "07", "004"),
