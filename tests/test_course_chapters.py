@@ -25,10 +25,11 @@ def test_chapter_info_reads_title_gpu_cells_and_time(tmp_path):
         {"cell_type": "code", "source": "x = 1"},
         {"cell_type": "code", "source": "if torch.cuda.is_available():\n    q = q.cuda()"},
         {"cell_type": "code", "source": "t = torch.ones(1, device=\"cuda\")"},
+        {"cell_type": "code", "source": "print(report[\"cuda\"], torch.cuda.is_available())"},
     ], {"llminfra": {"run_time_s": 12.5, "measured_on": "x86_64, 2 CPU cores, CPU only"}})
     info = chapter_info(p)
     assert info == {"chapter": "06", "notebook": "06_x.ipynb", "title": "Flash things",
-                    "gpu_cells": 2, "code_cells": 3, "run_time_s": 12.5,
+                    "gpu_cells": 2, "code_cells": 4, "run_time_s": 12.5,
                     "measured_on": "x86_64, 2 CPU cores, CPU only"}
     assert runs_here(info) == "CPU (2 GPU cells skip without CUDA)"
     assert runs_here({**info, "gpu_cells": 0}) == "CPU"

@@ -3,8 +3,8 @@
 Read from the notebooks themselves, so the map never lists a chapter that is not there:
 
 * the title is the notebook's first heading (``# 06 · FlashAttention from first principles``);
-* a code cell *needs a GPU* when it moves work to CUDA (``.cuda(`` or ``"cuda"`` in its
-  source); the course guards every such cell with ``torch.cuda.is_available()``, so on a
+* a code cell *needs a GPU* when it moves work to CUDA (``.cuda(``, ``device="cuda"`` or
+  ``.to("cuda")`` in its source); the course guards every such cell with ``torch.cuda.is_available()``, so on a
   CPU-only machine it prints one line and skips (never counted as a pass);
 * the run time is what ``python -m llminfra.course.execute`` measured the last time it ran the
   notebook top to bottom, with the machine it ran on (``metadata.llminfra``); ``None`` if the
@@ -19,7 +19,7 @@ import json
 import re
 from pathlib import Path
 
-_GPU_USE = re.compile(r"\.cuda\(|[\"']cuda[\"']")
+_GPU_USE = re.compile(r"\.cuda\(|device\s*=\s*[\"']cuda|\.to\([\"']cuda")
 _CHAPTER_FILE = re.compile(r"^(\d\d|A\d)_.+\.ipynb$")
 
 

@@ -200,14 +200,23 @@ GLOSSARY: tuple[Term, ...] = (
 
 def search(query: str, entries: tuple[Term, ...] = GLOSSARY) -> list[Term]:
     """Entries whose term, Korean term, aliases or definition contain ``query`` (case-
-    insensitive; an empty query returns every entry). ``search("프리필")`` -> ``[prefill]``."""
+    insensitive; an empty query returns every entry), best first: the term or an alias equal to
+    the query, then names containing it, then definitions mentioning it.
+    ``search("프리필")`` -> ``[prefill, chunked prefill]``."""
     if not isinstance(query, str):
         raise ValueError(f"query must be a string, got {type(query).__name__}")
     q = query.strip().lower()
     if not q:
         return list(entries)
-    return [e for e in entries
-            if any(q in s.lower() for s in (e.term, e.ko, e.definition, *e.aliases))]
+
+    def rank(e: Term) -> int:
+        names = [n.lower() for n in (e.term, e.ko, *e.aliases)]
+        if q in names:
+            return 0
+        if any(q in n for n in names):
+            return 1
+        return 2 if q in e.definition.lower() else 3
+    return sorted((e for e in entries if rank(e) < 3), key=rank)
 
 
 def glossary_html(entries: list[Term] | tuple[Term, ...], docs_href: str | None = None) -> str:
