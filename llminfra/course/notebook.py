@@ -1,8 +1,9 @@
 """Helpers used by the first cells of every notebook.
 
 ``setup()`` makes a notebook's output the same on every machine (quiet known warnings, PNG
-figures, tables with floats to 4 significant digits); ``show_source(obj)`` shows the package code the notebook runs, so
-what the learner reads is what the tests ran; ``environment_report()`` says what this machine has.
+figures, tables with floats to 4 significant digits); ``show_source(obj)`` shows the package
+code the notebook runs, so what the learner reads is what the tests ran;
+``environment_report()`` says what this machine has.
 """
 
 from __future__ import annotations
