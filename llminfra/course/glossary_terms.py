@@ -72,6 +72,9 @@ GLOSSARY: tuple[Term, ...] = (
          ("FLOP/byte", "FLOPs per byte")),
     Term("ridge point", "리지 포인트", "A processor's peak FLOP/s divided by its memory bandwidth: "
          "the arithmetic intensity needed to be compute-bound (roofline model).", "01", None),
+    Term("roofline", "루프라인 (roofline)", "A kernel's attainable FLOP/s: the lesser of peak "
+         "FLOP/s and arithmetic intensity × memory bandwidth (Williams et al., 2009).", "07",
+         None, ("roofline model",)),
     Term("memory-bound", "메모리 병목 (memory-bound)", "Limited by bytes moved, not by "
          "arithmetic: faster memory helps, more FLOP/s do not.", "01", None,
          ("memory bound",)),
