@@ -20,7 +20,8 @@ def _memory(args) -> dict:
     if args.gpu:
         result = mem.fits(args.model, args.gpu, args.dtype, args.kv_dtype, args.context,
                           args.batch, args.reserve)
-        result["max_batch"] = result["max_sequences"]  # from calc.memory.kv_budget
+        result["max_batch"] = mem.max_batch(args.model, args.gpu, args.context, args.dtype,
+                                            args.kv_dtype, args.reserve)
     else:
         result = mem.inference_memory(args.model, args.dtype, args.kv_dtype, args.context,
                                       args.batch).to_dict()

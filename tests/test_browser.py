@@ -28,6 +28,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "02_gpu_memory.ipynb"
+TRUSTED = "02_gpu_memory_trusted.ipynb"   # the same notebook, marked trusted with `jupyter trust`
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
@@ -83,14 +84,23 @@ def lab(tmp_path_factory):
     served = home / "notebooks"
     served.mkdir()
     shutil.copy(ROOT / "notebooks" / NOTEBOOK, served / NOTEBOOK)  # JupyterLab autosaves
+    shutil.copy(ROOT / "notebooks" / NOTEBOOK, served / TRUSTED)
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    notebook_settings = home / "settings" / "@jupyterlab" / "notebook-extension"
+    notebook_settings.mkdir(parents=True)   # draw every cell, not only those scrolled into view
+    (notebook_settings / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"}))
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_CONFIG_DIR=str(home / "config"),
+               JUPYTER_DATA_DIR=str(home / "data"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    # what a learner does with `jupyter trust`: outputs of a trusted notebook may render widgets
+    subprocess.run([sys.executable, "-m", "jupyter", "trust", str(served / TRUSTED)], env=env,
+                   check=True, capture_output=True)
     port, token = _free_port(), secrets.token_hex(16)
     log = home / "lab.log"
     with log.open("w") as out:
@@ -138,6 +148,29 @@ def _accept_kernel_dialog(page) -> None:
 def _run_all_cells(page) -> None:
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
+    """Opened, not run: JupyterLab draws the calculator from the notebook's saved widget state
+    (written by ``python -m llminfra.course.execute``); until the widget manager has loaded it
+    (or where none runs) the output is ``text/plain``, a sentence saying what the widget is and
+    that running the cell brings it to life — never a ``VBox(children=…)`` repr."""
+    base, token = lab
+    # each check in a workspace of its own, so that the later test's default workspace is untouched
+    page.goto(f"{base}/lab/workspaces/trusted/tree/notebooks/{TRUSTED}?token={token}")
+    page.locator(".jp-Notebook").first.wait_for(state="visible", timeout=RUN_TIMEOUT_MS)
+    _accept_kernel_dialog(page)
+    summary = page.locator(".llminfra-memory-calculator .llminfra-memory-summary")
+    summary.first.wait_for(state="visible", timeout=60_000)
+    assert "largest batch" in summary.first.inner_text()
+    page.goto(f"{base}/lab/workspaces/untrusted/tree/notebooks/{NOTEBOOK}?token={token}")
+    notebook = page.locator(".jp-Notebook").first
+    notebook.wait_for(state="visible", timeout=RUN_TIMEOUT_MS)
+    _accept_kernel_dialog(page)
+    # drawn from the saved state once the widget manager has loaded it, the sentence before that
+    notebook.locator(".llminfra-memory-calculator").or_(
+        notebook.get_by_text("[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
+    assert "VBox(children" not in notebook.inner_text()
 
 
 def test_batch_slider_changes_the_summary(lab, page):

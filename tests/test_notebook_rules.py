@@ -56,3 +56,21 @@ def test_notebook_has_colab_cell_and_stored_outputs(path):
         for out in c.get("outputs", []):
             assert out.get("name") != "stderr", f"{path.name}: stderr output stored (a warning?)"
             assert out.get("output_type") != "error", f"{path.name}: an error is stored"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
+def test_widgets_render_before_the_notebook_runs(path):
+    """A chapter opened before it is run shows its widgets from the saved state, and where no
+    widget manager runs, a sentence saying what the widget is — never a constructor repr or
+    PNG bytes (``python -m llminfra.course.execute`` stores the state)."""
+    nb = json.loads(path.read_text())
+    state = nb["metadata"].get("widgets", {}).get(
+        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    for cell in code_cells(path):
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            if view is None:
+                continue
+            assert view["model_id"] in state, f"{path.name}: widget {view['model_id']} has no saved state"
+            plain = "".join(out["data"].get("text/plain", ""))
+            assert plain.startswith("[interactive widget]"), f"{path.name}: raw widget repr {plain[:60]!r}"

@@ -41,8 +41,8 @@ def test_fast_path_equals_reference(scheme, path, dtype):
 
 
 def test_layouts_without_a_kernel_use_the_reference():
-    """Per-tensor int8, per-channel int4 with K = 640 (no such group size), N not a multiple of 16 (int4), nf4: no kernel; the
-    output is exactly the reference."""
+    """Per-tensor int8, per-channel int4 with K = 640 (no such group size), N not a multiple of
+    16 (int4), nf4: no kernel; the output is exactly the reference."""
     for scheme, shape in (("int8-absmax", (64, 128)), ("int4-channel", (64, 640)),
                           ("int4-g32", (40, 128)), ("nf4", (64, 128))):
         lin, g = _layer(*shape, seed=1)

@@ -1,4 +1,4 @@
-"""The facts tables: every preset of DESIGN.md §3 is there, with its fields and source."""
+"""The facts tables: every preset the course names (README, chapters) is there, with its fields and source."""
 
 import json
 from pathlib import Path

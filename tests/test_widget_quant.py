@@ -46,3 +46,11 @@ def test_quant_explorer_updates_and_matches_package(gen):
     assert qe.data["weight_rel_error"] == float((w_hat - w).norm() / w.norm())
     assert qe.data["layer_rel_error"] == float((X @ w_hat.T - X @ w.T).norm() / (X @ w.T).norm())
     assert quant_stats(w, "nf4-g128")["layer_rel_error"] is None   # no inputs, no layer error
+    assert repr(qe.widget).startswith("[interactive widget] Quantizer")
+
+
+def test_quant_explorer_shows_the_baseline_on_the_same_text(gen):
+    w = torch.randn(16, 128, generator=gen)
+    qe = QuantExplorer(w, perplexity_fn=lambda s: 4.4, baseline_perplexity=4.0)
+    assert "perplexity 4.4 vs 4 unquantized on the same text (+10.00%)" in qe.text
+    assert qe.data["baseline_perplexity"] == 4.0

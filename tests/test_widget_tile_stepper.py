@@ -39,8 +39,10 @@ def test_slider_moves_output(gen):
     image = box.children[1]
     first_html, first_png = html.value, image.value
     assert "step 1 of 6" in first_html and "rows 0–3" in first_html
-    slider.value = 5
+    assert (slider.min, slider.max, slider.value) == (1, 6, 1)  # counts tiles as the title does
+    slider.value = 6
     assert "step 6 of 6" in html.value and "rows 8–9" in html.value
     assert image.value != first_png
-    slider.value = 0
+    slider.value = 1
     assert html.value == first_html
+    assert repr(box).startswith("[interactive widget] Tile stepper")

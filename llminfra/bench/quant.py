@@ -1,6 +1,6 @@
 """``python -m llminfra bench quant [--quick] --json PATH``: quantization measured on the tiny model.
 
-Per scheme (keyed by its name, DESIGN.md §3): ``bytes_per_param`` actually stored for the
+Per scheme (keyed by its name, e.g. ``int4-g128``): ``bytes_per_param`` actually stored for the
 blocks' linear weights (scales and zero points included), ``layer_rel_error`` (mean relative
 output error of the quantized linear layers on real held-out activations), held-out
 ``perplexity`` and ``perplexity_delta`` from fp32, ``greedy_agreement`` with fp32, and the CPU

@@ -89,9 +89,9 @@ PCIE_X16_GB_PER_S = {3: 8 * 16 * 128 / 130 / 8, 4: 16 * 16 * 128 / 130 / 8,
 def default_interconnect(device: str | GPUSpec, n_gpus: int = 2) -> Interconnect:
     """The link ``n_gpus``-way tensor parallelism uses on ``device``, per direction: NVLink when
     the catalog lists a bandwidth for it (an NVLink *bridge* of PCIe cards joins 2 GPUs, or
-    the 2 or 4 its text names, so more ranks fall back to PCIe), else one Infinity Fabric link (MI300X), else PCIe (the catalog's
-    figure, or :data:`PCIE_X16_GB_PER_S` for its generation). Catalog figures are totals of
-    both directions and are halved. ``ValueError`` when the catalog names no link."""
+    the 2 or 4 its text names, so more ranks fall back to PCIe), else one Infinity Fabric link
+    (MI300X), else PCIe (the catalog's figure, or :data:`PCIE_X16_GB_PER_S` for its
+    generation). Catalog figures are totals of both directions and are halved. ``ValueError`` when the catalog names no link."""
     g = get_gpu(device)
     text = g.interconnect or ""
     source = f"llminfra.specs GPU catalog, {g.name}: {text!r}"
@@ -211,17 +211,16 @@ def layer_point(model: str | ModelSpec, batch, dtype: str = "bf16",
                 kv_dtype: str | None = None) -> dict:
     """One transformer block's share of a step: ``flops``, ``bytes`` and ``intensity``.
 
-    Computed with the same accounting as the whole model: the step of the model minus the step
-    of the same model with no blocks (embeddings, final norm, lm_head), divided by ``L``. A block
+    Computed with the same accounting as the whole model: the step of the model with two
+    blocks minus the step of the same model with one (what one more block adds). A block
     of Llama-2-7B in bf16 at batch 1, context 1: 4·4096² + 3·4096·11008 + 2·4096 = 202,383,360
     weights -> 404,766,720 FLOPs + 4·32·128 attention = 404,783,104; bytes 404,766,720 +
     2·32·128·2 = 404,783,104: intensity 1.0.
     """
     spec = get_model(model)
-    bare = replace(spec, num_layers=0)
-    flops = (step_flops(spec, batch) - step_flops(bare, batch)) / spec.num_layers
-    nbytes = (step_bytes(spec, batch, dtype, kv_dtype)
-              - step_bytes(bare, batch, dtype, kv_dtype)) / spec.num_layers
+    one, two = replace(spec, num_layers=1), replace(spec, num_layers=2)
+    flops = step_flops(two, batch) - step_flops(one, batch)
+    nbytes = step_bytes(two, batch, dtype, kv_dtype) - step_bytes(one, batch, dtype, kv_dtype)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
 
 

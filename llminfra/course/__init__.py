@@ -9,5 +9,9 @@
   nbgrader metadata on answer and checker cells;
 * ``python -m llminfra.course.grade DIR [--csv PATH]`` — grade a folder of learners' notebooks;
 * ``python -m llminfra.course.teach check-machines | reset-exercises`` — a teacher's commands;
-* ``python -m llminfra.course.execute NOTEBOOK…`` — re-run notebooks and store their outputs.
+* ``python -m llminfra.course.execute NOTEBOOK…`` — re-run notebooks and store their outputs,
+  widget state and run times;
+* :mod:`llminfra.course.chapters` — the course map read from the notebooks (chapter 00);
+* :mod:`llminfra.course.glossary` (data in :mod:`~llminfra.course.glossary_terms`) — the
+  English / Korean glossary: search, ``docs/glossary.md``, links from each chapter's first use.
 """

@@ -1,13 +1,25 @@
 """Re-run notebooks and store their outputs: ``python -m llminfra.course.execute NB…``.
 
 Runs each notebook top to bottom in a fresh kernel (with a per-cell timeout, so a hung cell
-cannot hang the run), from the notebook's own folder, and writes it back with its outputs; widget
-state is dropped so diffs stay quiet. Prints the wall time of each notebook.
+cannot hang the run), from the notebook's own folder, and writes it back with its outputs.
+
+Widget state is kept: nbclient's ``store_widget_state=True`` writes every live widget's state
+into ``metadata.widgets``, so JupyterLab draws the widgets (sliders, tables, pictures) when the
+notebook is opened, before anything runs, instead of their ``text/plain`` repr. nbval compares
+neither that metadata nor the widget-view output, only ``text/plain``, which the course's
+widgets keep stable (:class:`llminfra.widgets.panel.Panel`).
+
+Each notebook's wall time is measured and stored in its ``metadata.llminfra``
+(``run_time_s`` and the machine it was measured on); chapter 00's course map reads it
+(:func:`llminfra.course.chapters.course_map`). So ``00_start_here`` runs last when it is one of
+several notebooks given.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -15,19 +27,38 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+#: the notebook that reads the others' run times; executed after them
+MAP_NOTEBOOK = "00_start_here.ipynb"
+
+
+def machine_description() -> str:
+    """One line naming where a run time was measured, e.g. ``"x86_64, 2 CPU cores, CPU only"``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
+    except ImportError:
+        gpu = "CPU only"
+    return f"{platform.machine()}, {cores} CPU cores, {gpu}"
+
 
 def execute(path: Path, timeout_s: int = 300, kernel: str = "python3") -> float:
-    """Execute ``path`` in place; return its wall time in seconds."""
+    """Execute ``path`` in place, keeping widget state; store and return its wall time (s)."""
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout_s, kernel_name=kernel,
+    NotebookClient(nb, timeout=timeout_s, kernel_name=kernel, store_widget_state=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     elapsed = time.perf_counter() - t0
-    nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
+    nb.metadata["llminfra"] = {"run_time_s": round(elapsed, 1), "measured_on": machine_description()}
     nbformat.write(nb, path)
     return elapsed
+
+
+def run_order(paths: list[Path]) -> list[Path]:
+    """``paths`` in the order given, with chapter 00 (which reads the others' times) moved last."""
+    return sorted(paths, key=lambda p: p.name == MAP_NOTEBOOK)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     args = p.parse_args(argv)
-    for path in args.notebooks:
-        if not path.exists():
-            print(f"no such notebook: {path}", file=sys.stderr)
-            return 2
+    missing = [path for path in args.notebooks if not path.exists()]
+    if missing:
+        print(f"no such notebook: {', '.join(map(str, missing))}", file=sys.stderr)
+        return 2
+    for path in run_order(args.notebooks):
         print(f"{path}: {execute(path, args.timeout):.1f} s", flush=True)
     return 0
 

@@ -1,8 +1,9 @@
 """Helpers used by the first cells of every notebook.
 
 ``setup()`` makes a notebook's output the same on every machine (quiet known warnings, PNG
-figures, fixed print precision); ``show_source(obj)`` shows the package code the notebook runs, so
-what the learner reads is what the tests ran; ``environment_report()`` says what this machine has.
+figures, tables with floats to 4 significant digits); ``show_source(obj)`` shows the package
+code the notebook runs, so what the learner reads is what the tests ran;
+``environment_report()`` says what this machine has.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import warnings
 
 
 def setup() -> None:
-    """Quiet known warnings and make figures PNG with a fixed size (call once, first)."""
+    """Quiet known warnings, make figures PNG with a fixed size, and make tables render the same
+    everywhere (pandas: floats to 4 significant digits, wide tables not wrapped); call once, first."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*TRITON_INTERPRET.*")
@@ -23,6 +25,13 @@ def setup() -> None:
                                     "savefig.dpi": 80, "svg.hashsalt": "llminfra"})
         from matplotlib_inline.backend_inline import set_matplotlib_formats
         set_matplotlib_formats("png")
+    except ImportError:
+        pass
+    try:
+        import pandas as pd
+        pd.set_option("display.float_format", "{:.4g}".format)
+        pd.set_option("display.max_columns", 30)
+        pd.set_option("display.width", 200)
     except ImportError:
         pass
 

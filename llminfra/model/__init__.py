@@ -1,7 +1,7 @@
 """The tiny Llama-style decoder every chapter runs on: config, model, tokenizer, KV cache,
 generation, perplexity, corpus, checkpoint.
 
-Contract (see ``shared/DESIGN.md`` and the module docstrings):
+Contract (the names notebooks, checkers and tests call; details in the module docstrings):
 ``ModelConfig.from_name("tiny" | "bench-100m")``, ``Transformer(config)``,
 ``model(tokens, cache=None, start_pos=0) -> logits``, one ragged serving step
 ``model(tokens (N,), cache, meta=StepMetadata) -> logits (N, V)``, ``model.set_attention(fn)``,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from llminfra.attention.tile_trace import TileTrace
 
@@ -48,6 +49,19 @@ def tile_grid_figure(trace: TileTrace, step: int) -> Figure:
     return fig
 
 
+def _ticks_at(ax, Ns) -> None:
+    """x ticks at the measured N, written out (not 2×10²), no minor ticks."""
+    Ns = sorted(set(Ns))
+    ax.set_xticks(Ns, [f"{n:,}" for n in Ns])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _plain_y(ax) -> None:
+    """Log-scale y ticks written as plain numbers (0.5, 2, 20), not powers of ten."""
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
+
+
 def _by_causal(rows: list[dict], causal: bool) -> list[dict]:
     return sorted((r for r in rows if r["causal"] == causal), key=lambda r: r["N"])
 
@@ -60,8 +74,10 @@ def memory_vs_n_figure(rows: list[dict], causal: bool = False) -> Figure:
     Ns = [r["N"] for r in rows]
     for name, color in _COLORS.items():
         ax.loglog(Ns, [r[f"{name}_peak_bytes"] / 1e6 for r in rows], "o-", color=color, label=name)
+    _ticks_at(ax, Ns)
     ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel("measured peak memory (MB)")
+    _plain_y(ax)
     ax.set_title(f"peak memory of one attention call ({'causal' if causal else 'non-causal'})")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
@@ -70,15 +86,18 @@ def memory_vs_n_figure(rows: list[dict], causal: bool = False) -> Figure:
 
 
 def time_vs_n_figure(rows: list[dict]) -> Figure:
-    """Best wall time of each method vs N, non-causal (solid) and causal (dashed), log-log."""
+    """Best wall time of each method vs N in ms, non-causal (solid) and causal (dashed),
+    log-log, ticks at the measured N."""
     fig, ax = plt.subplots()
     for causal, style in ((False, "o-"), (True, "s--")):
         sub = _by_causal(rows, causal)
         for name, color in _COLORS.items():
-            ax.loglog([r["N"] for r in sub], [r[f"{name}_s"] for r in sub], style, color=color,
+            ax.loglog([r["N"] for r in sub], [1e3 * r[f"{name}_s"] for r in sub], style, color=color,
                       label=f"{name}{' causal' if causal else ''}")
+    _ticks_at(ax, [r["N"] for r in rows])
     ax.set_xlabel("sequence length N (tokens)")
-    ax.set_ylabel("best time (s)")
+    ax.set_ylabel("best time (ms)")
+    _plain_y(ax)
     ax.set_title("time of one attention call (CPU)")
     ax.legend(fontsize=8, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
@@ -101,7 +120,8 @@ def io_figure(rows: list[dict]) -> Figure:
         c = sub[-1]["flash_ratio"]
         ax.loglog([r["N"] for r in sub], [c * r["flash_formula_bytes"] for r in sub], ":",
                   color=line.get_color())
-    ax.set_xlabel("sequence length N")
+    _ticks_at(ax, [r["N"] for r in rows])
+    ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel("bytes moved to/from slow memory")
     ax.set_title("IO: counted (solid) vs Theorem 2's N²d²/M (dotted)")
     ax.legend(fontsize=8)

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 #: colour of each memory part, by the names the calculators use
 PART_COLOURS = {
@@ -61,7 +62,11 @@ def stacked_memory_bars(bars: Mapping[str, Mapping[str, float]], unit: str = "GB
             ax.annotate(f" {text}", (total, x), va="center", fontsize=8)
         else:
             ax.annotate(text, (x, total), ha="center", va="bottom", fontsize=8)
-    (ax.margins(x=0.12) if horizontal else ax.margins(y=0.1))
+    # headroom for the totals written past the longest bar (text is not autoscaled)
+    top = max(bottoms, default=0.0) * 1.12
+    if limit_bytes is not None:
+        top = max(top, limit_bytes / scale * 1.05)
+    (ax.set_xlim if horizontal else ax.set_ylim)(0, top or 1.0)
     if limit_bytes is not None:
         line = ax.axvline if horizontal else ax.axhline
         line(limit_bytes / scale, color="k", ls="--", lw=1, label=limit_label)
@@ -85,6 +90,9 @@ def intensity_vs_batch(batches: Sequence[int], intensities: Sequence[float],
     ax.loglog(batches, intensities, "o-", label=label)
     for i, (name, ridge) in enumerate(ridges.items()):
         ax.axhline(ridge, color=f"C{i + 1}", ls="--", lw=1, label=f"{name} ridge: {ridge:.0f}")
+    ax.set_xticks(list(batches), [str(b) for b in batches])  # ticks at the computed batches
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("batch (sequences decoded together)")
     ax.set_ylabel("FLOPs per byte read")
     ax.legend(fontsize=8)

@@ -16,6 +16,7 @@ import io
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.transforms import ScaledTranslation
 
 #: (key in the breakdown, label, colour) of each stacked part, bottom to top
 PARTS = (
@@ -49,11 +50,14 @@ def plot_memory_bar(data: dict, ax: Axes) -> Axes:
     ax.set_title(f"{data['model']} on {data['gpu']} [{data['gpu_confidence']}]: "
                  f"{data['total_bytes'] / 1e9:.3g} GB = {data['total_bytes'] / 2**30:.3g} GiB, "
                  f"{verdict}", fontsize=9)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8, frameon=False)
+    # below the x label, half an inch under the axes whatever the figure's size
+    below = ax.transAxes + ScaledTranslation(0, -0.5, ax.figure.dpi_scale_trans)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=3,
+              fontsize=8, frameon=False)
     return ax
 
 
-def memory_bar_png(data: dict, width_in: float = 7.0, height_in: float = 2.4, dpi: int = 80) -> bytes:
+def memory_bar_png(data: dict, width_in: float = 7.0, height_in: float = 2.6, dpi: int = 80) -> bytes:
     """The bar of :func:`plot_memory_bar` rendered off-screen (Agg canvas) as PNG bytes.
 
     Uses a bare :class:`matplotlib.figure.Figure` (never registered with pyplot), so nothing is
@@ -63,7 +67,7 @@ def memory_bar_png(data: dict, width_in: float = 7.0, height_in: float = 2.4, dp
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     plot_memory_bar(data, ax)
-    fig.subplots_adjust(left=0.03, right=0.97, top=0.85, bottom=0.45)
+    fig.subplots_adjust(left=0.03, right=0.97, top=0.86, bottom=0.5)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     fig.clear()

@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from llminfra.parallel.pipeline import StageEvent, measured_bubble
 
@@ -23,9 +24,13 @@ COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#d
 
 
 def plot_timeline(events: list[StageEvent], ax: Axes, n_stages: int | None = None,
-                  title: str | None = None) -> Axes:
+                  title: str | None = None, time_unit: str = "s") -> Axes:
     """Stages (rows, stage 0 on top) × time: one labelled box per (stage, micro-batch), idle
-    time between the first start and the last end shaded grey (the bubble)."""
+    time between the first start and the last end shaded grey (the bubble).
+
+    ``time_unit`` names the unit of the events' times on the x axis: ``"s"`` for a recorded
+    run, ``"stage times"`` for an ideal schedule built with a stage time of 1 (ticks then fall
+    on whole stage times)."""
     p = n_stages or len({e.stage for e in events})
     t0 = min(e.start_s for e in events)
     t1 = max(e.end_s for e in events)
@@ -40,19 +45,21 @@ def plot_timeline(events: list[StageEvent], ax: Axes, n_stages: int | None = Non
     ax.set_xlim(0, t1 - t0)
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
-    ax.set_xlabel("time (s)" if t1 - t0 > 0 else "time")
+    ax.set_xlabel(f"time ({time_unit})")
+    if time_unit == "stage times":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     bubble = measured_bubble(events, p)
     ax.set_title(title or f"p = {p} stages: grey = idle, bubble {bubble:.3f}", fontsize=9)
     return ax
 
 
 def timeline_png(events: list[StageEvent], n_stages: int | None = None, title: str | None = None,
-                 width_in: float = 7.0, dpi: int = 80) -> bytes:
+                 width_in: float = 7.0, dpi: int = 80, time_unit: str = "s") -> bytes:
     """:func:`plot_timeline` rendered off-screen as PNG bytes (nothing shown, nothing left open)."""
     p = n_stages or len({e.stage for e in events})
     fig = Figure(figsize=(width_in, 0.9 + 0.45 * p), dpi=dpi)
     FigureCanvasAgg(fig)
-    plot_timeline(events, fig.add_subplot(1, 1, 1), p, title)
+    plot_timeline(events, fig.add_subplot(1, 1, 1), p, title, time_unit)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -95,6 +102,9 @@ def plot_bubble(measured: dict, formula: dict, ax: Axes) -> Axes:
         ax.plot([int(key[2:]) for key in got], list(got.values()), "o", color=colour,
                 label=f"{p} measured")
     ax.set_xscale("log", base=2)
+    ms_all = sorted({int(key[2:]) for row in (*formula.values(), *measured.values()) for key in row})
+    ax.set_xticks(ms_all, [str(m) for m in ms_all])
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble fraction")
     ax.legend(fontsize=8)

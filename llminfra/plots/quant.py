@@ -13,6 +13,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 
 def plot_error_histogram(w: torch.Tensor, w_hat: torch.Tensor, ax: Axes, title: str = "") -> Axes:
@@ -47,15 +48,25 @@ def plot_levels(levels: dict[str, torch.Tensor], ax: Axes) -> Axes:
     return ax
 
 
+#: marker per scheme in :func:`plot_bytes_vs_error` (cycled); GPTQ / AWQ points are filled red
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p")
+
+
 def plot_bytes_vs_error(rows: dict[str, dict], ax: Axes, key: str = "layer_rel_error") -> Axes:
-    """Scatter of ``bytes_per_param`` against ``rows[scheme][key]`` (log scale), one labelled
-    point per scheme (e.g. the bench's per-scheme results)."""
-    for name, r in rows.items():
-        ax.scatter(r["bytes_per_param"], 100 * r[key], color="#d62728" if "gptq" in name or "awq" in name
-                   else "#1f77b4")
-        ax.annotate(name, (r["bytes_per_param"], 100 * r[key]), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+    """Scatter of ``bytes_per_param`` against ``rows[scheme][key]`` (in %, log scale): one
+    marker per scheme, named in a legend beside the axes (schemes of equal size, such as
+    ``int4-g128`` and ``gptq-int4-g128``, sit on one vertical line, so in-plot labels would
+    collide). GPTQ / AWQ in red, round-to-nearest in blue; y ticks in plain per cent."""
+    for i, (name, r) in enumerate(rows.items()):
+        learned = "gptq" in name or "awq" in name
+        ax.scatter(r["bytes_per_param"], 100 * r[key], marker=MARKERS[i % len(MARKERS)], s=36,
+                   color="#d62728" if learned else "#1f77b4",
+                   label=f"{name}: {r['bytes_per_param']:.3g} B/param, {100 * r[key]:.3g} %")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
     ax.set_xlabel("bytes per parameter (scales included)")
-    ax.set_ylabel("layer output error, %")
+    ax.set_ylabel("layer output error (%)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+              title="scheme (red: GPTQ / AWQ)", title_fontsize=7)
     return ax

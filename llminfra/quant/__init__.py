@@ -1,7 +1,7 @@
 """Quantization from scratch: number formats, round-to-nearest, fp8, NF4, GPTQ, AWQ, packed
 ``QuantLinear``, model-level quantization, evaluation and the KV cache quantized.
 
-Entry points (DESIGN.md §3):
+Entry points (what notebooks, checkers and the bench call):
 
 * ``quantize(w, scheme) -> QuantizedTensor`` with ``.dequantize()`` and honest ``.nbytes``;
 * ``quantize_model(model, scheme, calibration=None)`` replaces the transformer blocks'

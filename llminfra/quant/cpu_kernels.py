@@ -12,7 +12,8 @@ weight and saves time too — the path torchao and gpt-fast take:
   ``torch.ops.aten._convert_weight_to_int4pack_for_cpu(u int32 (N, K), 1)`` packs the codes
   ``u ∈ [0, 15]`` once; ``torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, g, SZ)``
   dequantizes as ``w = (u - 8) · s + z'`` with ``SZ (K/g, N, 2) = [s, z']``. Our asymmetric
-  codes ``w = (u - z) · s`` map to it with ``z' = (8 - z) · s`` (symmetric: ``z = 8``, ``z' = 0``).
+  codes ``w = (u - z) · s`` map to it with ``z' = (8 - z) · s`` (symmetric: ``z = 8``,
+  ``z' = 0``).
 
 Each ``prepare_*`` returns the tensors a layer keeps (or ``None`` when the weight's layout does
 not fit the kernel); each ``*_mm`` runs the kernel on ``x (M, K)`` of dtype bf16, fp16 or fp32.

@@ -1,6 +1,6 @@
 """Scheme names -> what to do: ``"int4-g128"`` means 4-bit integers, groups of 128, zero point.
 
-Grammar (DESIGN.md §3 names first):
+Grammar (the names the course uses first):
 
 * ``int8-absmax`` = ``int8-tensor`` (symmetric, one scale per tensor);
   ``int8-zeropoint`` = ``int8-tensor-asym``;

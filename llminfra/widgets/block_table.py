@@ -24,6 +24,7 @@ import ipywidgets as widgets
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import BlockTable
 from llminfra.plots.kvcache import block_pool_png
+from llminfra.widgets.panel import Panel, natural_size
 
 #: a request, a second one, decoding, a fork (copy-on-write), a finish, a newcomer reusing
 #: freed blocks, and a last append that finds the pool exhausted
@@ -110,7 +111,9 @@ class BlockTableWidget:
                                         description="step", continuous_update=True)
         self.html = widgets.HTML()
         self.image = widgets.Image(format="png")
-        self.widget = widgets.VBox([self.slider, self.image, self.html])
+        self.widget = Panel([self.slider, self.image, self.html], title="Block table",
+                            how="move the step slider; block tables, reference counts and "
+                                "the free list of a paged KV cache")
         self.slider.observe(lambda change: self.show(change["new"]), names="value")
         self.show(0)
 
@@ -121,4 +124,5 @@ class BlockTableWidget:
         self.html.value = ("<pre style='margin:0;font-size:12px'>" + html.escape(self.text)
                            + "</pre>")
         self.image.value = block_pool_png(self.state)
+        natural_size(self.image)
         return self.state

@@ -27,6 +27,7 @@ from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, fits
 from llminfra.plots.memory_calculator import memory_bar_png
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import get_model, model_names
+from llminfra.widgets.panel import Panel, natural_size
 
 #: dtypes offered for the weights and for the KV cache
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
@@ -132,9 +133,12 @@ class MemoryCalculator:
         self.summary.add_class("llminfra-memory-summary")
         self.image = widgets.Image(format="png")
         c = self.controls
-        self.widget = widgets.VBox([
+        self.widget = Panel([
             widgets.HBox([c["model"], c["gpu"]]), widgets.HBox([c["dtype"], c["kv_dtype"]]),
-            widgets.HBox([c["context"], c["batch"]]), self.image, self.summary])
+            widgets.HBox([c["context"], c["batch"]]), self.image, self.summary],
+            title="Memory calculator",
+            how="pick a model, dtypes, context, batch and GPU; a bar of weights / KV cache / "
+                "activations against the card")
         self.widget.add_class("llminfra-memory-calculator")
         for name, control in self.controls.items():
             control.observe(self._on_model if name == "model" else self._on_change, names="value")
@@ -165,4 +169,5 @@ class MemoryCalculator:
         self.text = summary_text(self.data)
         self.summary.value = summary_html(self.data)
         self.image.value = memory_bar_png(self.data)
+        natural_size(self.image)
         return self.data

@@ -14,6 +14,7 @@ import html
 import ipywidgets as widgets
 
 from llminfra.quant.formats import SHOWN_FORMATS, encode_all
+from llminfra.widgets.panel import Panel
 
 
 def encoding_lines(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> list[str]:
@@ -24,6 +25,16 @@ def encoding_lines(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> li
     return lines
 
 
+def encoding_html(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> str:
+    """The rows of :func:`encoding_lines` as an HTML table (bits in a monospace font)."""
+    rows = "".join(
+        f"<tr><td>{html.escape(r['format'])}</td><td style='font-family:monospace'>"
+        f"{html.escape(r['bits'])}</td><td>{r['stored']:.6g}</td><td>{r['rel_error']:.3g}</td></tr>"
+        for r in encode_all(value, formats))
+    return ("<table><tr><th>format</th><th>bits (sign exponent mantissa)</th><th>stored value</th>"
+            f"<th>relative error</th></tr>{rows}</table>")
+
+
 class NumberFormatExplorer:
     """``FloatText`` -> table of encodings. Attributes: ``control``, ``table`` (``HTML``),
     ``widget`` (display it), ``text`` (the plain lines of the last update)."""
@@ -32,12 +43,13 @@ class NumberFormatExplorer:
         self.formats = formats
         self.control = widgets.FloatText(value=value, description="number")
         self.table = widgets.HTML()
-        self.widget = widgets.VBox([self.control, self.table])
+        self.widget = Panel([self.control, self.table], title="Number formats",
+                            how="type a number; each format's bits, stored value and error")
         self.control.observe(lambda change: self.update(), names="value")
         self.update()
 
     def update(self) -> str:
-        """Recompute for the control's value; return the plain text."""
+        """Recompute for the control's value; refresh the HTML table; return the plain text."""
         self.text = "\n".join(encoding_lines(self.control.value, self.formats))
-        self.table.value = f"<pre style='margin:0;font-size:12px'>{html.escape(self.text)}</pre>"
+        self.table.value = encoding_html(self.control.value, self.formats)
         return self.text

@@ -18,6 +18,7 @@ import ipywidgets as widgets
 from llminfra.parallel.pipeline import (StageEvent, bubble_fraction, gpipe_schedule,
                                         measured_bubble)
 from llminfra.plots.parallel import timeline_png
+from llminfra.widgets.panel import Panel, natural_size
 
 MAX_STAGES = 8
 MAX_MICRO = 32
@@ -56,8 +57,9 @@ class PipelineTimeline:
                                                description="micro m", continuous_update=False)
         self.label = widgets.Label()
         self.image = widgets.Image(format="png")
-        self.widget = widgets.VBox([widgets.HBox([self.stages, self.micro_batches]),
-                                    self.image, self.label])
+        self.widget = Panel([widgets.HBox([self.stages, self.micro_batches]),
+                             self.image, self.label], title="Pipeline timeline (GPipe)",
+                            how="move stages p and micro-batches m; the schedule and its bubble")
         self.widget.add_class("llminfra-pipeline-timeline")
         for control in (self.stages, self.micro_batches):
             control.observe(self._on_change, names="value")
@@ -71,7 +73,9 @@ class PipelineTimeline:
         self.data = timeline_data(self.stages.value, self.micro_batches.value)
         self.text = summary_text(self.data)
         self.label.value = self.text
-        self.image.value = timeline_png(self.data["events"], self.stages.value)
+        self.image.value = timeline_png(self.data["events"], self.stages.value,
+                                        time_unit="stage times")
+        natural_size(self.image)
         return self.data
 
 

@@ -6,6 +6,9 @@ Thin wiring over :func:`quant_stats` (a pure function returning the numbers) and
 ``Image`` value (no printing), so it behaves the same in JupyterLab, in a test and under nbval.
 Perplexity comes from a function the notebook passes (``perplexity_fn(scheme) -> float``,
 e.g. quantize the tiny model and measure a held-out slice); results are remembered per scheme.
+A perplexity means something only next to the full-precision model's on the *same* text, so
+``baseline_perplexity`` (the unquantized model on that text) is shown beside it, with the
+relative change.
 Chapter 03.
 """
 
@@ -19,6 +22,7 @@ import torch
 
 from llminfra.plots.quant import error_histogram_png
 from llminfra.quant import quantize
+from llminfra.widgets.panel import Panel, natural_size
 
 FAMILIES = ("int absmax", "int zero-point", "fp8-e4m3", "fp8-e5m2", "nf4")
 GROUPS = ("tensor", "channel", 32, 64, 128, 256)
@@ -55,14 +59,17 @@ def quant_stats(w: torch.Tensor, scheme: str, X: torch.Tensor | None = None) -> 
 class QuantExplorer:
     """Controls ``family``, ``bits``, ``group`` -> ``image`` (error histogram) and ``summary``.
 
-    ``QuantExplorer(w, X=None, perplexity_fn=None)``; attributes ``controls``, ``widget``,
-    ``data`` (last :func:`quant_stats`, plus ``perplexity``) and ``text``.
+    ``QuantExplorer(w, X=None, perplexity_fn=None, baseline_perplexity=None)``; attributes
+    ``controls``, ``widget``, ``data`` (last :func:`quant_stats`, plus ``perplexity`` and
+    ``baseline_perplexity``) and ``text``.
     """
 
     def __init__(self, w: torch.Tensor, X: torch.Tensor | None = None,
                  perplexity_fn: Callable[[str], float] | None = None,
-                 family: str = "int zero-point", bits: int = 4, group: str | int = 128):
+                 family: str = "int zero-point", bits: int = 4, group: str | int = 128,
+                 baseline_perplexity: float | None = None):
         self.w, self.X, self.perplexity_fn = w.detach().float(), X, perplexity_fn
+        self.baseline_perplexity = baseline_perplexity
         self._ppl: dict[str, float] = {}
         self.controls = {
             "family": widgets.Dropdown(options=FAMILIES, value=family, description="scheme"),
@@ -73,8 +80,10 @@ class QuantExplorer:
         self.image = widgets.Image(format="png")
         self.summary = widgets.HTML()
         c = self.controls
-        self.widget = widgets.VBox([widgets.HBox([c["family"], c["bits"], c["group"]]),
-                                    self.image, self.summary])
+        self.widget = Panel([widgets.HBox([c["family"], c["bits"], c["group"]]),
+                             self.image, self.summary], title="Quantizer",
+                            how="pick a scheme, bits and group size; rounding errors, bytes, "
+                                "layer error and perplexity")
         for control in self.controls.values():
             control.observe(lambda change: self.update(), names="value")
         self.update()
@@ -92,14 +101,21 @@ class QuantExplorer:
         scheme = scheme_name(c["family"].value, c["bits"].value, c["group"].value)
         self.data = quant_stats(self.w, scheme, self.X)
         self.data["perplexity"] = self._perplexity(scheme)
+        self.data["baseline_perplexity"] = self.baseline_perplexity
         d = self.data
         lines = [f"scheme {scheme}: {d['bytes_per_param']:.4g} bytes/param (fp32: 4)",
                  f"weight error {100 * d['weight_rel_error']:.3g} %"]
         if d["layer_rel_error"] is not None:
             lines.append(f"layer output error {100 * d['layer_rel_error']:.3g} %")
         if d["perplexity"] is not None:
-            lines.append(f"tiny-model perplexity {d['perplexity']:.4g}")
+            line = f"tiny-model perplexity {d['perplexity']:.4g}"
+            base = d["baseline_perplexity"]
+            if base is not None:
+                line += (f" vs {base:.4g} unquantized on the same text "
+                         f"({d['perplexity'] / base - 1:+.2%})")
+            lines.append(line)
         self.text = "\n".join(lines)
         self.summary.value = f"<pre style='margin:0;font-size:12px'>{html.escape(self.text)}</pre>"
         self.image.value = error_histogram_png(self.w, d["w_hat"], scheme)
+        natural_size(self.image)
         return d

@@ -18,6 +18,7 @@ import torch
 
 from llminfra.attention.tile_trace import TileTrace, tile_trace
 from llminfra.plots.attention import tile_grid_figure
+from llminfra.widgets.panel import Panel, natural_size
 
 
 def step_html(trace: TileTrace, step: int) -> str:
@@ -50,17 +51,22 @@ def tile_stepper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     """Build the stepper for one head (q ``(T, d)``, k/v ``(S, d)``).
 
     Returns ``(box, slider, html)``: display ``box``; set ``slider.value`` to move (the
-    ``observe`` callback redraws the image and rewrites ``html.value``).
+    ``observe`` callback redraws the image and rewrites ``html.value``). The slider counts tiles
+    from 1, as the figure's title and the table do: ``slider.value = n`` shows step ``n`` of
+    ``len(trace.steps)``.
     """
     trace = tile_trace(q, k, v, causal, block_q, block_k)
-    slider = widgets.IntSlider(value=0, min=0, max=len(trace.steps) - 1, description="tile",
+    slider = widgets.IntSlider(value=1, min=1, max=len(trace.steps), description="tile",
                                continuous_update=False)
-    image = widgets.Image(format="png", value=_png(trace, 0))
+    image = natural_size(widgets.Image(format="png", value=_png(trace, 0)))
     html = widgets.HTML(value=step_html(trace, 0))
 
     def update(change):
-        image.value = _png(trace, change["new"])
-        html.value = step_html(trace, change["new"])
+        image.value = _png(trace, change["new"] - 1)
+        html.value = step_html(trace, change["new"] - 1)
 
     slider.observe(update, names="value")
-    return widgets.VBox([slider, image, html]), slider, html
+    box = Panel([slider, image, html], title="Tile stepper (tiled attention)",
+                how="move the tile slider; the tile grid, running max / sum / output and the "
+                    "bytes moved")
+    return box, slider, html

@@ -1,0 +1,245 @@
+"""``python -m llminfra bench roofline [--quick] --json PATH``: this machine's roofline, measured.
+
+* ``copy_bytes_per_s``: STREAM "copy" (McCalpin, 1995, "Memory bandwidth and machine balance in
+  current high performance computers", IEEE TCCA newsletter): ``dst.copy_(src)`` of a buffer far
+  larger than the caches, counted as 2 · size bytes (one read, one write);
+* ``matmul_flops_per_s``: ``2 · n³ / t`` of an fp32 ``n × n`` matmul (bf16 beside it);
+* ``decode_points`` / ``prefill_points``: per model preset (``tiny``, ``bench-100m``) and batch,
+  the measured seconds of one step beside the roofline bound of the same step from
+  :func:`llminfra.calc.roofline.step_breakdown` on the measured CPU roofline; decode points add
+  the torch calls per step and ``overhead_floor_s``, the step time of the same architecture
+  (layers, heads, batch, context) shrunk to a width of 2 per head — the same calls with almost
+  no bytes or FLOPs, i.e. the per-call overhead that bounds a model too small to be limited by
+  either;
+* ``quantized_decode_tokens_per_s``: batch-1 decode of ``bench-100m`` with fp32, bf16, int8
+  (per channel) and int4 (groups of 128) weights — the quantized ones through
+  :class:`llminfra.quant.QuantLinear`'s CPU kernels — with the bytes each reads per step.
+
+Everything runs on ONE thread (``torch.set_num_threads(1)``, restored afterwards), so ratios
+measured side by side are stable on a shared machine. Chapters 03 and 08.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from llminfra.bench.timing import best_time_s, environment
+from llminfra.calc.memory import kv_bytes_per_token, step_flops
+from llminfra.calc.roofline import Roofline, step_breakdown
+
+PRESETS = ("tiny", "bench-100m")
+BATCHES = {"tiny": (1, 8), "bench-100m": (1, 4)}
+#: prompt tokens cached before the decode steps are timed
+DECODE_CONTEXT = 64
+PREFILL_LEN = {"tiny": 128, "bench-100m": 256}
+#: weight format -> quantization scheme (None: the model cast to that dtype)
+WEIGHT_FORMATS = {"fp32": None, "bf16": None, "int8": "int8-channel", "int4": "int4-g128"}
+SEED = 8
+
+
+def measure_copy_bytes_per_s(n_bytes: int = 128 * 2**20, repeats: int = 5) -> float:
+    """STREAM-copy bandwidth: ``2 · n_bytes / t`` of ``dst.copy_(src)`` (fp32 buffers)."""
+    src = torch.ones(n_bytes // 4)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / best_time_s(lambda: dst.copy_(src), repeats=repeats)
+
+
+def measure_matmul_flops_per_s(n: int = 1024, dtype: torch.dtype = torch.float32,
+                               repeats: int = 5) -> float:
+    """``2 · n³ / t`` of an ``n × n`` matmul in ``dtype`` (best of ``repeats``)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(dtype)
+    b = torch.randn(n, n, generator=g).to(dtype)
+    return 2 * n**3 / best_time_s(lambda: a @ b, repeats=repeats)
+
+
+def measure_cpu_roofline(threads: int | None = 1, n_bytes: int = 128 * 2**20, n: int = 1024,
+                         repeats: int = 5) -> Roofline:
+    """This CPU's :class:`~llminfra.calc.roofline.Roofline` (fp32 matmul peak, copy
+    bandwidth) on ``threads`` threads (``None``: as set); the thread count is restored."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        bw = measure_copy_bytes_per_s(n_bytes, repeats)
+        peak = measure_matmul_flops_per_s(n, torch.float32, repeats)
+    finally:
+        torch.set_num_threads(before)
+    return Roofline(f"this CPU ({torch.get_num_threads() if threads is None else threads} "
+                    "thread(s), measured)", peak, bw,
+                    "llminfra.bench.roofline: STREAM copy and fp32 matmul, measured")
+
+
+class _CountCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch calls made inside it (functions, methods and modules' ops)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def build_model(preset: str, weights: str = "fp32", shrunk: bool = False):
+    """``Transformer(ModelConfig.from_name(preset))`` (random weights, seed 0) in ``weights``:
+    ``fp32``, ``bf16``, or bf16 with ``int8`` / ``int4`` linear layers (:data:`WEIGHT_FORMATS`).
+    ``shrunk``: the same layers and heads with head_dim 2 and an MLP of width 8 (overhead only).
+    """
+    from dataclasses import replace
+
+    from llminfra.model import ModelConfig, Transformer
+    from llminfra.quant import quantize_model
+    if weights not in WEIGHT_FORMATS:
+        raise KeyError(f"unknown weight format {weights!r}; allowed: {', '.join(WEIGHT_FORMATS)}")
+    config = ModelConfig.from_name(preset)
+    if shrunk:
+        config = replace(config, dim=2 * config.n_heads, ffn_dim=8)
+    model = Transformer(config).eval()
+    if weights != "fp32":
+        model = model.to(torch.bfloat16)
+    if WEIGHT_FORMATS[weights]:
+        model = quantize_model(model, WEIGHT_FORMATS[weights])
+    return model
+
+
+def model_bytes(model) -> int:
+    """Bytes of every parameter and buffer (packed codes and scales of quantized layers)."""
+    return sum(t.numel() * t.element_size()
+               for t in list(model.parameters()) + list(model.buffers()))
+
+
+@torch.no_grad()
+def decode_s_per_step(model, batch: int, context: int, steps: int, gen: torch.Generator):
+    """Best seconds of one decode step (``batch`` new tokens) over ``steps`` steps after a
+    ``context``-token prompt (the best is the least disturbed by other processes on a shared
+    machine); returns ``(seconds, torch calls in one step)``."""
+    from llminfra.model import DenseKVCache
+    V = model.config.vocab_size
+    cache = DenseKVCache(model.config.n_layers)
+    model(torch.randint(0, V, (batch, context), generator=gen), cache)
+    ts, calls = [], 0
+    for i in range(steps + 1):
+        tok = torch.randint(0, V, (batch, 1), generator=gen)
+        t0 = time.perf_counter()
+        if i == 1:
+            with _CountCalls() as counter:
+                model(tok, cache, cache.seq_len)
+            calls = counter.calls
+        else:
+            model(tok, cache, cache.seq_len)
+        if i > 1:  # step 0 warms up, step 1 counts calls
+            ts.append(time.perf_counter() - t0)
+    return min(ts), calls
+
+
+@torch.no_grad()
+def prefill_s(model, batch: int, prompt_len: int, repeats: int, gen: torch.Generator) -> float:
+    """Best seconds of a prefill of ``batch`` prompts of ``prompt_len`` tokens."""
+    x = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=gen)
+    return best_time_s(lambda: model(x), repeats=repeats)
+
+
+def _point(spec, roof: Roofline, pairs, measured_s: float) -> dict:
+    b = step_breakdown(spec, roof, pairs, dtype="fp32")
+    return {"measured_s": measured_s, "bound_s": b["time_s"], "bound": b["bound"],
+            "flops": b["flops"], "bytes": b["bytes"], "intensity": b["flops"] / b["bytes"],
+            "measured_flops_per_s": b["flops"] / measured_s,
+            "times_the_bound": measured_s / b["time_s"]}
+
+
+def _points(roof: Roofline, quick: bool, gen: torch.Generator) -> tuple[dict, dict]:
+    decode, prefill = {}, {}
+    for preset in PRESETS:
+        model = build_model(preset, "fp32")
+        spec = model.config.to_spec(preset)
+        decode[preset], prefill[preset] = {}, {}
+        for batch in BATCHES[preset][:1] if quick else BATCHES[preset]:
+            steps = 4 if quick else 10
+            t, calls = decode_s_per_step(model, batch, DECODE_CONTEXT, steps, gen)
+            floor, _ = decode_s_per_step(build_model(preset, shrunk=True), batch,
+                                         DECODE_CONTEXT, steps, gen)
+            p = _point(spec, roof, [(1, DECODE_CONTEXT + 1)] * batch, t)
+            p.update(s_per_token=t / batch, bound_s_per_token=p["bound_s"] / batch,
+                     ops_per_step=calls, overhead_floor_s=floor)
+            decode[preset][str(batch)] = p
+            T = PREFILL_LEN[preset] // (2 if quick else 1)
+            prefill[preset][str(batch)] = _point(
+                spec, roof, [(T, T)] * batch, prefill_s(model, batch, T, 2 if quick else 3, gen))
+        del model
+    return decode, prefill
+
+
+def _quantized(roof: Roofline, quick: bool, gen: torch.Generator) -> dict:
+    """Batch-1 decode tokens/s of bench-100m per weight format, and the bytes each reads."""
+    from llminfra.model import ModelConfig
+    spec = ModelConfig.from_name("bench-100m").to_spec("bench-100m")
+    out = {}
+    for fmt in WEIGHT_FORMATS:
+        model = build_model("bench-100m", fmt)
+        t, _ = decode_s_per_step(model, 1, DECODE_CONTEXT, 5 if quick else 12, gen)
+        weights = model_bytes(model)
+        kv_b = (DECODE_CONTEXT + 1) * kv_bytes_per_token(spec, "fp32" if fmt == "fp32" else "bf16")
+        out[fmt] = {"tokens_per_s": 1 / t, "s_per_token": t, "weight_bytes": weights,
+                    "bytes_per_step": weights + kv_b,
+                    "bound_tokens_per_s": roof.bytes_per_s / (weights + kv_b),
+                    "flops_per_step": step_flops(spec, [(1, DECODE_CONTEXT + 1)])}
+        del model
+    return out
+
+
+def run(quick: bool = False) -> dict:
+    """All measurements on one thread (restored afterwards); ``quick`` takes fewer steps and
+    batches (same keys)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(SEED)
+        t0 = time.perf_counter()
+        roof = measure_cpu_roofline(None, repeats=3 if quick else 5)
+        bf16 = measure_matmul_flops_per_s(1024, torch.bfloat16, 3 if quick else 5)
+        decode, prefill = _points(roof, quick, gen)
+        quant = _quantized(roof, quick, gen)
+        result = {
+            "environment": environment(), "quick": quick, "threads": 1, "seed": SEED,
+            "copy_bytes_per_s": roof.bytes_per_s, "matmul_flops_per_s": roof.peak_flops_per_s,
+            "matmul_flops_per_s_by_dtype": {"fp32": roof.peak_flops_per_s, "bf16": bf16},
+            "ridge_flops_per_byte": roof.ridge_flops_per_byte,
+            "decode_context": DECODE_CONTEXT, "decode_points": decode, "prefill_points": prefill,
+            "quantized_decode": quant,
+            "quantized_decode_tokens_per_s": {k: v["tokens_per_s"] for k, v in quant.items()},
+            "quantized_speedup_vs_fp32": {k: v["tokens_per_s"] / quant["fp32"]["tokens_per_s"]
+                                          for k, v in quant.items()},
+        }
+        result["seconds"] = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(before)
+    return result
+
+
+def format_table(result: dict) -> str:
+    """The numbers as plain text."""
+    r = result
+    out = [f"CPU roofline, 1 thread: copy {r['copy_bytes_per_s'] / 1e9:.3g} GB/s, fp32 matmul "
+           f"{r['matmul_flops_per_s'] / 1e9:.3g} GFLOP/s (bf16 "
+           f"{r['matmul_flops_per_s_by_dtype']['bf16'] / 1e9:.3g}), ridge "
+           f"{r['ridge_flops_per_byte']:.3g} FLOP/B",
+           f"{'point':<26} {'measured ms':>11} {'bound ms':>9} {'x bound':>8} {'FLOP/B':>7} "
+           f"{'overhead ms':>11}"]
+    for kind in ("decode_points", "prefill_points"):
+        for preset, rows in r[kind].items():
+            for batch, p in rows.items():
+                out.append(f"{kind.split('_')[0] + ' ' + preset + ' B=' + batch:<26} "
+                           f"{p['measured_s'] * 1e3:>11.4g} {p['bound_s'] * 1e3:>9.4g} "
+                           f"{p['times_the_bound']:>8.3g} {p['intensity']:>7.3g} "
+                           + (f"{p['overhead_floor_s'] * 1e3:>11.4g}" if "overhead_floor_s" in p
+                              else ""))
+    out.append(f"{'bench-100m batch-1 decode':<26} {'tokens/s':>11} {'bound':>9} {'x fp32':>8} "
+               f"{'MB/step':>7}")
+    for fmt, q in r["quantized_decode"].items():
+        out.append(f"{fmt:<26} {q['tokens_per_s']:>11.4g} {q['bound_tokens_per_s']:>9.4g} "
+                   f"{r['quantized_speedup_vs_fp32'][fmt]:>8.3g} {q['bytes_per_step'] / 1e6:>7.4g}")
+    return "\n".join(out)

@@ -1,0 +1,64 @@
+"""Roofline figures (Williams, Waterman & Patterson, 2009, CACM 52(4)): attainable FLOP/s
+``min(peak, I · bandwidth)`` against arithmetic intensity ``I`` (FLOP/byte), log-log, with
+measured or computed steps placed on it.
+
+The roofs are :class:`llminfra.calc.roofline.Roofline` values (a catalog GPU or a measured CPU);
+a point is a dict with ``label``, ``intensity`` (FLOP/B) and ``flops_per_s`` (achieved, or the
+bound's). :func:`roofline_png` renders off-screen for the chapter 08 widget. Chapter 08.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from llminfra.calc.roofline import Roofline
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def plot_roofline(roofs: list[Roofline], points: list[dict], ax: Axes,
+                  intensity_range: tuple[float, float] | None = None) -> Axes:
+    """Draw each roof (sloped memory part and flat compute part, ridge marked) and each point
+    on ``ax``; axes in FLOP/byte and FLOP/s, log-log."""
+    if not roofs:
+        raise ValueError("plot_roofline needs at least one Roofline")
+    xs = [p["intensity"] for p in points] + [r.ridge_flops_per_byte for r in roofs]
+    lo, hi = intensity_range or (min(xs) / 4, max(xs) * 4)
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for i, r in enumerate(roofs):
+        c = COLOURS[i % len(COLOURS)]
+        ax.plot(grid, np.minimum(r.peak_flops_per_s, grid * r.bytes_per_s), color=c,
+                label=f"{r.name}: {r.bytes_per_s / 1e9:.3g} GB/s, "
+                      f"{r.peak_flops_per_s / 1e12:.3g} TFLOP/s")
+        ax.plot([r.ridge_flops_per_byte], [r.peak_flops_per_s], "|", color=c, markersize=12)
+    for j, p in enumerate(points):
+        ax.plot(p["intensity"], p["flops_per_s"], p.get("marker", "o"),
+                color=p.get("colour", "black"), markersize=6)
+        ax.annotate(p["label"], (p["intensity"], p["flops_per_s"]), fontsize=7,
+                    xytext=(4, -10 if j % 2 else 4), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("FLOP/s (attainable: min(peak, I · bandwidth))")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
+    return ax
+
+
+def roofline_png(roofs: list[Roofline], points: list[dict], width_in: float = 6.5,
+                 height_in: float = 3.6, dpi: int = 80) -> bytes:
+    """:func:`plot_roofline` rendered off-screen (Agg, no pyplot state) as PNG bytes."""
+    fig = Figure(figsize=(width_in, height_in), dpi=dpi)
+    FigureCanvasAgg(fig)
+    plot_roofline(roofs, points, fig.add_subplot(1, 1, 1))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    fig.clear()
+    return buf.getvalue()

@@ -1,0 +1,117 @@
+"""Chapter 08 checkers: each passes on right answers (of any numeric type) and fails, naming
+the case, the seed and the usual mistake, on wrong ones; never crashes on a learner's answer."""
+
+from dataclasses import replace
+from decimal import Decimal
+
+import numpy as np
+import pytest
+import torch
+
+from llminfra.calc.memory import kv_bytes_per_token, weight_bytes
+from llminfra.calc.params import param_count
+from llminfra.course.checking import CheckFailed
+from llminfra.course.checks import ch08
+from llminfra.specs import get_gpu, get_model
+
+
+def layer_right(model, B, c):
+    """By hand: P_layer = what one more layer adds to the parameters; FLOPs = B·(2·P_layer +
+    4·H·d·c); bytes = 2·P_layer + B·c·kv_bytes_per_token/L (bf16). Llama-2-7B at B = 1, c = 1:
+    404,783,104 / 404,783,104 = 1."""
+    s = get_model(model)
+    p = param_count(replace(s, num_layers=2)) - param_count(replace(s, num_layers=1))
+    flops = B * (2 * p + 4 * s.num_heads * s.head_dim * c)
+    return flops / (2 * p + B * c * kv_bytes_per_token(s) / s.num_layers)
+
+
+def decode_right(model, gpu, B, c):
+    """By hand: B / max(FLOPs / peak, bytes / bandwidth); Llama-2-7B on an H100 at B = 1,
+    c = 2048: 3.35e12 / (13,476,831,232 + 2048 · 524,288) = 230.2 tokens/s."""
+    s, g = get_model(model), get_gpu(gpu)
+    flops = B * (2 * param_count(s) + 4 * s.num_layers * s.num_heads * s.head_dim * c)
+    nbytes = weight_bytes(s) + B * c * kv_bytes_per_token(s)
+    return B / max(flops / (g.tflops("bf16") * 1e12), nbytes / g.hbm_bytes_per_s)
+
+
+def test_hand_examples():
+    assert layer_right("llama-2-7b", 1, 1) == pytest.approx(1.0)
+    assert decode_right("llama-2-7b", "h100", 1, 2048) == pytest.approx(230.23, abs=0.01)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_checkers_pass_on_right_answers(attempt):
+    assert ch08.check_layer_point(layer_right) == 8
+    assert ch08.check_decode_bound(decode_right) == 8
+
+
+def test_any_numeric_type_is_accepted():
+    assert ch08.check_layer_point(lambda *a: np.float32(layer_right(*a))) == 8
+    assert ch08.check_decode_bound(lambda *a: torch.tensor(decode_right(*a),
+                                                           dtype=torch.float64)) == 8
+    assert ch08.check_layer_point(lambda *a: Decimal(layer_right(*a))) == 8
+
+
+def _layer_parts(model, B, c):
+    s = get_model(model)
+    p = param_count(replace(s, num_layers=2)) - param_count(replace(s, num_layers=1))
+    return s, p, 4 * s.num_heads * s.head_dim, kv_bytes_per_token(s) / s.num_layers
+
+
+def no_two(model, B, c):
+    s, p, attn, kv = _layer_parts(model, B, c)
+    return B * (p + attn * c / 2) / (2 * p + B * c * kv)
+
+
+def weights_per_seq(model, B, c):
+    s, p, attn, kv = _layer_parts(model, B, c)
+    return B * (2 * p + attn * c) / (B * 2 * p + B * c * kv)
+
+
+def no_kv(model, B, c):
+    s, p, attn, kv = _layer_parts(model, B, c)
+    return B * (2 * p + attn * c) / (2 * p)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (no_two, "factor 2"), (weights_per_seq, "once per sequence"), (no_kv, "left out the KV"),
+    (lambda m, B, c: layer_right(m, B, c) / 2, "fp32"),
+    (lambda m, B, c: 1 / layer_right(m, B, c), "bytes per FLOP"),
+])
+def test_layer_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch08.check_layer_point(wrong)
+    assert "seed=" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda m, g, B, c: decode_right(m, g, B, c) / B, "multiply by the batch"),
+    (lambda m, g, B, c: 1 / decode_right(m, g, B, c), "seconds per token"),
+    (lambda m, g, B, c: B * get_gpu(g).hbm_bytes_per_s / weight_bytes(m), "left out the KV"),
+])
+def test_decode_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch08.check_decode_bound(wrong)
+
+
+def test_replay_with_the_seed_gives_the_same_cases():
+    seen = []
+
+    def spy(*args):
+        seen.append(args)
+        return decode_right(*args)
+
+    ch08.check_decode_bound(spy, seed=123)
+    first, seen[:] = list(seen), []
+    ch08.check_decode_bound(spy, seed=123)
+    assert seen == first
+
+
+def test_never_crashes_on_a_learner_answer():
+    for bad in (lambda *a: "fast", lambda *a: None, lambda *a: [1, 2], lambda *a: 1 / 0):
+        with pytest.raises(CheckFailed):
+            ch08.check_layer_point(bad)
+    with pytest.raises(CheckFailed, match="not implemented"):
+        ch08.check_decode_bound(lambda *a: (_ for _ in ()).throw(NotImplementedError()))
+    with pytest.raises(CheckFailed, match="expected a function"):
+        ch08.check_decode_bound(42)

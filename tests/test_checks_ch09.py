@@ -1,0 +1,114 @@
+"""Chapter 09 checkers: each passes on right answers (of any numeric type) and fails, naming
+the case, the seed and the usual mistake, on wrong ones; never crashes on a learner's answer."""
+
+from decimal import Decimal
+
+import numpy as np
+import pytest
+import torch
+
+from llminfra.course.checking import CheckFailed
+from llminfra.course.checks import ch09
+
+
+def api_right(n, i, o, p_in, p_out, days):
+    """By hand: n · days · (i · p_in + o · p_out) / 1e6."""
+    return n * days * (i * p_in + o * p_out) / 1e6
+
+
+def selfhost_right(p, t, u, n):
+    return n * p / (t * u * 3600) * 1e6
+
+
+def break_even_right(p, n, i, o, p_in, p_out, days):
+    """Per day: n · p · 24 USD of GPUs = requests · (i · p_in + o · p_out) / 1e6."""
+    return n * p * 24 / ((i * p_in + o * p_out) / 1e6)
+
+
+def test_hand_examples():
+    """Source 000 at 3 / 15 USD: 405 USD; 2 USD/h, 1,000 tokens/s, 25 %: 2.222 USD per M;
+    break-even 48 / 0.0135 = 3,555.6 requests a day."""
+    assert api_right(1000, 2000, 500, 3, 15, 30) == pytest.approx(405)
+    assert selfhost_right(2, 1000, 0.25, 1) == pytest.approx(2.2222, abs=1e-4)
+    assert break_even_right(2, 1, 2000, 500, 3, 15, 30) == pytest.approx(3555.56, abs=0.01)
+    assert ch09._break_even_reference(2, 1, 2000, 500, 3, 15, 30) == pytest.approx(3555.56,
+                                                                                   abs=0.01)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_checkers_pass_on_right_answers(attempt):
+    assert ch09.check_monthly_api_cost(api_right) == 8
+    assert ch09.check_selfhost_cost_per_million(selfhost_right) == 8
+    assert ch09.check_break_even_requests_per_day(break_even_right) == 8
+
+
+def test_any_numeric_type_is_accepted():
+    assert ch09.check_monthly_api_cost(lambda *a: np.float32(api_right(*a))) == 8
+    assert ch09.check_selfhost_cost_per_million(lambda *a: torch.tensor(selfhost_right(*a),
+                                                                        dtype=torch.float64)) == 8
+    assert ch09.check_break_even_requests_per_day(lambda *a: Decimal(break_even_right(*a))) == 8
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda n, i, o, pi, po, d: api_right(n, i, o, pi, po, d) * 1000, "per MILLION"),
+    (lambda n, i, o, pi, po, d: api_right(n, i, o, pi, po, d) / d, "one day's bill"),
+    (lambda n, i, o, pi, po, d: n * d * (i + o) * pi / 1e6, "every token at the input price"),
+    (lambda n, i, o, pi, po, d: n * d * (i * po + o * pi) / 1e6, "swapped the prices"),
+    (lambda n, i, o, pi, po, d: api_right(n, i, o, pi, po, 30), "assumed 30 days"),
+])
+def test_api_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch09.check_monthly_api_cost(wrong)
+    assert "seed=" in str(e.value) and "monthly_api_cost(" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda p, t, u, n: n * p / (t * 3600) * 1e6 * u, "multiplied by the utilisation"),
+    (lambda p, t, u, n: n * p / (t * u) * 1e6, "3,600 seconds"),
+    (lambda p, t, u, n: p / (t * u * 3600) * 1e6, "number of GPUs"),
+    (lambda p, t, u, n: n * p / (t * u * 3600), "per token"),
+])
+def test_selfhost_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch09.check_selfhost_cost_per_million(wrong)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda p, n, i, o, pi, po, d: break_even_right(p, n, i, o, pi, po, d) / 24, "24 hours"),
+    (lambda p, n, i, o, pi, po, d: break_even_right(p, n, i, o, pi, po, d) * d, "per MONTH"),
+    (lambda p, n, i, o, pi, po, d: break_even_right(p, n, i, o, pi, po, d) * (i + o),
+     "tokens per day"),
+])
+def test_break_even_diagnoses(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        ch09.check_break_even_requests_per_day(wrong)
+
+
+def test_seed_replays_the_same_cases_and_failure():
+    """A failure names its seed; the same seed gives the same message."""
+    def off(*a):
+        return api_right(*a) * 1.01
+    with pytest.raises(CheckFailed) as first:
+        ch09.check_monthly_api_cost(off)
+    seed = int(str(first.value).split("seed=")[1].rstrip(")]"))
+    with pytest.raises(CheckFailed) as again:
+        ch09.check_monthly_api_cost(off, seed=seed)
+    assert str(again.value) == str(first.value)
+    assert "off by" in str(first.value)
+
+
+@pytest.mark.parametrize("answer", [None, "405", [1, 2], float("nan"), {"cost": 1}])
+def test_odd_answers_fail_cleanly(answer):
+    with pytest.raises(CheckFailed):
+        ch09.check_monthly_api_cost(lambda *a: answer)
+
+
+def test_stub_and_crash_and_non_function():
+    def stub(*a):
+        raise NotImplementedError("your code here")
+    with pytest.raises(CheckFailed, match="not implemented yet"):
+        ch09.check_selfhost_cost_per_million(stub)
+    with pytest.raises(CheckFailed, match="ZeroDivisionError"):
+        ch09.check_break_even_requests_per_day(lambda *a: 1 / 0)
+    with pytest.raises(CheckFailed, match="expected a function"):
+        ch09.check_monthly_api_cost(42)

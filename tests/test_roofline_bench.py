@@ -1,0 +1,62 @@
+"""``bench roofline``: the measured CPU roofline and the decode / prefill points (keys and
+invariants, not times: timings are checked only as ratios inside one bench run)."""
+
+import math
+
+import pytest
+import torch
+
+from llminfra.bench import load_suite
+from llminfra.bench.roofline import (WEIGHT_FORMATS, build_model, decode_s_per_step,
+                                     measure_cpu_roofline, model_bytes)
+from llminfra.calc.memory import weight_bytes
+from llminfra.calc.roofline import Roofline
+
+
+def test_measure_cpu_roofline_restores_threads():
+    before = torch.get_num_threads()
+    roof = measure_cpu_roofline(1, n_bytes=8 * 2**20, n=256, repeats=2)
+    assert isinstance(roof, Roofline) and roof.peak_flops_per_s > 0 and roof.bytes_per_s > 0
+    assert torch.get_num_threads() == before
+
+
+def test_weight_formats_read_fewer_bytes():
+    """The tiny preset's bytes: fp32 = 4 · 3,033,344 = 12,133,376 (the memory model's
+    weight_bytes), bf16 half of it; int8 / int4 layers take their kernels' paths."""
+    from llminfra.model import ModelConfig
+    spec = ModelConfig.from_name("tiny").to_spec("tiny")
+    sizes = {f: model_bytes(build_model("tiny", f)) for f in WEIGHT_FORMATS}
+    assert sizes["fp32"] == weight_bytes(spec, "fp32") == 12_133_376
+    assert sizes["bf16"] == sizes["fp32"] // 2
+    assert sizes["fp32"] > sizes["bf16"] > sizes["int8"] > sizes["int4"]
+    paths = {n.split(".")[-1]: m.fast_path for n, m in build_model("tiny", "int4").named_modules()
+             if hasattr(m, "fast_path")}
+    # w2's K = ffn_dim = 688 is no multiple of 128: that layer falls back to the reference
+    assert paths == {"wq": "int4", "wk": "int4", "wv": "int4", "wo": "int4", "w1": "int4",
+                     "w3": "int4", "w2": None}
+    with pytest.raises(KeyError, match="int3"):
+        build_model("tiny", "int3")
+
+
+def test_decode_step_timer_counts_calls():
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    print("seed", seed)
+    t, calls = decode_s_per_step(build_model("tiny"), 2, 8, 2, torch.Generator().manual_seed(seed))
+    assert t > 0 and calls > 4 * 10  # at least ten torch calls per layer
+
+
+def test_quick_run_has_the_keys():
+    before = torch.get_num_threads()
+    r = load_suite("roofline").run(quick=True)
+    assert torch.get_num_threads() == before and r["threads"] == 1
+    for key in ("copy_bytes_per_s", "matmul_flops_per_s", "decode_points",
+                "quantized_decode_tokens_per_s"):
+        assert key in r
+    assert set(r["quantized_decode_tokens_per_s"]) == {"fp32", "bf16", "int8", "int4"}
+    for preset in ("tiny", "bench-100m"):
+        p = r["decode_points"][preset]["1"]
+        assert p["measured_s"] > 0 and p["bound"] == "memory"
+        assert math.isclose(p["times_the_bound"], p["measured_s"] / p["bound_s"])
+    q = r["quantized_decode"]
+    assert q["fp32"]["bytes_per_step"] > q["int8"]["bytes_per_step"] > q["int4"]["bytes_per_step"]
+    assert "int4" in load_suite("roofline").format_table(r)
