@@ -28,6 +28,8 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+from llminfra.specs.gpus import get_gpu
+
 HOURS_PER_DAY = 24
 #: the course's "month": 30 days (source 000 uses 30); pass ``days`` to change it
 DAYS_PER_MONTH = 30
@@ -172,8 +174,6 @@ def gpu_board_power_w(gpu) -> float:
     The catalog writes it as text ("700", "300-350", "up to 700"); the largest number is taken
     (the conservative reading for a power budget). ``ValueError`` if the catalog has none.
     """
-    from llminfra.specs import get_gpu  # specs → calc, the allowed direction
-
     spec = get_gpu(gpu)
     text = spec.tdp_w
     numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text or "")]
