@@ -144,10 +144,10 @@ class LLMEngine:
         now = self.clock() if arrival_time is None else float(arrival_time)
         req = Request(rid, text, ids, params, RequestMetrics(arrival_time=now))
         for j in range(params.n):
-            seq = Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
-                           generator=self._generator(params, j))
-            req.seqs.append(seq)
-            self.scheduler.add(seq)
+            req.seqs.append(Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
+                                     generator=self._generator(params, j)))
+        self.scheduler.add(req.seqs[0])
+        req.forks_pending = req.seqs[1:]          # forked once sequence 0 has read the prompt
         self.requests[rid] = req
         return rid
 
@@ -164,6 +164,7 @@ class LLMEngine:
         req = self.requests.get(str(request_id))
         if req is None or req.finished:
             return False
+        req.forks_pending = []
         for seq in req.seqs:
             if not seq.status.is_finished:
                 self.scheduler.abort(seq)
@@ -216,7 +217,13 @@ class LLMEngine:
                 self.cache.cache_prefix(seq.cache_seq,
                                         seq.token_ids()[:seq.num_computed_tokens])
         picked = [seqs[i] for i in rows]
-        tokens = sample_tokens(logits, [s.params for s in picked], [s.generator for s in picked])
+        logit_rows = list(range(len(rows)))
+        for r, seq in enumerate(list(picked)):
+            forks = self._fork_siblings(seq)
+            picked += forks
+            logit_rows += [r] * len(forks)
+        tokens = sample_tokens(logits[logit_rows], [s.params for s in picked],
+                               [s.generator for s in picked])
         now = self.clock()
         if self.step_log is not None:
             self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled],
@@ -233,6 +240,21 @@ class LLMEngine:
             if req.finished:
                 req.metrics.finished_time = now
                 self.counters["num_finished"] += 1
+
+    def _fork_siblings(self, seq: Sequence) -> list[Sequence]:
+        """Parallel sampling (n > 1): when sequence 0 has just read its prompt, its siblings
+        share its blocks (:meth:`PagedKVCache.fork`, copy-on-write on their first own token,
+        Kwon et al. 2023, arXiv:2309.06180, §4.4) and sample from the same logits."""
+        req = seq.request
+        if seq.index != 0 or not req.forks_pending or seq.output_token_ids:
+            return []
+        forks, req.forks_pending = req.forks_pending, []
+        for sib in forks:
+            sib.cache_seq = self.cache.fork(seq.cache_seq)
+            sib.num_computed_tokens = seq.num_computed_tokens
+            sib.set_status(SequenceStatus.RUNNING)
+            self.scheduler.running.append(sib)
+        return forks
 
     def _append(self, seq: Sequence, token: int) -> None:
         """Add a sampled token and retire the sequence if it is done."""
