@@ -191,6 +191,7 @@ class LLMEngine:
         return outputs
 
     def _run(self, scheduled: list[tuple[Sequence, int]], touched: dict) -> None:
+        """One forward pass over the scheduled (sequence, new tokens) pairs, then sampling."""
         start = self.clock()
         for seq, _ in scheduled:
             m = seq.request.metrics
@@ -198,26 +199,18 @@ class LLMEngine:
                 m.first_scheduled_time = start
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
         seqs = [s for s, _ in scheduled]
-        lens = [n for _, n in scheduled]
         flat = [t for s, n in scheduled
                 for t in s.token_ids()[s.num_computed_tokens:s.num_computed_tokens + n]]
-        meta = self.cache.prepare_step([s.cache_seq for s in seqs], lens,
+        meta = self.cache.prepare_step([s.cache_seq for s in seqs], [n for _, n in scheduled],
                                        [s.is_prefill for s in seqs])
-        rows = [i for i, (s, n) in enumerate(scheduled)
+        rows = [i for i, (s, n) in enumerate(scheduled)   # all known tokens in after this step
                 if s.num_computed_tokens + n == s.num_tokens]
         meta = meta.with_logits_indices([int(meta.query_start_loc[i + 1]) - 1 for i in rows])
         with torch.no_grad():
             logits = self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
         self.counters["num_steps"] += 1
-        B = self.cache.block_size
-        for seq, n in scheduled:
-            seq.num_computed_tokens += n
-            filled = seq.num_computed_tokens // B > (seq.num_computed_tokens - n) // B
-            if self.config.enable_prefix_caching and filled:   # a block became full
-                self.cache.cache_prefix(seq.cache_seq,
-                                        seq.token_ids()[:seq.num_computed_tokens])
-        picked = [seqs[i] for i in rows]
-        logit_rows = list(range(len(rows)))
+        self._advance(scheduled)
+        picked, logit_rows = [seqs[i] for i in rows], list(range(len(rows)))
         for r, seq in enumerate(list(picked)):
             forks = self._fork_siblings(seq)
             picked += forks
@@ -230,16 +223,30 @@ class LLMEngine:
                                   now - start))
         for seq, token in zip(picked, tokens):
             self._append(seq, token)
-            req = seq.request
-            touched[req.request_id] = req
-            if not req.metrics.token_times or req.metrics.token_times[-1] != now:
-                req.metrics.token_times.append(now)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            req.metrics.num_output_tokens += 1
-            if req.finished:
-                req.metrics.finished_time = now
-                self.counters["num_finished"] += 1
+            self._record(seq.request, now)
+            touched[seq.request.request_id] = seq.request
+
+    def _advance(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """Count the step's tokens as computed; offer newly full blocks to the prefix cache."""
+        B = self.cache.block_size
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+            filled = seq.num_computed_tokens // B > (seq.num_computed_tokens - n) // B
+            if self.config.enable_prefix_caching and filled:   # a block became full
+                self.cache.cache_prefix(seq.cache_seq,
+                                        seq.token_ids()[:seq.num_computed_tokens])
+
+    def _record(self, req: Request, now: float) -> None:
+        """Timestamps of a request that just got a token at ``now``."""
+        m = req.metrics
+        if not m.token_times or m.token_times[-1] != now:
+            m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.num_output_tokens += 1
+        if req.finished and m.finished_time is None:
+            m.finished_time = now
+            self.counters["num_finished"] += 1
 
     def _fork_siblings(self, seq: Sequence) -> list[Sequence]:
         """Parallel sampling (n > 1): when sequence 0 has just read its prompt, its siblings
