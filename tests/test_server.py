@@ -213,3 +213,9 @@ def test_sigterm_stops_serve_cleanly():
     assert srv.proc.poll() is not None
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{srv.base_url}/health", timeout=2)
+
+
+def test_serve_refuses_a_bad_port(capsys):
+    from llminfra.cli import main
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "port must be in 1..65535" in capsys.readouterr().err

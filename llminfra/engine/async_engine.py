@@ -4,7 +4,7 @@ queues work into it and reads results out of per-request queues.
 Why a thread: ``engine.step()`` runs the model (torch work that releases the GIL for most of
 its time) and may take milliseconds; run inside the event loop it would stall every HTTP
 connection for that long. So the rule of vLLM's ``AsyncLLMEngine`` (Kwon et al., 2023,
-arXiv:2309.06180, §5) is kept in its simplest form:
+arXiv:2309.06180, §5, describes its FastAPI front end) is kept in its simplest form:
 
 * exactly one thread calls the engine (``add_request``, ``step``, ``abort_request``,
   ``stats``) — never two;

@@ -5,7 +5,7 @@ The engine applies these rules to live requests; here they are pure functions ov
 counts, so chapter 05 can state them, the exercises can be graded against them, and a test can
 tie them to what :class:`~llminfra.engine.LLMEngine` actually schedules.
 
-* Admission (continuous batching; Yu et al., 2022, *Orca*, OSDI '22, §4.2 iteration-level
+* Admission (continuous batching; Yu et al., 2022, *Orca*, OSDI '22, iteration-level
   scheduling; Kwon et al., 2023, vLLM, arXiv:2309.06180, §4.5): at each step the scheduler
   takes waiting requests **in arrival order** while (a) the running batch has fewer than
   ``max_num_seqs`` requests, (b) the prompt's blocks ``⌈P / B⌉`` fit in the free blocks, and
@@ -13,7 +13,7 @@ tie them to what :class:`~llminfra.engine.LLMEngine` actually schedules.
   request that does not fit, even if a later, smaller one would (no overtaking: FCFS fairness).
 * TTFT = t(first token) − t(arrival); time per output token (TPOT) =
   (t(last token) − t(first token)) / (n − 1), undefined for n < 2.
-* Chunked prefill (Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310, §4): every step
+* Chunked prefill (Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310): every step
   has a budget of ``max_num_batched_tokens``; running decodes take one token each first, the
   rest goes to prefills in arrival order, a prompt cut into chunks across steps; a prompt whose
   prefill is done decodes from the next step on.

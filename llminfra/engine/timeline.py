@@ -8,8 +8,7 @@ the interval [k, k+1); a token sampled in step k is out at k + 1.
 
 Per request (all in steps): queued = first scheduled − arrival; TTFT = first token out −
 arrival; end-to-end = last token out − arrival. Static batching (requests wait for a whole
-batch to finish) against iteration-level scheduling: Yu et al., 2022, *Orca*, OSDI '22, §2.2
-and Fig. 1; chunked prefill: Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310.
+batch to finish) against iteration-level scheduling: Yu et al., 2022, *Orca*, OSDI '22; chunked prefill: Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310.
 
 Taught in chapter 05 (the batching-timeline widget).
 """

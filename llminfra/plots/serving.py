@@ -4,7 +4,7 @@ and the latency–throughput curve of a load sweep.
 Each ``plot_*`` draws on a given ``ax``; :func:`gantt_png` renders off-screen (Agg, no pyplot
 state) for the batching-timeline widget. Timelines: :mod:`llminfra.engine.timeline`; sweeps:
 :mod:`llminfra.engine.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
-OSDI '22, Fig. 1.
+OSDI '22.
 """
 
 from __future__ import annotations

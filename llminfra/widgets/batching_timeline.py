@@ -8,7 +8,7 @@ machine), :func:`timeline_text` says the numbers, :func:`llminfra.plots.serving.
 draws them. Controls set a ``Label`` and an ``Image`` through ``observe`` callbacks (no
 ``interact``, no printing), so it behaves the same in JupyterLab, in a test and under nbval.
 
-Static vs iteration-level scheduling: Yu et al., 2022, *Orca*, OSDI '22, §2.2, Fig. 1.
+Static vs iteration-level scheduling: Yu et al., 2022, *Orca*, OSDI '22.
 Taught in chapter 05.
 """
 
