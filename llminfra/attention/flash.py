@@ -46,11 +46,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     ``causal``: the T queries are the LAST T of the S positions (decoding with a KV cache):
     query i may see keys ``j <= S - T + i``; tiles entirely above that diagonal are skipped. A
     query that sees no key at all (T > S) gets a zero output row, as in :func:`naive_attention`.
-    ``causal`` must be a bool.
-
-    Forward only (inference), like the paper's Algorithm 1: inputs that require grad, with
-    autograd recording, are refused with a ``ValueError`` (the backward pass, the paper's
-    Algorithm 4, is not implemented here).
+    ``causal`` must be a bool. Forward only (Algorithm 1; the backward pass is the paper's
+    Algorithm 4): inputs that require grad are refused while autograd records.
 
     Default blocks (512 queries x 256 keys, a 512 KB fp32 score tile) suit a CPU, where each
     tile costs a dozen PyTorch calls and bigger tiles amortise them; the paper sizes tiles to a

@@ -28,10 +28,8 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     ``causal``: the T queries are the LAST T of the S positions (decoding with a KV cache):
     query i may see keys ``j <= S - T + i``. A query that sees no key at all (T > S) gets a zero
-    output row. ``causal`` must be a bool.
-
-    Forward only (inference): inputs that require grad, with autograd recording, are refused
-    with a ``ValueError`` (the buffers are written in place and no backward pass is defined).
+    output row. ``causal`` must be a bool. Forward only: inputs that require grad are refused
+    while autograd records (:func:`~llminfra.attention.shapes.check_attention_call`).
 
     ``io``: an optional :class:`llminfra.attention.io_accounting.IOCounter`; each read from and
     write to slow memory of Algorithm 0 is reported to it (chapter 06, IO accounting).
