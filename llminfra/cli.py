@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,12 +17,33 @@ from llminfra.calc import memory as mem
 from llminfra.specs import get_gpu, get_model, gpu_names, model_names
 
 
+#: sizes the memory command accepts: far beyond anything served today, so a bigger one is
+#: almost surely a typo (its figures would be meaningless); a model's own limit comes first
+MAX_BATCH = 1_000_000        # sequences
+MAX_CONTEXT = 10_000_000     # tokens, for models that list no maximum context
+
+
+def _check_memory_args(args) -> None:
+    """``ValueError`` for sizes no deployment has, and for ``--reserve`` without ``--gpu``."""
+    if args.reserve is not None and not args.gpu:
+        raise ValueError("--reserve needs --gpu: it is the share of that GPU's memory held "
+                         "back for the runtime")
+    if args.batch > MAX_BATCH:
+        raise ValueError(f"--batch {args.batch} is beyond the {MAX_BATCH:,} sequences this "
+                         "calculator accepts (a batch that large is almost surely a typo)")
+    if get_model(args.model).max_positions is None and args.context > MAX_CONTEXT:
+        raise ValueError(f"--context {args.context}: {args.model} lists no maximum context, and "
+                         f"this calculator accepts up to {MAX_CONTEXT:,} tokens")
+
+
 def _memory(args) -> dict:
+    _check_memory_args(args)
     if args.gpu:
+        reserve = mem.DEFAULT_RESERVE_FRACTION if args.reserve is None else args.reserve
         result = mem.fits(args.model, args.gpu, args.dtype, args.kv_dtype, args.context,
-                          args.batch, args.reserve)
+                          args.batch, reserve)
         result["max_batch"] = mem.max_batch(args.model, args.gpu, args.context, args.dtype,
-                                            args.kv_dtype, args.reserve)
+                                            args.kv_dtype, reserve)
     else:
         result = mem.inference_memory(args.model, args.dtype, args.kv_dtype, args.context,
                                       args.batch).to_dict()
@@ -76,9 +98,29 @@ def _format_gpus(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _json_path(text: str) -> Path:
+    """``--json PATH`` checked before a benchmark runs: not a directory, its folder creatable
+    and writable (``ValueError`` naming the path otherwise)."""
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a directory; give a file path, "
+                         f"e.g. {path / 'bench.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--json {path}: cannot create its folder ({e.strerror})") from e
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--json {path} is not writable")
+    return path
+
+
 def _bench(args) -> int:
     from llminfra.bench import load_suite
     suite = load_suite(args.suite)
+    path = _json_path(args.json) if args.json else None
+    if args.suite == "gpu" and args.quick:
+        raise ValueError("bench gpu has no --quick mode: it runs every suite's GPU checks at "
+                         "their one size")
     if args.suite == "gpu":
         from llminfra.bench.gpu import NoGPUError
         try:
@@ -89,9 +131,7 @@ def _bench(args) -> int:
     else:
         result = suite.run(quick=args.quick)
     print(suite.format_table(result))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if path is not None:
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path}")
     return 0
@@ -200,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--context", type=int, default=2048, help="tokens per sequence")
     m.add_argument("--batch", type=int, default=1, help="sequences served at once")
     m.add_argument("--gpu", default=None, help="GPU preset (see `llminfra gpus`)")
-    m.add_argument("--reserve", type=float, default=mem.DEFAULT_RESERVE_FRACTION,
-                   help="share of GPU memory held back for the runtime")
+    m.add_argument("--reserve", type=float, default=None,
+                   help="share of GPU memory held back for the runtime (with --gpu; default "
+                        f"{mem.DEFAULT_RESERVE_FRACTION})")
     m.add_argument("--json", action="store_true", help="print JSON")
 
     for name, text in (("models", "list the model presets"), ("gpus", "list the GPU catalog")):

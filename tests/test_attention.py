@@ -12,14 +12,14 @@ import torch
 from llminfra.attention import flash_attention, naive_attention
 
 
-def reference(q, k, v, causal=False):
-    """softmax(QKᵀ/√d + mask) V in float64 with repeated K/V heads and an explicit mask; a row
-    with no visible key is zero (the contract of the package)."""
+def reference(q, k, v, causal=False, scale=None):
+    """softmax(QKᵀ·scale + mask) V in float64 (scale 1/√d unless given) with repeated K/V heads
+    and an explicit mask; a row with no visible key is zero (the contract of the package)."""
     q, k, v = q.double(), k.double(), v.double()
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     T, S, d = q.shape[2], k.shape[2], q.shape[3]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+    scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(d) if scale is None else scale)
     if causal:
         keep = torch.tensor([[j <= S - T + i for j in range(S)] for i in range(T)])
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -171,3 +171,43 @@ def test_causal_skips_masked_tiles(gen):
     seen.clear()
     flash_attention(q, k, v, False, block_q=16, block_k=16, on_tile=lambda *a: seen.append(a[:4]))
     assert len(seen) == 16
+
+
+# ---------------------------------------------------------------- hardening (issue 13)
+@pytest.mark.parametrize("fn", [naive_attention, flash_attention])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [0.37, 2.0])
+def test_callers_softmax_scale_is_used(gen, fn, causal, scale):
+    """A caller's softmax_scale replaces 1/√d (d = 16: 0.25): the output must be softmax(QKᵀ ·
+    scale) V with that scale, and differ from the default-scale output."""
+    q, k, v = rand(gen, 1, 4, 21, 16), rand(gen, 1, 2, 33, 16), rand(gen, 1, 2, 33, 16)
+    kwargs = {"block_q": 8, "block_k": 8} if fn is flash_attention else {}
+    out = fn(q, k, v, causal, softmax_scale=scale, **kwargs)
+    torch.testing.assert_close(out.double(), reference(q, k, v, causal, scale),
+                               rtol=1e-4, atol=2e-5)
+    assert not torch.allclose(out, fn(q, k, v, causal, **kwargs), atol=1e-3)
+
+
+@pytest.mark.parametrize("fn", [naive_attention, flash_attention])
+@pytest.mark.parametrize("bad", ["no", 0, 1, None, "False"])
+def test_causal_must_be_a_bool(fn, bad):
+    """causal="no" used to run as causal (any truthy value did)."""
+    x = torch.zeros(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        fn(x, x, x, bad)
+
+
+@pytest.mark.parametrize("fn", [naive_attention, flash_attention])
+def test_requires_grad_inputs_are_refused_with_a_clear_message(gen, fn):
+    """These kernels are forward-only: with inputs that require grad, .backward() used to fail
+    deep in autograd ('modified by an inplace operation'). Now the call says so up front; under
+    torch.no_grad() the same inputs are fine."""
+    q, k, v = (rand(gen, 1, 2, 5, 8).requires_grad_() for _ in range(3))
+    with pytest.raises(ValueError, match="forward-only.*no_grad"):
+        fn(q, k, v, True)
+    with pytest.raises(ValueError, match="forward-only"):
+        fn(q.detach(), k.detach(), v, True)          # any one of the three
+    with torch.no_grad():
+        out = fn(q, k, v, True)
+    torch.testing.assert_close(out.double(), reference(q.detach(), k.detach(), v.detach(), True),
+                               rtol=1e-4, atol=2e-5)

@@ -73,3 +73,53 @@ def test_bench_gpu_without_cuda_fails_loudly():
         pytest.skip("a CUDA device is present: bench gpu would really run")
     r = run("bench", "gpu")
     assert r.returncode == 1 and "ran nothing" in r.stderr
+
+
+# ---- hardening (issue 13) -------------------------------------------------------------------
+@pytest.mark.parametrize("args,needle", [
+    (["memory", "--model", "gpt2", "--context", "512", "--batch", "99999999999999999999"],
+     "--batch"),
+    (["memory", "--model", "falcon-7b", "--context", str(10 ** 15)], "no maximum context"),
+    (["memory", "--model", "gpt2", "--context", "512", "--reserve", "0.2"],
+     "--reserve needs --gpu"),
+    (["bench", "gpu", "--quick"], "no --quick"),
+])
+def test_absurd_or_ignored_flags_are_one_clear_line(args, needle, capsys):
+    """These used to be accepted: absurd figures printed, or the flag silently ignored."""
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_memory_bounds_leave_real_sizes_alone(capsys):
+    """A model without a maximum context still takes a long one (falcon-7b lists none)."""
+    assert main(["memory", "--model", "falcon-7b", "--context", "100000", "--batch", "64",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == 100000
+
+
+@pytest.mark.parametrize("where", ["directory", "under a file"])
+def test_bench_json_path_is_checked_before_the_run(where, tmp_path, monkeypatch, capsys):
+    """An unusable --json PATH used to end in a traceback after the whole benchmark had run."""
+    import llminfra.bench
+    ran = []
+
+    class Suite:
+        @staticmethod
+        def run(quick=False):
+            ran.append(quick)
+            return {}
+
+        @staticmethod
+        def format_table(result):
+            return ""
+
+    monkeypatch.setattr(llminfra.bench, "load_suite", lambda name: Suite)
+    (tmp_path / "a_file").write_text("x")
+    path = tmp_path if where == "directory" else tmp_path / "a_file" / "out.json"
+    assert main(["bench", "kvcache", "--quick", "--json", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "--json" in err and "Traceback" not in err
+    assert ran == []                                        # nothing was run
+    assert main(["bench", "kvcache", "--quick", "--json", str(tmp_path / "new" / "r.json")]) == 0
+    assert ran == [True] and json.loads((tmp_path / "new" / "r.json").read_text()) == {}

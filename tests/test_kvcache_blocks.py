@@ -176,3 +176,54 @@ def test_prefix_cache_invariants(prompts, num_blocks, keep):
     for t in live:
         t.free()
     assert a.num_free == num_blocks and all(r == 0 for r in a.ref_counts())
+
+
+# ---------------------------------------------------------------- hardening (issue 13)
+def test_blocks_needed_and_append_want_integers():
+    """blocks_needed(5, 2.5) used to return 2.0 and append(2.5) a raw TypeError."""
+    for bad in ((5, 2.5), (2.5, 4), (True, 4), (5, "4")):
+        with pytest.raises(ValueError, match="integer"):
+            blocks_needed(*bad)
+    t = BlockTable(BlockAllocator(4, 2))
+    for bad in (2.5, "3", None, True):
+        with pytest.raises(ValueError, match="integer"):
+            t.append(bad)
+    assert t.blocks == [] and t.num_tokens == 0
+
+
+def test_failed_append_on_a_fork_changes_nothing():
+    """All or nothing must count the copy-on-write block. B = 4, pool of 3 blocks: the parent
+    holds 6 tokens in blocks [0, 1] (block 1 half full), the child shares both; one block is
+    free. The child appending 3 tokens needs a copy of block 1 (2 slots left there) AND one
+    new block for the 7th..9th positions' overflow: 2 > 1 free, so it must fail and leave the
+    tables, reference counts and free list exactly as they were."""
+    a = BlockAllocator(3, 4)
+    parent = BlockTable(a)
+    parent.append(6)
+    child = parent.fork()
+    before = (list(child.blocks), child.num_tokens, list(a.ref_counts()), a.num_free)
+    with pytest.raises(BlockPoolExhausted, match="2 more blocks"):
+        child.append(3)
+    assert (child.blocks, child.num_tokens, a.ref_counts(), a.num_free) == before
+    assert parent.blocks == [0, 1] and parent.num_tokens == 6
+    a.check_invariants()
+    slots, copies = child.append(2)     # fits: the copy of block 1 takes the free block
+    assert copies == [(1, 2)] and slots == [2 * 4 + 2, 2 * 4 + 3]
+
+
+def test_fully_cached_block_aligned_prompt_leaves_the_last_token_to_compute():
+    """Prompt of 4 tokens, B = 2, both blocks cached: match_prefix must hand back only the
+    first block (2 tokens), so the model still runs the last prompt token and gets logits
+    for the next one; the last block stays in the cache for others."""
+    a = PrefixCachingAllocator(4, 2)
+    prompt = [5, 6, 7, 8]
+    t1, n = match_prefix(a, prompt)
+    t1.append(len(prompt) - n)
+    register_prefix(a, t1, prompt)
+    t2, n = match_prefix(a, prompt)
+    assert n == 2 and t2.blocks == t1.blocks[:1]
+    slots, _ = t2.append(len(prompt) - n)
+    assert len(slots) == 2 and t2.num_tokens == 4
+    assert (a.hits, a.queries) == (1, 2)          # each call looked up the first block only
+    t1.free(), t2.free()
+    a.check_invariants()

@@ -243,3 +243,20 @@ def test_bench_bubbles_of_an_ideal_timeline_equal_the_formula():
                            for m in (1, 4)}} for s in range(p)]
     assert _bubbles(ranks) == pytest.approx({"m=1": bubble_fraction(p, 1),
                                              "m=4": bubble_fraction(p, 4)})
+
+
+# ---- hardening (issue 13) -------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
+@pytest.mark.parametrize("shapes,dtypes", [
+    (((1,), (1, 1, 1)), (torch.float32, torch.float32)),   # used to broadcast to [2, 2, 2]
+    (((2,), (3,)), (torch.float32, torch.float32)),
+    (((2,), (2,)), (torch.float32, torch.float64)),
+])
+def test_simulated_collectives_need_one_shape_and_dtype(op, shapes, dtypes):
+    """torch.distributed requires every rank's tensor to have the same shape and dtype; the
+    simulated world must refuse what the real one refuses, naming each rank's shape."""
+    def fn(world):
+        x = torch.ones(shapes[world.rank], dtype=dtypes[world.rank])
+        return getattr(world, op)(x)
+    with pytest.raises(RuntimeError, match=r"raised ValueError: .*same shape and dtype.*rank 1"):
+        run_simulated(fn, 2, timeout_s=20)

@@ -13,7 +13,7 @@ import torch
 from llminfra.model.cache import DenseKVCache
 from llminfra.model.generate import generate
 from llminfra.parallel.launch import RankError, launch
-from llminfra.parallel.workers import (distributed_selfcheck, fail_on_rank, mlp_case,
+from llminfra.parallel.workers import (distributed_selfcheck, exit_on_rank, fail_on_rank, mlp_case,
                                        pipeline_logits, selfcheck, sleep_for, tiny_model)
 from llminfra.parallel.world import run_simulated
 
@@ -130,3 +130,35 @@ def test_unpicklable_argument_surfaces_the_pickling_error():
     with pytest.raises(TypeError, match="pickle"):
         launch(sleep_for, 2, threading.Lock(), timeout_s=20)
     assert not multiprocessing.active_children()
+
+
+# ---- hardening (issue 13) -------------------------------------------------------------------
+def test_a_rank_that_exits_is_named_with_its_exit_code():
+    """Rank 1 calls os._exit(7) while rank 0 waits in an all-reduce. Rank 0 then fails with a
+    gloo 'connection reset'; the caller must hear about rank 1 and code 7, the cause."""
+    with pytest.raises(RankError, match="exited with code 7") as info:
+        launch(exit_on_rank, 2, 1, 7, timeout_s=60)
+    assert info.value.rank == 1
+    assert not multiprocessing.active_children()
+
+
+def test_launch_accepts_a_partial_of_a_module_function():
+    """functools.partial pickles fine under spawn; it used to raise a raw AttributeError
+    (a partial has no __qualname__)."""
+    import functools
+    assert launch(functools.partial(sleep_for, seconds=0.0), 2, timeout_s=60) == [0, 1]
+    with pytest.raises(ValueError, match="cannot be pickled"):
+        launch(functools.partial(lambda world: 0), 1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), "10", True])
+def test_launch_rejects_a_non_positive_timeout(bad):
+    with pytest.raises(ValueError, match="timeout_s"):
+        launch(sleep_for, 1, 0.0, timeout_s=bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_nccl_without_cuda_says_so():
+    """It used to die in the child with ZeroDivisionError (rank % 0 devices)."""
+    with pytest.raises(ValueError, match="nccl.*CUDA"):
+        launch(sleep_for, 1, 0.0, backend="nccl")

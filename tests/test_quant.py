@@ -248,3 +248,38 @@ def test_tiny_scales_stay_in_fp32():
     err = (qt.dequantize() - w).abs()
     assert bool((err <= qt.step_per_value() * 0.5001 + 1e-12).all())
     assert qt.scale.dtype == torch.float32
+
+
+# ---- hardening (issue 13) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["int8-zeropoint", "int4-g128", "int3-g128"])
+def test_zero_point_schemes_near_float32_limit(scheme):
+    """max - min of [2e38, -2e38] overflows float32 (4e38 > 3.4e38): the scale used to become
+    inf and the group NaN. The range is now taken in float64, the scale (4e38 / levels) fits,
+    and every value decodes within half a step."""
+    w = torch.tensor([[2e38, -2e38, 1.0, 3.0, -1e37, 5e37]])
+    qt = quantize(w, scheme)
+    dq = qt.dequantize()
+    assert torch.isfinite(qt.scale).all() and torch.isfinite(dq).all()
+    assert ((dq.double() - w.double()).abs() <= qt.step_per_value().double() * 0.5001).all()
+
+
+def test_grid_that_would_decode_past_float32_is_refused():
+    """[3.4e38, -3.4e38] with a zero point: s = 6.8e38 / 255, z = round(127.5) = 128, so the
+    lowest code decodes to -128 · s = -3.41e38, beyond float32's -3.40e38: refused, not -inf."""
+    with pytest.raises(ValueError, match="float32"):
+        quantize(torch.tensor([[3.4e38, -3.4e38, 1.0]]), "int8-zeropoint")
+
+
+@pytest.mark.parametrize("scheme", ["int8-absmax", "int8-zeropoint", "int4-g128", "fp8-e4m3",
+                                    "nf4"])
+def test_float64_beyond_float32_range_is_refused(scheme):
+    """Quantization computes in float32; 1e300 is finite in float64 but inf in float32 (the
+    finiteness check used to run before the cast, and the result was NaN / inf)."""
+    w = torch.tensor([[1e300, 1.0, -2.0, 3.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="float32"):
+        quantize(w, scheme)
+    with pytest.raises(ValueError, match="float32"):
+        absmax_quantize(w)
+    ok = torch.tensor([[1e30, 1.0, -2.0, 3.0]], dtype=torch.float64)  # in range: still fine
+    assert torch.isfinite(quantize(ok, scheme).dequantize()).all()

@@ -280,3 +280,67 @@ def test_bad_arguments_name_the_value():
     cache.update(0, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
     with pytest.raises(ValueError, match="does not continue"):
         cache.update(0, torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4))
+
+
+# ---- hardening (issue 13) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "empty"])
+def test_awq_refuses_unusable_calibration_data(gen, bad):
+    """NaN / inf / empty X used to make every grid error NaN, and min() then picked α = 0:
+    plain round-to-nearest, silently."""
+    W, X = torch.randn(8, 32, generator=gen), torch.randn(64, 32, generator=gen)
+    if bad == "empty":
+        X = X[:0]
+    else:
+        X[3, 5] = float(bad)
+    for call in (lambda: awq_search(W, X, granularity=8), lambda: awq_quantize(W, X, granularity=8)):
+        with pytest.raises(ValueError, match="calibration"):
+            call()
+
+
+def test_awq_refuses_inputs_whose_output_error_overflows(gen):
+    """Finite X whose layer outputs overflow float32 (1e30 · 1e30) also leave no usable error."""
+    W, X = torch.randn(8, 32, generator=gen) * 1e10, torch.randn(64, 32, generator=gen) * 1e30
+    with pytest.raises(ValueError, match="not finite"):
+        awq_search(W, X, granularity=8)
+
+
+def test_hessian_accumulator_checks_its_inputs(gen):
+    h = HessianAccumulator(16)
+    with pytest.raises(ValueError, match="16"):
+        h.add(torch.randn(4, 15, generator=gen))          # used to be a raw broadcast error
+    x = torch.randn(4, 16, generator=gen)
+    x[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        h.add(x)                                          # used to be taken silently
+    assert h.n == 0 and not h.H.any()
+    h.add(torch.randn(0, 16))                             # used to be ZeroDivisionError
+    assert h.n == 0 and not h.H.any()                     # an empty batch adds nothing
+    X = torch.randn(10, 16, generator=gen)
+    h.add(X)
+    torch.testing.assert_close(h.H, 2 * X.double().T @ X.double() / 10)
+
+
+def test_gptq_bad_hessian_and_percdamp_say_why(gen):
+    W = torch.randn(4, 2, generator=gen)
+    indefinite = torch.tensor([[1.0, 2.0], [2.0, 1.0]])   # eigenvalues 3 and -1
+    with pytest.raises(ValueError, match="positive definite.*percdamp"):
+        gptq_quantize(W, indefinite, 4, "channel")
+    H = torch.tensor([[2.0, 0.5], [0.5, 1.0]])
+    for bad in (-0.01, float("nan"), "1%"):
+        with pytest.raises(ValueError, match="percdamp"):
+            gptq_quantize(W, H, 4, "channel", percdamp=bad)
+    with pytest.raises(ValueError, match="finite"):
+        gptq_quantize(W, torch.tensor([[float("nan"), 0.0], [0.0, 1.0]]), 4, "channel")
+    with pytest.raises(ValueError, match="symmetric"):
+        gptq_quantize(W, torch.tensor([[2.0, 0.5], [0.0, 1.0]]), 4, "channel")
+    with pytest.raises(ValueError, match="all zeros"):
+        gptq_quantize(W, HessianAccumulator(2).H, 4, "channel")
+
+
+def test_dampening_is_a_share_of_the_mean_diagonal():
+    """H = diag(1, 3), percdamp = 0.5: λ = 0.5 · mean(1, 3) = 1, (H + λI)⁻¹ = diag(1/2, 1/4),
+    whose upper Cholesky factor is diag(1/√2, 1/2). (λ from the maximum, 1.5, would give
+    diag(1/√2.5, 1/√4.5).)"""
+    U = inverse_hessian_factor(torch.diag(torch.tensor([1.0, 3.0])), percdamp=0.5)
+    torch.testing.assert_close(U, torch.diag(torch.tensor([2 ** -0.5, 0.5], dtype=torch.float64)))

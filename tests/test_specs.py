@@ -125,3 +125,17 @@ def test_to_dict_hands_out_a_copy_of_the_cached_catalog():
     d["peak_tflops"]["bf16"]["dense"] = 0.0
     assert get_gpu("h100").tflops("bf16") == pytest.approx(989.4)
     assert get_gpu("h100").tflops("fp16") == pytest.approx(989.4)
+
+
+# ---- hardening (issue 13) -------------------------------------------------------------------
+@pytest.mark.parametrize("field,bad", [("num_layers", 0), ("num_layers", 2.5),
+                                       ("hidden_size", -4096), ("num_heads", 0),
+                                       ("num_kv_heads", -1), ("intermediate_size", 0),
+                                       ("vocab_size", 0), ("max_positions", 0),
+                                       ("num_experts", 0), ("experts_per_token", 3)])
+def test_model_spec_refuses_impossible_sizes(field, bad):
+    """n_layers = 0 was accepted (and a negative hidden size gave a negative head_dim); the
+    calculators then printed figures for a model that cannot exist."""
+    import dataclasses
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(get_model("mistral-7b"), **{field: bad})

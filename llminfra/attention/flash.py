@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 
-from llminfra.attention.shapes import (causal_keep, check_block, check_qkv, compute_dtype,
-                                       default_scale, group_queries)
+from llminfra.attention.shapes import (causal_keep, check_attention_call, check_block, check_qkv,
+                                       compute_dtype, default_scale, group_queries)
 
 #: on_tile(i0, i1, j0, j1, m_i, l_i, O_i): called after each tile with views of the new state
 TileHook = Callable[[int, int, int, int, torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -46,6 +46,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     ``causal``: the T queries are the LAST T of the S positions (decoding with a KV cache):
     query i may see keys ``j <= S - T + i``; tiles entirely above that diagonal are skipped. A
     query that sees no key at all (T > S) gets a zero output row, as in :func:`naive_attention`.
+    ``causal`` must be a bool. Forward only (Algorithm 1; the backward pass is the paper's
+    Algorithm 4): inputs that require grad are refused while autograd records.
 
     Default blocks (512 queries x 256 keys, a 512 KB fp32 score tile) suit a CPU, where each
     tile costs a dozen PyTorch calls and bigger tiles amortise them; the paper sizes tiles to a
@@ -56,6 +58,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     tile stepper uses it).
     """
     B, H, H_kv, T, S, d = check_qkv(q, k, v)
+    causal = check_attention_call("flash_attention", causal, q, k, v)
     Br, Bc = check_block("block_q", block_q), check_block("block_k", block_k)
     work = compute_dtype(q.dtype)
     scale = default_scale(d, softmax_scale)

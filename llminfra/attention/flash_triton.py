@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from llminfra.attention.shapes import check_block, check_qkv, default_scale
+from llminfra.attention.shapes import check_attention_call, check_block, check_qkv, default_scale
 
 try:
     import triton
@@ -99,7 +99,8 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     ``causal``: the T queries are the LAST T of the S positions (decoding with a KV cache), query
     i sees keys ``j <= S - T + i``; key blocks past a query block's last query are not loaded.
-    A query that sees no key (T > S) gets zeros.
+    A query that sees no key (T > S) gets zeros. ``causal`` must be a bool. Forward only: inputs
+    that require grad, with autograd recording, are refused with a ``ValueError``.
 
     CUDA tensors run compiled; CPU tensors need ``TRITON_INTERPRET=1`` set before triton was
     imported (else Triton refuses the CPU pointers and a ``RuntimeError`` says so).
@@ -108,6 +109,7 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ImportError("flash_attention_triton needs the `triton` package "
                           "(pip install 'llminfra[gpu]'); use flash_attention on CPU")
     B, H, H_kv, T, S, d = check_qkv(q, k, v, dtypes=TRITON_DTYPES)
+    causal = check_attention_call("flash_attention_triton", causal, q, k, v)
     for name, bs in (("block_m", block_m), ("block_n", block_n)):
         if check_block(name, bs) < 16 or bs & (bs - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {bs}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from llminfra.attention.shapes import (causal_keep, check_qkv, compute_dtype, default_scale,
-                                       group_queries)
+from llminfra.attention.shapes import (causal_keep, check_attention_call, check_qkv,
+                                       compute_dtype, default_scale, group_queries)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -28,7 +28,8 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     ``causal``: the T queries are the LAST T of the S positions (decoding with a KV cache):
     query i may see keys ``j <= S - T + i``. A query that sees no key at all (T > S) gets a zero
-    output row.
+    output row. ``causal`` must be a bool. Forward only: inputs that require grad are refused
+    while autograd records (:func:`~llminfra.attention.shapes.check_attention_call`).
 
     ``io``: an optional :class:`llminfra.attention.io_accounting.IOCounter`; each read from and
     write to slow memory of Algorithm 0 is reported to it (chapter 06, IO accounting).
@@ -38,6 +39,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     → [0.3302, 0.6698].
     """
     B, H, H_kv, T, S, d = check_qkv(q, k, v)
+    causal = check_attention_call("naive_attention", causal, q, k, v)
     work = compute_dtype(q.dtype)
     scale = default_scale(d, softmax_scale)
     Q = group_queries(q, H_kv).to(work)           # (B, H_kv, G, T, d)

@@ -53,6 +53,28 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return B, H, H_kv, T, S, d
 
 
+def check_attention_call(fn_name: str, causal, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, forward_only: bool = True) -> bool:
+    """The flags every attention version checks after :func:`check_qkv`; returns ``causal``.
+
+    * ``causal`` must be ``True`` or ``False``: a string such as ``"no"`` is truthy and would
+      silently run the causal mask.
+    * ``forward_only`` kernels (the naive and tiled ones here write their score and output
+      buffers in place and define no backward pass) refuse inputs that require grad while
+      autograd is recording, instead of failing later inside ``.backward()``.
+
+    ``ValueError`` naming ``fn_name`` and what to do otherwise.
+    """
+    if not isinstance(causal, bool):
+        raise ValueError(f"{fn_name}: causal must be True or False, got {causal!r}")
+    if forward_only and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError(f"{fn_name} is forward-only (inference; it has no backward pass) but "
+                         "q, k or v requires grad: call it under torch.no_grad() or "
+                         "torch.inference_mode(), or detach the inputs; to train, use "
+                         "torch.nn.functional.scaled_dot_product_attention")
+    return causal
+
+
 def check_block(name: str, value: int) -> int:
     """A tile size must be a positive int; ``ValueError`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -16,6 +16,8 @@ Taught in chapter 04.
 
 from __future__ import annotations
 
+import operator
+
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.copy_on_write import copy_on_write, fork_blocks
 
@@ -37,8 +39,21 @@ def slot_mapping(block_ids: list[int], positions: list[int], block_size: int) ->
     return out
 
 
+def _check_int(name: str, value) -> int:
+    """``value`` as an ``int`` if it is an integer (Python, NumPy or 0-d torch; not a bool);
+    ``ValueError`` naming it otherwise (2.5 tokens or blocks mean nothing)."""
+    try:
+        if not isinstance(value, bool):
+            return operator.index(value)
+    except TypeError:
+        pass
+    raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """``ceil(num_tokens / block_size)``: blocks that hold ``num_tokens`` tokens."""
+    num_tokens = _check_int("num_tokens", num_tokens)
+    block_size = _check_int("block_size", block_size)
     if block_size < 1 or num_tokens < 0:
         raise ValueError(f"need block_size >= 1 and num_tokens >= 0, got block_size "
                          f"{block_size!r}, num_tokens {num_tokens!r}")
@@ -69,6 +84,7 @@ class BlockTable:
         All or nothing: if the pool cannot provide every block needed, nothing changes and
         :class:`BlockPoolExhausted` is raised.
         """
+        n = _check_int("n (tokens to append)", n)
         if n < 0:
             raise ValueError(f"cannot append {n} tokens; n must be >= 0")
         B = self.block_size

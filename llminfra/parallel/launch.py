@@ -12,6 +12,8 @@ Guarantees:
 
 * every child is gone when ``launch`` returns or raises (terminated, then killed);
 * an exception in any rank reaches the caller as :class:`RankError` with that rank's traceback;
+  a rank that dies without one (``os._exit``, a crash) is named with its exit code, even when
+  a peer's "connection reset" arrives first;
 * nothing hangs: the whole run has a deadline (``timeout_s``), and so do the collectives.
 
 Each child runs with one intra-op thread (``torch.set_num_threads(1)``) so that ``n`` ranks on
@@ -22,7 +24,9 @@ one launch across several checks. Taught in chapter 07.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
+import math
 import multiprocessing as mp
 import pickle
 import queue
@@ -89,6 +93,36 @@ def _stop(procs: list) -> None:
             p.join(5)
 
 
+def _died_silently(procs: list, skip: set[int], grace_s: float = 0.5) -> tuple[int, int] | None:
+    """``(rank, exit code)`` of a child not in ``skip`` that exited with a non-zero code
+    without reporting (``os._exit``, a crash), waiting up to ``grace_s`` for one to show; when
+    a rank dies, its peers fail soon after with a bare 'connection reset' from gloo."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        for r, p in enumerate(procs):
+            if r not in skip and p.exitcode not in (None, 0):
+                return r, p.exitcode
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _spawn_target(fn: Callable):
+    """What spawn pickles by name: ``fn`` itself, or the function inside a ``functools.partial``;
+    ``ValueError`` if that cannot be imported by the children."""
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {fn!r}")
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    module = getattr(target, "__module__", None) or getattr(type(target), "__module__", "__main__")
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    if module == "__main__" or "<locals>" in name or "<lambda>" in name:
+        raise ValueError(f"{fn!r} cannot be pickled by spawn: define it in a module "
+                         "(e.g. llminfra.parallel.workers), not in a notebook or a closure")
+    return target
+
+
 def _collect(procs: list, out, size: int, timeout_s: float) -> list:
     results: list = [None] * size
     done: set[int] = set()
@@ -107,6 +141,11 @@ def _collect(procs: list, out, size: int, timeout_s: float) -> list:
                         raise RankError(r, f"process exited with code {p.exitcode} and no result")
             continue
         if status == "error":
+            dead = _died_silently(procs, done | {rank})
+            if dead is not None:  # the error is most likely a peer's reaction to that death
+                last = payload.strip().splitlines()[-1] if payload.strip() else ""
+                raise RankError(dead[0], f"process exited with code {dead[1]} and no result "
+                                         f"(rank {rank} then failed too: {last})")
             raise RankError(rank, payload)
         results[rank] = pickle.loads(payload)
         done.add(rank)
@@ -119,16 +158,23 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_
 
     ``backend`` is ``"gloo"`` (CPU tensors, or CUDA tensors copied through the host) or
     ``"nccl"`` (one CUDA device per rank). ``fn`` and its arguments must be picklable, and
-    ``fn`` importable from a module (not defined in a notebook). Raises :class:`RankError`
+    ``fn`` importable from a module (not defined in a notebook; a ``functools.partial`` of such a
+    function is fine). ``timeout_s > 0``. Raises :class:`RankError`
     when a rank fails, ``TimeoutError`` after ``timeout_s``; every child is reaped either way.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if getattr(fn, "__module__", "__main__") == "__main__" or "<locals>" in fn.__qualname__:
-        raise ValueError(f"{fn!r} cannot be pickled by spawn: define it in a module "
-                         "(e.g. llminfra.parallel.workers), not in a notebook or a closure")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if backend == "nccl":
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError("backend 'nccl' needs CUDA GPUs and torch sees none; "
+                             "use backend='gloo' on a CPU")
+    target = _spawn_target(fn)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
@@ -144,6 +190,6 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_
         _stop(procs)
         out.close()
         out.join_thread()
-    log.info("launch: %d ranks of %s done in %.2f s", world_size, fn.__qualname__,
+    log.info("launch: %d ranks of %s done in %.2f s", world_size, target.__qualname__,
              time.monotonic() - t0)
     return results

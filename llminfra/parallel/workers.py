@@ -107,6 +107,16 @@ def sleep_for(world: World, seconds: float) -> int:
     return world.rank
 
 
+def exit_on_rank(world: World, bad_rank: int, code: int) -> int:
+    """``os._exit(code)`` on ``bad_rank`` (no exception, no result) while the others wait in an
+    all-reduce: tests that the launcher names the rank that died and its exit code."""
+    if world.rank == bad_rank:
+        import os
+        os._exit(code)
+    world.all_reduce(torch.ones(1))
+    return world.rank
+
+
 def fail_on_rank(world: World, bad_rank: int) -> int:
     """Raise on ``bad_rank`` while the others wait in an all-reduce (tests error propagation)."""
     if world.rank == bad_rank:

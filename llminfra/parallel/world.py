@@ -36,11 +36,13 @@ class World:
     size: int
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of ``x`` over all ranks, same shape as ``x`` (a new tensor)."""
+        """Sum of ``x`` over all ranks, same shape as ``x`` (a new tensor). Every rank passes
+        the same shape and dtype (``ValueError`` otherwise in the simulated world)."""
         raise NotImplementedError
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Concatenation of every rank's ``x`` along ``dim``, in rank order."""
+        """Concatenation of every rank's ``x`` along ``dim``, in rank order (one shape and
+        dtype on every rank, as for ``all_reduce``)."""
         raise NotImplementedError
 
     def send(self, x: torch.Tensor, dst: int) -> None:
@@ -130,15 +132,24 @@ class SimulatedWorld(World):
         meeting = _Meeting(size, timeout_s)
         return [cls(r, size, meeting) for r in range(size)]
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+    def _exchange_alike(self, op: str, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``x``, in rank order; ``ValueError`` (on every rank) unless all share
+        one shape and dtype, as ``torch.distributed`` requires (no silent broadcasting)."""
         values = self._m.exchange(self.rank, x.detach())
+        if any(v.shape != values[0].shape or v.dtype != values[0].dtype for v in values):
+            got = ", ".join(f"rank {r}: {tuple(v.shape)} {v.dtype}" for r, v in enumerate(values))
+            raise ValueError(f"{op} needs the same shape and dtype on every rank, got {got}")
+        return values
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        values = self._exchange_alike("all_reduce", x)
         out = values[0].clone()
         for v in values[1:]:
             out = out + v
         return out
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        values = self._m.exchange(self.rank, x.detach())
+        values = self._exchange_alike("all_gather", x)
         return torch.cat([v.clone() for v in values], dim=dim)
 
     def send(self, x: torch.Tensor, dst: int) -> None:

@@ -19,6 +19,7 @@ done. Deterministic: no randomness. Chapter 03.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -36,10 +37,19 @@ def awq_scales(x_abs_mean: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def search_rows(X: torch.Tensor, in_features: int) -> torch.Tensor:
-    """Calibration inputs as float32 ``(n, in)``, at most ``MAX_SEARCH_ROWS`` evenly spaced rows."""
+    """Calibration inputs as float32 ``(n, in)``, at most ``MAX_SEARCH_ROWS`` evenly spaced rows.
+
+    ``ValueError`` if ``X`` has no rows or a NaN / inf value (every α's error would be NaN, and
+    the search would fall back to plain round-to-nearest without a word)."""
     X = X.detach().reshape(-1, X.shape[-1]).float()
     if X.shape[1] != in_features:
         raise ValueError(f"X has {X.shape[1]} features, the weight expects {in_features}")
+    if X.shape[0] == 0:
+        raise ValueError("the calibration inputs X are empty (0 rows): AWQ needs activations")
+    if not bool(torch.isfinite(X).all()):
+        raise ValueError(f"the calibration inputs X hold {int(torch.isnan(X).sum())} NaN and "
+                         f"{int(torch.isinf(X).sum())} inf values (or values beyond float32); "
+                         "clean them first")
     if X.shape[0] > MAX_SEARCH_ROWS:  # deterministic subsample
         X = X[torch.linspace(0, X.shape[0] - 1, MAX_SEARCH_ROWS).long()]
     return X
@@ -60,6 +70,9 @@ def awq_search(W: torch.Tensor, X: torch.Tensor, bits: int = 4, granularity: str
         s = awq_scales(s_x, i / n_grid)
         Wq = fake_quantize_int(W * s, bits, granularity, symmetric) / s
         errors.append(float(((X @ Wq.T - Y) ** 2).mean()))
+    if not all(map(math.isfinite, errors)):
+        raise ValueError("the output error is not finite for every α (W X overflows float32?); "
+                         "rescale the weights or the calibration inputs")
     best = min(range(n_grid), key=errors.__getitem__)
     return best / n_grid, errors
 

@@ -19,6 +19,8 @@ columns by decreasing ``diag(H)``; group scales are then fixed from the original
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from llminfra.quant import packing
@@ -35,9 +37,20 @@ class HessianAccumulator:
         self.n = 0
 
     def add(self, x: torch.Tensor) -> None:
-        """Add a batch of inputs ``x (..., C)``."""
-        x = x.detach().reshape(-1, x.shape[-1]).to(self.H.device, torch.float64)
+        """Add a batch of inputs ``x (..., C)``. A batch of 0 tokens adds nothing; a wrong width
+        or a NaN / inf value is a ``ValueError`` (and leaves ``H`` as it was)."""
+        C = self.H.shape[0]
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != C:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be calibration inputs (..., {C}), got {got}")
+        x = x.detach().reshape(-1, C).to(self.H.device, torch.float64)
         m = x.shape[0]
+        if m == 0:
+            return
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"x holds {int(torch.isnan(x).sum())} NaN and "
+                             f"{int(torch.isinf(x).sum())} inf values: H would be NaN; clean the "
+                             "calibration inputs first")
         self.H *= self.n / (self.n + m)
         self.n += m
         self.H += (2.0 / self.n) * (x.T @ x)
@@ -58,11 +71,40 @@ def column_update(W: torch.Tensor, Hinv: torch.Tensor, i: int,
 
 
 def inverse_hessian_factor(H: torch.Tensor, percdamp: float = 0.01) -> torch.Tensor:
-    """Upper Cholesky factor of ``(H + λ I)⁻¹``, ``λ = percdamp · mean(diag H)``."""
+    """Upper Cholesky factor of ``(H + λ I)⁻¹``, ``λ = percdamp · mean(diag H)``.
+
+    Worked example: ``H = diag(1, 3)``, ``percdamp = 0.5``: ``λ = 1``, ``(H + I)⁻¹ =
+    diag(1/2, 1/4)``, factor ``diag(1/√2, 1/2)``. ``ValueError`` if ``percdamp`` is not a finite
+    number ``>= 0`` or ``H + λI`` is not positive definite (with a hint at the cause).
+    """
+    if isinstance(percdamp, bool) or not isinstance(percdamp, (int, float)) \
+            or not math.isfinite(percdamp) or percdamp < 0:
+        raise ValueError(f"percdamp must be a finite number >= 0 (a share of mean(diag H), "
+                         f"e.g. 0.01), got {percdamp!r}")
     H = H.double().clone()
-    H.diagonal().add_(percdamp * H.diagonal().mean())
-    L = torch.linalg.cholesky(H)
+    lam = percdamp * H.diagonal().mean()
+    H.diagonal().add_(lam)
+    try:
+        L = torch.linalg.cholesky(H)
+    except torch.linalg.LinAlgError as e:
+        raise ValueError(f"H + λI (λ = {float(lam):.4g}) is not positive definite, so GPTQ "
+                         "cannot invert it: H must be the Hessian 2 X Xᵀ / n of real calibration "
+                         "inputs (symmetric, no negative eigenvalue); if it is, raise percdamp "
+                         f"(now {percdamp}). torch said: {e}") from e
     return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+
+
+def check_hessian(H: torch.Tensor) -> None:
+    """``ValueError`` unless ``H`` is finite, symmetric and not all zeros (all zeros means no
+    calibration input was added, and GPTQ would zero every weight)."""
+    if not bool(torch.isfinite(H).all()):
+        raise ValueError("H holds NaN or inf values; it must be finite (check the calibration "
+                         "inputs)")
+    Hd = H.double()
+    if not Hd.any():
+        raise ValueError("H is all zeros: no calibration inputs were added (or all were zero)")
+    if not torch.allclose(Hd, Hd.T, rtol=1e-6, atol=1e-9 * float(Hd.abs().max())):
+        raise ValueError("H is not symmetric; it must be the Hessian 2 X Xᵀ / n of the inputs")
 
 
 def _column_grid(scale: torch.Tensor, zero: torch.Tensor | None, bits: int):
@@ -101,6 +143,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
     check_weight(W)
     if W.dim() != 2 or H.shape != (W.shape[1], W.shape[1]):
         raise ValueError(f"need W (out, in) and H (in, in), got {tuple(W.shape)} and {tuple(H.shape)}")
+    check_hessian(H)
     if granularity == "tensor":
         raise ValueError("GPTQ needs 'channel' or a group size, not 'tensor' granularity")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:

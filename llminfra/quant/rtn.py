@@ -41,7 +41,8 @@ def zeropoint_params(G: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Te
     levels = 2 ** _check_bits(bits) - 1
     lo = G.amin(-1).clamp(max=0)
     hi = G.amax(-1).clamp(min=0)
-    scale = store_scale((hi - lo) / levels)
+    span = hi - lo  # inf when both ends are beyond ±1.7e38: then take the range in two halves
+    scale = store_scale(torch.where(torch.isinf(span), hi / levels - lo / levels, span / levels))
     safe = torch.where(scale == 0, torch.ones_like(scale), scale).float()
     zero = torch.round(-lo / safe).clamp(0, levels).to(torch.uint8)
     return scale, zero
@@ -62,12 +63,27 @@ def encode_int(G: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
     return u.clamp(0, 2 ** bits - 1).to(torch.uint8)
 
 
+def check_decodable(scale: torch.Tensor, zero: torch.Tensor | None, bits: int) -> None:
+    """``ValueError`` if a grid's extreme codes decode beyond float32's range (values within
+    about ``s/2`` of ±3.4e38: the code nearest such a value would dequantize to ±inf)."""
+    s = scale.float()
+    if zero is None:
+        ends = s * (2 ** (bits - 1) - 1)
+    else:
+        ends = torch.maximum(zero.float(), 2 ** bits - 1 - zero.float()) * s
+    if not bool(torch.isfinite(ends).all()):
+        raise ValueError(f"weights too close to float32's limit "
+                         f"({torch.finfo(torch.float32).max:.4g}) for a {bits}-bit grid: its "
+                         "codes would decode to ±inf; rescale the weights first")
+
+
 def grid_params(G: torch.Tensor, bits: int, symmetric: bool):
     """``(scale, zero)`` of the groups ``G (..., n, g)``: absmax (``zero = None``) when
-    ``symmetric``, else min/max zero-point."""
-    if symmetric:
-        return absmax_scale(G, bits), None
-    return zeropoint_params(G, bits)
+    ``symmetric``, else min/max zero-point. ``ValueError`` if the grid cannot be decoded in
+    float32 (:func:`check_decodable`)."""
+    scale, zero = (absmax_scale(G, bits), None) if symmetric else zeropoint_params(G, bits)
+    check_decodable(scale, zero, bits)
+    return scale, zero
 
 
 def quantize_int(w: torch.Tensor, bits: int, granularity: str | int = "channel",

@@ -40,7 +40,8 @@ class GroupLayout:
 
 
 def check_weight(w: torch.Tensor) -> None:
-    """``ValueError`` unless ``w`` is a non-empty, finite, floating tensor."""
+    """``ValueError`` unless ``w`` is a non-empty, finite, floating tensor whose values float32
+    (the dtype the schemes compute in) can hold."""
     if not isinstance(w, torch.Tensor) or not w.is_floating_point():
         raise ValueError(f"expected a floating-point tensor, got {type(w).__name__} "
                          f"{getattr(w, 'dtype', '')}")
@@ -51,6 +52,11 @@ def check_weight(w: torch.Tensor) -> None:
         n_nan, n_inf = int(torch.isnan(w).sum()), int(torch.isinf(w).sum())
         raise ValueError(f"cannot quantize a tensor with {n_nan} NaN and {n_inf} inf values: "
                          "scales would be NaN/inf; clean the weights first")
+    amax = float(w.detach().abs().max())
+    if amax > torch.finfo(torch.float32).max:  # finite in float64, inf once cast to float32
+        raise ValueError(f"cannot quantize values up to {amax:.4g}: quantization computes in "
+                         f"float32, whose range ends at {torch.finfo(torch.float32).max:.4g}; "
+                         "rescale the weights first")
 
 
 def layout_for(w: torch.Tensor, granularity: str | int) -> GroupLayout:

@@ -85,6 +85,18 @@ class ModelSpec:
     sources: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "vocab_size", "num_experts", "experts_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{self.name}: {name} must be a positive integer, got {value!r}")
+        mp = self.max_positions
+        if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or mp < 1):
+            raise ValueError(f"{self.name}: max_positions must be a positive integer or None, "
+                             f"got {mp!r}")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"{self.name}: experts_per_token {self.experts_per_token} exceeds "
+                             f"num_experts {self.num_experts}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"{self.name}: hidden_size {self.hidden_size} is not divisible "
                              f"by num_heads {self.num_heads}")
