@@ -28,7 +28,8 @@ def _run_cell(monkeypatch, capsys, on_colab: bool, pip_returncode: int = 0):
 
     def fake_run(cmd, *args, **kwargs):
         calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, pip_returncode)
+        assert kwargs.get("capture_output"), "pip's output must be captured to be shown on failure"
+        return subprocess.CompletedProcess(cmd, pip_returncode, "pip says", "ERROR: no network")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     if on_colab:
@@ -53,7 +54,8 @@ def test_off_colab_the_cell_prints_its_stored_line_and_installs_nothing(monkeypa
 
 def test_on_colab_the_cell_installs_from_the_repository(monkeypatch, capsys):
     out, calls, error = _run_cell(monkeypatch, capsys, on_colab=True)
-    assert error is None and out == "Colab: package installed\n"
+    assert error is None and out.endswith("Colab: package installed\n")
+    assert "ERROR" not in out
     assert calls == [[sys.executable, "-m", "pip", "install", "-q",
                       f"llminfra @ git+{colab.REPOSITORY_URL}"]]
 
@@ -62,7 +64,7 @@ def test_on_colab_a_failed_install_says_what_to_do_and_stops(monkeypatch, capsys
     out, calls, error = _run_cell(monkeypatch, capsys, on_colab=True, pip_returncode=1)
     assert isinstance(error, RuntimeError) and len(calls) == 1
     assert f"!git clone {colab.REPOSITORY_URL} llminfra && pip install -e llminfra" in out
-    assert "Restart session" in out and "make course" in out
+    assert "Restart session" in out and "make course" in out and "ERROR: no network" in out
     assert "Colab: package installed" not in out
 
 

@@ -34,9 +34,11 @@ except ImportError:
     IN_COLAB = False
 if IN_COLAB:
     import subprocess, sys
+    print(f"installing llminfra from {{REPOSITORY_URL}} (about a minute) ...", flush=True)
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                          f"llminfra @ git+{{REPOSITORY_URL}}"])
+                          f"llminfra @ git+{{REPOSITORY_URL}}"], capture_output=True, text=True)
     if pip.returncode != 0:
+        print(pip.stdout[-2000:], pip.stderr[-2000:], sep="\\n")
         print(f"Installing llminfra from {{REPOSITORY_URL}} failed (pip's message is above). "
               "Try Runtime > Restart session, then run this cell again. If it fails again, "
               "run in a new cell:\\n"
