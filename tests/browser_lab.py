@@ -235,6 +235,8 @@ def move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: in
     control = page.locator(f"{PANEL} {row.control}").first
     control.wait_for(state="visible", timeout=timeout_ms)
     box = _box(control)
+    control.scroll_into_view_if_needed()
+    before = _normal(box.inner_text())
     if row.move.startswith("type:"):
         field = control.locator("input")
         field.fill(row.move[len("type:"):])
@@ -252,10 +254,17 @@ def move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: in
         if all(w in text for w in want):
             break
         time.sleep(0.25)
-    if screenshot is not None:
+    if screenshot is not None:  # the text comes first, an image may follow: let the kernel settle
+        idle = page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']").first
+        for _ in range(2):
+            idle.wait_for(timeout=timeout_ms)
+            time.sleep(1.0)
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         box.screenshot(path=str(screenshot))
     missing = [w for w in want if w not in text]
+    if not missing and all(w in before for w in want):
+        raise AssertionError(f"{row.chapter}: the widget showed {want} before the move too; "
+                             "choose a move that changes what it shows")
     if missing:
         raise WidgetDidNotChange(f"{row.chapter}: after {row.move} the control reads {value}, but "
                                  f"the widget does not show {missing[0]!r}; it shows {text[:400]!r}")
