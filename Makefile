@@ -48,7 +48,8 @@ course: $(BIN)/.course-installed
 
 test: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.exercises --check
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
+	$(BIN)/python -m llminfra.course.colab --check
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
 		--nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 300 \
 		tests notebooks solutions
 
