@@ -196,12 +196,14 @@ def run_all_cells(page, timeout_ms: int) -> None:
 class WidgetRow:
     """One widget of one chapter, and how the browser test moves it.
 
-    ``control``: Playwright selector of the main control's container (``.widget-slider`` or
-    ``.widget-text``); ``move``: ``"ArrowRight"`` / ``"ArrowLeft"`` (a slider's handle gets the
-    key) or ``"type:<text>"`` (typed into the text box, then Enter); ``expected(value)``: the
-    strings the widget must show once the control holds ``value`` (read back from the slider's
-    readout or the text box), computed from the package; ``sabotage``: code that, appended to a
-    copy of the notebook, disconnects the control's callback (used to show the test can fail).
+    ``control``: Playwright selector of the main control's container (``.widget-slider``,
+    ``.widget-text`` or ``.widget-dropdown``); ``move``: ``"ArrowRight"`` / ``"ArrowLeft"`` (a
+    slider's handle gets the key), ``"type:<text>"`` (typed into the text box, then Enter) or
+    ``"select:<option>"`` (chosen in the drop-down); ``expected(value)``: the strings the widget
+    must show once the control holds ``value`` (read back from the slider's readout, the text
+    box or the drop-down: a number, or the option's text), computed from the package;
+    ``sabotage``: code that, appended to a copy of the notebook, disconnects the control's
+    callback (used to show the test can fail). Rows of one notebook run in their order.
     """
     chapter: str
     notebook: str
@@ -216,10 +218,13 @@ def _box(control):
     return control.locator("xpath=ancestor::div[contains(@class,'widget-vbox')][last()]")
 
 
-def _value(row: WidgetRow, control) -> float:
+def _value(row: WidgetRow, control) -> float | int | str:
+    if row.move.startswith("select:"):
+        return control.locator("select").evaluate("s => s.options[s.selectedIndex].text")
     if row.move.startswith("type:"):
         return float(control.locator("input").input_value())
-    return float(control.locator(".widget-readout").inner_text())
+    value = float(control.locator(".widget-readout").inner_text())
+    return int(value) if value == int(value) else value
 
 
 def _normal(text: str) -> str:
@@ -241,11 +246,12 @@ def move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: in
         field = control.locator("input")
         field.fill(row.move[len("type:"):])
         field.press("Enter")
+    elif row.move.startswith("select:"):
+        control.locator("select").select_option(label=row.move[len("select:"):])
     else:
         control.locator(".noUi-handle").focus()
         page.keyboard.press(row.move)
     value = _value(row, control)
-    value = int(value) if value == int(value) and not row.move.startswith("type:") else value
     want = [_normal(s) for s in row.expected(value)]
     deadline = time.monotonic() + timeout_ms / 1000
     text = ""

@@ -48,6 +48,10 @@ def text_box(description: str) -> str:
     return f'.widget-text:has(> .widget-label:text-is("{description}"))'
 
 
+def dropdown(description: str) -> str:
+    return f'.widget-dropdown:has(> .widget-label:text-is("{description}"))'
+
+
 # --- what each widget must show for its control's new value, computed by the package ----------
 
 def _ch00(billions: int) -> list[str]:
@@ -62,6 +66,12 @@ def _ch02(batch: int) -> list[str]:
     from llminfra.widgets.memory_calculator import memory_breakdown, summary_lines
     lines = summary_lines(memory_breakdown("llama-2-13b", "a100-40gb", "bf16", "bf16", 2048, batch))
     return [lines[0], lines[-1]]
+
+
+def _ch02_gpu(gpu: str) -> list[str]:
+    """After the batch row (batch 7): the same request on another card."""
+    from llminfra.widgets.memory_calculator import memory_breakdown, summary_lines
+    return summary_lines(memory_breakdown("llama-2-13b", gpu, "bf16", "bf16", 2048, 7))[-2:]
 
 
 def _ch03_number(value: float) -> list[str]:
@@ -100,6 +110,8 @@ ROWS = [
               sabotage='billions.unobserve(on_change, names="value")'),
     WidgetRow("02", "notebooks/02_gpu_memory.ipynb", ".llminfra-memory-calculator " + slider("batch"),
               "ArrowRight", _ch02),
+    WidgetRow("02_gpu", "notebooks/02_gpu_memory.ipynb",
+              ".llminfra-memory-calculator " + dropdown("GPU"), "select:a100-80gb", _ch02_gpu),
     WidgetRow("03_number_format", "notebooks/03_precision_and_quantization.ipynb",
               text_box("number"), "type:-2.5", _ch03_number),
     WidgetRow("03_quant_explorer", "notebooks/03_precision_and_quantization.ipynb", slider("bits"),
