@@ -23,6 +23,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -209,7 +210,7 @@ class WidgetRow:
     notebook: str
     control: str
     move: str
-    expected: object
+    expected: Callable[[float | int | str], list[str]]
     sabotage: str = ""
 
 

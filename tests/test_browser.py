@@ -15,7 +15,7 @@ a raising cell, make the checks fail.
 Needs Debian's ``chromium`` and pip's ``playwright`` (no ``playwright install``); skipped, saying
 which is missing, when either is absent — except under ``LLMINFRA_REQUIRE_BROWSER=1`` (.ci/run),
 where a missing browser or a missing chapter notebook fails. Measured on the shared 2-core
-machine (under load, 2026-12-01): the whole module 7.3 min, of which the chapters' own cells take
+machine (under load, 2026-12-01): the whole module 6.4–7.3 min, of which the chapters' own cells take
 most; ~10 s per notebook is JupyterLab's page, kernel start and the move.
 
 Adding a chapter: append a :class:`WidgetRow` to :data:`ROWS` (selector of the main control's
