@@ -1,6 +1,6 @@
 # Two commands (see README.md):
-#   make course   set everything up, open the course in JupyterLab
-#   make test     set everything up, run every test (pytest + nbval + exercises in sync)
+#   make course   set up what the course needs, open the course in JupyterLab
+#   make test     add the test tools, run every test (pytest + nbval + exercises in sync)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,41 +8,66 @@ BIN := $(VENV)/bin
 # Linux GPU machine pip takes PyPI's CUDA build of the same version.
 TORCH ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
+# The kernel the notebooks name in their metadata (name and display name): registered exactly
+# so, JupyterLab opens a chapter without rewriting it (tests/test_browser.py checks).
+KERNEL_NAME := python3
+KERNEL_DISPLAY_NAME := Python 3
+# What `make course` gives `jupyter lab`: serve the repository root (notebooks/, exercises/,
+# solutions/ all reachable) and open the start notebook (tests/test_browser.py starts its server
+# with these arguments).
+COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 
-.PHONY: install course test test-fast notebooks exercises bench-quick clean
+.PHONY: install course test test-fast notebooks exercises screenshots clean
 
-$(BIN)/.installed: pyproject.toml
+# the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress)
+$(BIN)/.course-installed: pyproject.toml
+	@echo "== llminfra: creating $(VENV) (first time only; README.md says how long it takes)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet pip
-	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (llminfra)" >/dev/null
+	@echo "== 1/2: $(TORCH) (the largest download)"
+	$(BIN)/python -m pip install --progress-bar on $(TORCH)
+	@echo "== 2/2: the llminfra package, JupyterLab and ipywidgets"
+	$(BIN)/python -m pip install --progress-bar on -e ".[course]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL_NAME) \
+		--display-name "$(KERNEL_DISPLAY_NAME)" >/dev/null
 	touch $@
 
-install: $(BIN)/.installed
+# the test tools on top (pytest, nbval, playwright, triton): only `make test` needs them
+$(BIN)/.test-installed: $(BIN)/.course-installed pyproject.toml
+	@echo "== test tools: pytest, nbval, playwright, triton"
+	$(BIN)/python -m pip install --progress-bar on -e ".[course,test]"
+	touch $@
+
+install: $(BIN)/.course-installed
 
 # as root (containers), JupyterLab refuses to start without --allow-root
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-course: install
-	$(BIN)/jupyter lab $(LAB_ARGS) notebooks/00_start_here.ipynb
+course: $(BIN)/.course-installed
+	$(BIN)/jupyter lab $(LAB_ARGS) $(COURSE_LAB_ARGS)
 
-test: install
+test: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.exercises --check
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
+	$(BIN)/python -m llminfra.course.colab --check
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
 		--nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 300 \
 		tests notebooks solutions
 
-test-fast: install
+test-fast: $(BIN)/.test-installed
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
 
 # maintainers: re-run the notebooks and store their outputs, then regenerate exercises/
-notebooks: install
+notebooks: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.execute notebooks/*.ipynb solutions/*.ipynb
 	$(BIN)/python -m llminfra.course.exercises
 
-exercises: install
+exercises: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.exercises
+
+# maintainers: the README's per-chapter screenshots, taken by the real-browser test
+screenshots: $(BIN)/.test-installed
+	LLMINFRA_SCREENSHOT_DIR=docs/screenshots LLMINFRA_REQUIRE_BROWSER=1 \
+		$(BIN)/python -m pytest -p no:xdist tests/test_browser.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,112 @@
+"""The Colab cell every notebook starts with, from one template and one repository URL.
+
+On Colab the cell installs the package from :data:`REPOSITORY_URL` with pip and, if pip fails,
+says what to do instead (restart and re-run, or clone and ``pip install -e .``) and stops the
+notebook with a clear error; anywhere else it prints one line and does nothing, so it passes nbval
+with its stored output. The cell runs before the package exists on Colab, so the URL is written
+into each cell: ``python -m llminfra.course.colab --apply`` rewrites the Colab cell (the first
+code cell that mentions ``google.colab``) of every notebook in ``notebooks/`` and ``solutions/``
+from :func:`cell_source`, source only (outputs, ids and metadata untouched); ``--check`` fails
+when one differs. Run ``python -m llminfra.course.exercises`` afterwards so ``exercises/``
+follows ``solutions/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import nbformat
+
+#: the one place the course's repository is named (pyproject.toml's [project.urls] agrees)
+REPOSITORY_URL = "https://github.com/llminfra/llminfra"
+#: what the cell prints outside Colab (the stored output nbval compares)
+NOT_ON_COLAB = "not on Colab: using the installed llminfra"
+FOLDERS = ("notebooks", "solutions")
+
+_TEMPLATE = '''\
+# Colab only: install the course package; elsewhere this cell just says so.
+REPOSITORY_URL = "{url}"
+try:
+    import google.colab  # noqa: F401
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if IN_COLAB:
+    import subprocess, sys
+    print(f"installing llminfra from {{REPOSITORY_URL}} (about a minute) ...", flush=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                          f"llminfra @ git+{{REPOSITORY_URL}}"], capture_output=True, text=True)
+    if pip.returncode != 0:
+        print(pip.stdout[-2000:], pip.stderr[-2000:], sep="\\n")
+        print(f"Installing llminfra from {{REPOSITORY_URL}} failed (pip's message is above). "
+              "Try Runtime > Restart session, then run this cell again. If it fails again, "
+              "run in a new cell:\\n"
+              f"  !git clone {{REPOSITORY_URL}} llminfra && pip install -e llminfra\\n"
+              "then Runtime > Restart session. Or run the course on your own machine: "
+              "git clone, then `make course` (README.md).")
+        raise RuntimeError("llminfra is not installed: see the message above")
+print("Colab: package installed" if IN_COLAB else "{not_on_colab}")'''
+
+
+def cell_source(url: str = REPOSITORY_URL) -> str:
+    """The Colab cell's source for repository ``url``."""
+    if not url.startswith("https://"):
+        raise ValueError(f"repository URL must start with https://, got {url!r}")
+    return _TEMPLATE.format(url=url, not_on_colab=NOT_ON_COLAB)
+
+
+def colab_cell_index(nb) -> int | None:
+    """Index of the notebook's Colab cell (first code cell mentioning ``google.colab``)."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "google.colab" in cell.source:
+            return i
+    return None
+
+
+def stale_notebooks(root: Path, source: str | None = None) -> list[Path]:
+    """Notebooks under ``root``'s :data:`FOLDERS` whose Colab cell is missing or differs."""
+    source = cell_source() if source is None else source
+    stale = []
+    for path in sorted(p for folder in FOLDERS for p in (root / folder).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        i = colab_cell_index(nb)
+        if i is None or nb.cells[i].source != source:
+            stale.append(path)
+    return stale
+
+
+def apply(root: Path, source: str | None = None) -> list[Path]:
+    """Rewrite the Colab cell's source in every stale notebook under ``root``; return them.
+
+    A notebook without a Colab cell raises ``ValueError`` naming it (nothing is inserted)."""
+    source = cell_source() if source is None else source
+    changed = {path: nbformat.read(path, as_version=4) for path in stale_notebooks(root, source)}
+    lacking = [str(path) for path, nb in changed.items() if colab_cell_index(nb) is None]
+    if lacking:  # checked before anything is written
+        raise ValueError(f"no Colab cell (a code cell importing google.colab) in {lacking}")
+    for path, nb in changed.items():
+        nb.cells[colab_cell_index(nb)].source = source
+        nbformat.write(nb, path)
+    return list(changed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--apply", action="store_true", help="rewrite stale Colab cells")
+    mode.add_argument("--check", action="store_true", help="fail if a Colab cell is stale")
+    p.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
+    args = p.parse_args(argv)
+    if args.check:
+        stale = stale_notebooks(args.root)
+        for path in stale:
+            print(f"stale Colab cell: {path} (run python -m llminfra.course.colab --apply)")
+        return 1 if stale else 0
+    for path in apply(args.root):
+        print(f"rewrote the Colab cell of {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
