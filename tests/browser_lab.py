@@ -64,7 +64,9 @@ def copy_repository(dest: Path) -> Path:
 
 def _write_settings(settings: Path) -> None:
     files = {"apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-             "docmanager-extension/plugin": {"autosaveInterval": AUTOSAVE_S}}
+             "docmanager-extension/plugin": {"autosaveInterval": AUTOSAVE_S},
+             # draw every cell, not only those scrolled into view
+             "notebook-extension/tracker": {"windowingMode": "none"}}
     for name, value in files.items():
         path = settings / "@jupyterlab" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -275,3 +278,27 @@ def test_a_raising_cell_fails_the_run(lab, page):
     _open(page, lab, "notebooks/zz_raising.ipynb")
     with pytest.raises(CellError, match="on purpose"):
         run_all_cells(page, RUN_TIMEOUT_MS)
+
+
+def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
+    """Opened, not run: JupyterLab draws the chapter-02 calculator from the notebook's saved
+    widget state (written by ``python -m llminfra.course.execute``) once the notebook is trusted
+    (``jupyter trust``, what a learner's own runs do); untrusted, the output is the ``text/plain``
+    sentence saying what the widget is and that running the cell brings it to life — never a
+    ``VBox(children=…)`` repr."""
+    source = lab.served / "notebooks" / "02_gpu_memory.ipynb"
+    trusted = source.with_name("zz_trusted_02_gpu_memory.ipynb")
+    shutil.copy(source, trusted)
+    subprocess.run([sys.executable, "-m", "jupyter", "trust", str(trusted)], check=True,
+                   capture_output=True)
+    page.goto(lab.url("notebooks/" + trusted.name))
+    page.locator(".jp-Notebook").first.wait_for(state="visible", timeout=RUN_TIMEOUT_MS)
+    summary = page.locator(".llminfra-memory-calculator .llminfra-memory-summary")
+    summary.first.wait_for(state="visible", timeout=60_000)
+    assert "largest batch" in summary.first.text_content()
+    page.goto(lab.url("notebooks/02_gpu_memory.ipynb"))
+    notebook = page.locator(".jp-Notebook").first
+    notebook.wait_for(state="visible", timeout=RUN_TIMEOUT_MS)
+    notebook.locator(".llminfra-memory-calculator").or_(
+        notebook.get_by_text("[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
+    assert "VBox(children" not in notebook.text_content()
