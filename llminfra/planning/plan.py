@@ -81,18 +81,29 @@ class Plan:
 DEFAULT_EFFICIENCY = 0.5
 
 
-def _replica(req: ServiceRequirements, gpu: str, tp: int, peak_concurrency: int,
-             reserve_fraction: float, efficiency: float) -> dict | None:
-    """One replica of ``tp`` GPUs: what fits and how fast (None if the weights do not fit)."""
+def _replica(req: ServiceRequirements, gpu: str, tp: int, reserve_fraction: float,
+             efficiency: float) -> dict | None:
+    """One replica of ``tp`` GPUs: what fits and how fast (None if the weights do not fit).
+
+    The batch it runs at the peak and its speed depend on each other: requests stay
+    ``TTFT + output_tokens · TPOT`` seconds, so the requests in flight (Little's law) set the
+    batch, and the batch sets TPOT. Starting from a batch of 1 this fixed point is reached in a
+    few rounds (TPOT grows with the batch, so the batch only grows; capped by the KV budget)."""
     budget = kv_budget(req.model, gpu, req.dtype, context=req.context_tokens,
                        reserve_fraction=reserve_fraction, num_gpus=tp)
     if budget.max_sequences < 1:
         return None
-    batch = min(budget.max_sequences, peak_concurrency)
     kw = {"dtype": req.dtype, "tensor_parallel": tp}
+    ttft = ttft_s(req.model, gpu, req.input_tokens, **kw) / efficiency
+    batch, seen = 1, set()
+    while batch not in seen:
+        seen.add(batch)
+        tpot = decode_time_per_token_s(req.model, gpu, batch, req.context_tokens, **kw) / efficiency
+        in_flight = traffic(req, ttft_s=ttft, tpot_s=tpot).peak_concurrency
+        batch = min(budget.max_sequences, in_flight)
     tpot = decode_time_per_token_s(req.model, gpu, batch, req.context_tokens, **kw) / efficiency
-    return {"tp": tp, "budget": budget, "batch": batch, "tpot": tpot,
-            "ttft": ttft_s(req.model, gpu, req.input_tokens, **kw) / efficiency,
+    return {"tp": tp, "budget": budget, "batch": batch, "tpot": tpot, "ttft": ttft,
+            "in_flight": traffic(req, ttft_s=ttft, tpot_s=tpot).peak_concurrency,
             "tokens_per_s": batch / tpot}
 
 
@@ -102,12 +113,13 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
     """The cheapest layout on ``gpu`` that meets ``req`` at its peak, and how it compares with
     the API.
 
-    For each tensor-parallel size in :data:`TP_SIZES`: the replica's KV budget gives the batch
-    it can hold (at most the peak concurrency); the roofline gives its TTFT and time per output
-    token at that batch, divided by ``efficiency`` (the share of the bound an engine reaches,
-    :data:`DEFAULT_EFFICIENCY` unless measured); replicas = max(ceil(concurrency / batch), ceil(peak output tokens/s /
-    replica tokens/s)). Layouts whose TTFT or TPOT miss the targets are dropped; the one with
-    the fewest GPUs wins (ties: the smaller tensor-parallel size). Raises ``ValueError`` if no
+    For each tensor-parallel size in :data:`TP_SIZES`: the requests in flight at the peak
+    (Little's law with the layout's own TTFT and TPOT) give the batch, capped by what the
+    replica's KV budget holds; the roofline gives its TTFT and time per output token at that
+    batch, divided by ``efficiency`` (the share of the bound an engine reaches,
+    :data:`DEFAULT_EFFICIENCY` unless measured); replicas = max(ceil(in flight / batch),
+    ceil(peak output tokens/s / replica tokens/s)). Layouts whose TTFT or TPOT miss the
+    targets are dropped; the one with the fewest GPUs wins (ties: the smaller tensor-parallel size). Raises ``ValueError`` if no
     layout of up to 8 GPUs per replica holds the model.
     """
     if not isinstance(req, ServiceRequirements):
@@ -119,13 +131,13 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
     g = get_gpu(gpu)
     t = traffic(req)
-    options = [r for tp in TP_SIZES if (r := _replica(req, g.name, tp, t.peak_concurrency,
-                                                      reserve_fraction, efficiency))]
+    options = [r for tp in TP_SIZES if (r := _replica(req, g.name, tp, reserve_fraction,
+                                                      efficiency))]
     if not options:
         raise ValueError(f"{req.model} in {req.dtype} with {req.context_tokens}-token requests "
                          f"does not fit on up to {TP_SIZES[-1]} × {g.name}")
     for r in options:
-        r["replicas"] = max(math.ceil(t.peak_concurrency / r["batch"]),
+        r["replicas"] = max(math.ceil(r["in_flight"] / r["batch"]),
                             math.ceil(t.peak_output_tokens_per_s / r["tokens_per_s"]))
         r["gpus"] = r["replicas"] * r["tp"]
         r["meets"] = r["ttft"] <= req.ttft_target_s and r["tpot"] <= req.tpot_target_s
@@ -141,7 +153,7 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
         gpu=g.name, tensor_parallel=best["tp"], replicas=best["replicas"],
         total_gpus=best["gpus"], fits=True,
         max_sequences_per_replica=best["budget"].max_sequences,
-        peak_concurrency=t.peak_concurrency, batch_per_replica=best["batch"],
+        peak_concurrency=best["in_flight"], batch_per_replica=best["batch"],
         ttft_estimate_s=best["ttft"], tpot_estimate_s=best["tpot"],
         replica_tokens_per_s=best["tokens_per_s"],
         peak_output_tokens_per_s=t.peak_output_tokens_per_s, utilization=utilization,

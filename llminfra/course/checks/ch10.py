@@ -1,0 +1,157 @@
+"""Checkers for chapter 10's exercises: a GPU count from requirements, and the mistakes of a plan.
+
+* :func:`check_gpus_for_memory` — ``fn(weight_bytes, kv_bytes_per_token, context_tokens,
+  concurrency, gpu_memory_bytes, reserve_fraction) -> int`` against
+  :func:`llminfra.planning.gpus_for_memory` (no activations);
+* :func:`check_find_mistakes` — ``fn(draft) -> set of codes`` against
+  :func:`llminfra.planning.find_mistakes`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from llminfra.calc.memory import kv_bytes_per_token, weight_bytes
+from llminfra.course.checking import Case, CheckFailed, checker, first_matching, run_checks, seeded
+from llminfra.planning import MISTAKES, DraftPlan, find_mistakes, gpus_for_memory
+from llminfra.specs import get_gpu
+
+
+def _gpus(w, k, s, c, m, r) -> int:
+    return gpus_for_memory(w, k, s, c, m, r)
+
+
+def _gpus_hint(args, kwargs, expected, got) -> str:
+    w, k, s, c, m, r = args
+    need = w + c * s * k
+    wrong = {
+        "you left out the runtime reserve: only (1 - reserve_fraction) of each GPU is usable":
+            max(1, math.ceil(need / m)),
+        "you counted only the weights: the KV cache of every sequence in flight needs room too":
+            max(1, math.ceil(w / (m * (1 - r)))),
+        "round up (math.ceil): 1.2 GPUs' worth of memory needs 2 GPUs":
+            max(1, math.floor(need / (m * (1 - r)))),
+        "round() can round down: a fraction of a GPU still needs a whole one (math.ceil)":
+            max(1, round(need / (m * (1 - r)))),
+        "the answer is at least 1: even an empty load needs a GPU to hold the weights":
+            math.ceil(need / (m * (1 - r))) if need > 0 else 0,
+    }
+    return first_matching(got, wrong, expected) or (
+        "expected ceil((weights + concurrency · context · KV bytes per token) / "
+        "(GPU memory · (1 - reserve_fraction))), at least 1")
+
+
+def _gpus_case(rng: random.Random) -> tuple:
+    model = rng.choice(["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b",
+                        "mistral-7b", "falcon-40b", "opt-13b"])
+    gpu = rng.choice(["a100-40gb", "a100-80gb", "h100", "h200", "l40s", "mi300x", "rtx-4090"])
+    ctx = rng.choice([512, 2048, 4096, 8192])
+    return (weight_bytes(model, "bf16"), kv_bytes_per_token(model, "bf16"), ctx,
+            rng.randint(0, 256), get_gpu(gpu).memory_bytes, rng.choice([0.0, 0.05, 0.1, 0.2]))
+
+
+def _int_answer(expected, got):
+    if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "item"):
+        raise CheckFailed(f"return a whole number of GPUs (an int), got {type(got).__name__}")
+    value = got.item() if hasattr(got, "item") else got
+    if value != int(value):
+        raise CheckFailed(f"return a whole number of GPUs, got {value!r}")
+    return int(value)
+
+
+@checker
+def check_gpus_for_memory(fn, seed: int | None = None) -> int:
+    """Check ``fn(weight_bytes, kv_bytes_per_token, context_tokens, concurrency,
+    gpu_memory_bytes, reserve_fraction) -> int``. Fixed cases first: weights alone on one GPU
+    (concurrency 0), need exactly two GPUs' usable memory (no third), one byte over, no reserve,
+    a 70B model across GPUs; then random presets."""
+    seed, rng = seeded(seed)
+    m = 100 * 2**30
+    cases = [
+        Case("no requests in flight: the weights alone, on one GPU", (10e9, 2**17, 4096, 0, m, 0.1)),
+        Case("exactly two GPUs' usable memory (not three)", (2 * 0.9 * m - 10 * 4096 * 2**10,
+                                                            2**10, 4096, 10, m, 0.1)),
+        Case("one byte more than two GPUs' usable memory", (2 * 0.9 * m + 1, 2**10, 1, 0, m, 0.1)),
+        Case("no runtime reserve", (50e9, 2**19, 2048, 40, m, 0.0)),
+        Case("llama-2-70b, 32 sequences of 4096 tokens, h100",
+             (weight_bytes("llama-2-70b", "bf16"), kv_bytes_per_token("llama-2-70b", "bf16"),
+              4096, 32, get_gpu("h100").memory_bytes, 0.1)),
+    ]
+    cases += [Case("random preset, GPU, context and load", _gpus_case(rng)) for _ in range(6)]
+    return run_checks("gpus_for_memory", fn, _gpus, cases, rel=0, hint=_gpus_hint, seed=seed,
+                      replay="ch10.check_gpus_for_memory", normalize=_int_answer)
+
+
+def _codes(expected, got):
+    if isinstance(got, str):
+        raise CheckFailed(f"return a set of codes such as {{'weights_only'}}, not the string {got!r}")
+    try:
+        codes = set(got)
+    except TypeError:
+        raise CheckFailed(f"return a set of mistake codes, got {type(got).__name__}") from None
+    unknown = sorted(str(c) for c in codes if c not in MISTAKES)
+    if unknown:
+        raise CheckFailed(f"unknown codes {unknown}; the codes are {sorted(MISTAKES)}")
+    return codes
+
+
+BASE = dict(model="llama-2-13b", gpu="a100-80gb", context_tokens=2048, concurrency=4,
+            expected_speedup=1.0, batch=8, utilization=0.6)
+
+#: name -> changes to BASE; every rule alone, its edges, none and all
+_FIXED = {
+    "a sound plan (no mistake)": {},
+    "weights fit, the KV cache of 64 × 4096 tokens does not": dict(concurrency=64, context_tokens=4096),
+    "the weights alone do not fit (not a weights-only mistake)":
+        dict(model="llama-2-70b", n_gpus=1, concurrency=1),
+    "expects 24× where 2.5× was measured": dict(expected_speedup=24.0, measured_speedup=2.5),
+    "expects 2× with nothing measured": dict(expected_speedup=2.0),
+    "expects what was measured (not a mistake)": dict(expected_speedup=2.5, measured_speedup=2.5),
+    "a batch of 256 prompts of 4096 tokens against a 0.2 s TTFT target":
+        dict(batch=256, prompt_tokens=4096, ttft_target_s=0.2),
+    "4 stages, 1 micro-batch (bubble 75 %)": dict(pipeline_stages=4, micro_batches=1),
+    "2 stages, 1 micro-batch (bubble exactly 50 %)": dict(pipeline_stages=2, micro_batches=1),
+    "4 stages, 4 micro-batches (bubble 43 %, fine)": dict(pipeline_stages=4, micro_batches=4),
+    "utilisation 5 %": dict(utilization=0.05),
+    "utilisation exactly 30 % (fine)": dict(utilization=0.3),
+    "every mistake at once": dict(concurrency=64, context_tokens=4096, expected_speedup=24.0,
+                                  batch=256, prompt_tokens=4096, ttft_target_s=0.2,
+                                  pipeline_stages=4, micro_batches=1, utilization=0.05),
+}
+
+
+def _mistakes_hint(args, kwargs, expected, got) -> str:
+    missing, extra = sorted(expected - got), sorted(got - expected)
+    parts = []
+    if missing:
+        parts.append(f"missed {missing}")
+    if extra:
+        parts.append(f"flagged {extra} although the plan does not make it")
+    rules = {"weights_only": "weights <= usable < weights + concurrency · context · KV bytes/token",
+             "headline_factor": "expected_speedup > measured_speedup (or > 1 when not measured)",
+             "throughput_over_ttft": "ttft_s(model, gpu, prompt_tokens, batch) > target, or "
+                                     "decode_time_per_token_s(model, gpu, batch, context) > target",
+             "naive_pipeline": "stages > 1 and (p - 1) / (m + p - 1) >= 0.5",
+             "low_utilization": "utilization < 0.3 (0.3 itself is fine)"}
+    return "; ".join(parts) + " — the rule" + ("s: " if len(missing + extra) > 1 else ": ") + \
+        "; ".join(f"{c}: {rules[c]}" for c in missing + extra)
+
+
+@checker
+def check_find_mistakes(fn, seed: int | None = None) -> int:
+    """Check ``fn(draft: DraftPlan) -> set[str]``: every rule alone, its edges (measured =
+    expected, a bubble of exactly 50 %, utilisation exactly 0.3, weights that do not fit at
+    all), a sound plan and all mistakes at once; then random drafts."""
+    seed, rng = seeded(seed)
+    cases = [Case(name, (DraftPlan(**{**BASE, **change}),)) for name, change in _FIXED.items()]
+    for _ in range(5):
+        change = {"concurrency": rng.choice([1, 8, 32, 96]), "expected_speedup": rng.choice([1.0, 3.0]),
+                  "batch": rng.choice([1, 16, 128]), "pipeline_stages": rng.choice([1, 2, 4]),
+                  "micro_batches": rng.choice([1, 2, 8]), "utilization": rng.choice([0.1, 0.5, 0.9])}
+        cases.append(Case("random draft", (DraftPlan(**{**BASE, **change}),)))
+    return run_checks("find_mistakes", fn, find_mistakes, cases, hint=_mistakes_hint, seed=seed,
+                      replay="ch10.check_find_mistakes", normalize=_codes)
+
+
+__all__ = ["check_find_mistakes", "check_gpus_for_memory"]
