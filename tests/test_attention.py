@@ -211,3 +211,26 @@ def test_requires_grad_inputs_are_refused_with_a_clear_message(gen, fn):
         out = fn(q, k, v, True)
     torch.testing.assert_close(out.double(), reference(q.detach(), k.detach(), v.detach(), True),
                                rtol=1e-4, atol=2e-5)
+
+
+def test_reference_attention_checks_causal_but_trains():
+    """The model's own attention refuses a non-bool ``causal`` like the kernels do, yet keeps
+    its backward pass (training runs through it)."""
+    from llminfra.attention.reference import reference_attention, sdpa_attention
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, requires_grad=True) for _ in range(3))
+    for fn in (reference_attention, sdpa_attention):
+        with pytest.raises(ValueError, match="causal must be True or False"):
+            fn(q, k, v, causal="no")
+        fn(q, k, v, causal=True).sum().backward()
+        assert q.grad is not None
+        q.grad = None
+
+
+@pytest.mark.parametrize("bad", [dict(n_layers=0), dict(head_dim=-1), dict(num_blocks=2.5),
+                                 dict(block_size=0), dict(n_kv_heads=True)])
+def test_paged_cache_refuses_impossible_sizes(bad):
+    from llminfra.kvcache import PagedKVCache
+    args = dict(n_layers=2, n_kv_heads=2, head_dim=4, num_blocks=4, block_size=4) | bad
+    with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a positive int"):
+        PagedKVCache(**args)

@@ -25,6 +25,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from llminfra.attention.shapes import check_attention_call
+
 
 def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise ``ValueError`` unless q is ``(B, H, T, d)``, k and v are ``(B, H_kv, S, d)`` with
@@ -74,8 +76,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Shapes: q ``(B, H, T, d)``, k/v ``(B, H_kv, S, d)`` with S >= T and H_kv | H; returns
     ``(B, H, T, d)``. With ``causal`` the queries are the last T of S positions
     (:func:`causal_mask`). Scores are computed in float32 at least, the result has q's dtype.
+    Differentiable (training runs through it).
     """
     check_attention_shapes(q, k, v)
+    causal = check_attention_call("reference_attention", causal, q, k, v, forward_only=False)
     B, H, T, d = q.shape
     n_rep = H // k.shape[1]
     K, V = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, d)
@@ -97,6 +101,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     which is right only when S == T; for S > T an explicit bottom-right mask is passed.
     """
     check_attention_shapes(q, k, v)
+    causal = check_attention_call("sdpa_attention", causal, q, k, v, forward_only=False)
     T, S = q.shape[2], k.shape[2]
     n_rep = q.shape[1] // k.shape[1]
     K, V = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, d)

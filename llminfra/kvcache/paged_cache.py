@@ -46,6 +46,11 @@ class PagedKVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int = 16, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", allocator: BlockAllocator | None = None):
+        for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
+                            ("head_dim", head_dim), ("num_blocks", num_blocks),
+                            ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PagedKVCache: {name} must be a positive int, got {value!r}")
         self.allocator = allocator or BlockAllocator(num_blocks, block_size)
         if (self.allocator.num_blocks, self.allocator.block_size) != (num_blocks, block_size):
             raise ValueError("allocator's num_blocks/block_size differ from the cache's")
