@@ -17,7 +17,8 @@ KERNEL_DISPLAY_NAME := Python 3
 # with these arguments).
 COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 
-.PHONY: install course test test-fast notebooks exercises screenshots clean
+.PHONY: install course test test-fast notebooks exercises screenshots grade check-machines \
+	reset-exercises clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress)
 $(BIN)/.course-installed: pyproject.toml
@@ -68,6 +69,19 @@ exercises: $(BIN)/.test-installed
 screenshots: $(BIN)/.test-installed
 	LLMINFRA_SCREENSHOT_DIR=docs/screenshots LLMINFRA_REQUIRE_BROWSER=1 \
 		$(BIN)/python -m pytest -p no:xdist tests/test_browser.py
+
+# teachers: grade a folder of learners' notebooks (one folder per student, or flat)
+#   make grade DIR=submissions [CSV=report.csv] [JOBS=2]
+grade: $(BIN)/.test-installed
+	$(BIN)/python -m llminfra.course.grade $(DIR) $(if $(CSV),--csv $(CSV)) --jobs $(or $(JOBS),1)
+
+# teachers, the day before a workshop: every notebook once, time and pass / fail per chapter
+check-machines: $(BIN)/.test-installed
+	$(BIN)/python -m llminfra.course.teach check-machines
+
+# teachers: pristine exercises/ for a new class (overwrites learners' answers there)
+reset-exercises: $(BIN)/.course-installed
+	$(BIN)/python -m llminfra.course.teach reset-exercises --yes
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
