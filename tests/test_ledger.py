@@ -87,3 +87,36 @@ def test_html_escapes():
                            "figure": "1 < 2", "reason": "r"}])
     out = ledger_html(frame)
     assert "&lt;b&gt;x&lt;/b&gt;" in out and "1 &lt; 2" in out
+
+
+def test_chapters_and_ledger_link_both_ways():
+    """Every chapter the ledger names ends with its links cell (in sync), and the ledger has a
+    'Chapter NN' section linking back to that chapter's notebook."""
+    import json
+    from pathlib import Path
+    from llminfra.course import ledger_links
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    assert ledger_links.main(["--check", "--folder", str(root)]) == 0
+    chapters = ledger_links.chapter_notebooks(root)
+    a1 = json.loads((root / ledger_links.LEDGER).read_text())
+    text = "\n".join("".join(c["source"]) for c in a1["cells"] if c["cell_type"] == "markdown")
+    named = {ch for c in CLAIMS for ch in c.chapters}
+    assert named <= set(chapters), f"claims name chapters without a notebook: {named - set(chapters)}"
+    for ch in named:
+        assert f"### Chapter {ch}" in text and f"]({chapters[ch].name})" in text
+        assert "A1_claims_ledger.ipynb#Chapter-" + ch in ledger_links.links_markdown(ch)
+
+
+def test_links_check_fails_on_a_stale_cell(tmp_path):
+    import shutil
+    from pathlib import Path
+    import nbformat
+    from llminfra.course import ledger_links
+    src = Path(__file__).resolve().parents[1] / "notebooks" / "02_gpu_memory.ipynb"
+    shutil.copy(src, tmp_path / src.name)
+    nb = nbformat.read(tmp_path / src.name, as_version=4)
+    nb.cells[-1].source = "stale"
+    nbformat.write(nb, tmp_path / src.name)
+    assert ledger_links.main(["--check", "--folder", str(tmp_path)]) == 1
+    assert ledger_links.main(["--apply", "--folder", str(tmp_path)]) == 0
+    assert ledger_links.main(["--check", "--folder", str(tmp_path)]) == 0

@@ -264,7 +264,7 @@ CLAIMS: list[Claim] = [
     Claim("000-26", S4, "vLLM's blog reports up to 24× the throughput of HF Transformers and up to "
           "3.5× that of TGI.", "the blog's LLaMA-7B / 13B runs on A10G / A100-40GB", "holds",
           "As reported, 'up to' over specific output lengths and sampling settings; the text "
-          "itself warns these are specific experiments.", ("05",), VLLM_BLOG),
+          "itself warns these are specific experiments.", ("05", "10"), VLLM_BLOG),
     Claim("000-27", S4, "FlashAttention computes exact attention while sped up 7.6× on GPT-2.",
           "the FlashAttention paper; exactness of the tiled algorithm", "holds",
           "The paper's Fig. 1 reports 7.6× for the attention computation of GPT-2; exactness is "
@@ -305,7 +305,7 @@ CLAIMS: list[Claim] = [
           "the throughput, half the cost; an idle GPU still costs its hour.",
           "the cost model", "holds",
           "Cost per token is price / (throughput · 3,600 · utilisation): halving at 2× "
-          "throughput, quadrupling at 25 % utilisation.", ("09",), "arithmetic (chapter 09's cost model)",
+          "throughput, quadrupling at 25 % utilisation.", ("09", "10"), "arithmetic (chapter 09's cost model)",
           _per_token_cost),
     Claim("000-36", S6, "LMSYS cut the GPUs needed for the same traffic by 50 % with vLLM.",
           "LMSYS's deployment (Vicuna / Chatbot Arena)", "not checkable",
@@ -348,19 +348,19 @@ CLAIMS: list[Claim] = [
     Claim("000-45", S6, "Monthly API cost ≈ monthly requests × (input tokens × input price + output "
           "tokens × output price), with input and output priced apart.", "the cost model", "holds",
           "That is how per-token API prices are set; chapter 09's cost model computes it.",
-          ("09",), "arithmetic (chapter 09's cost model)", _api_example),
+          ("09", "10"), "arithmetic (chapter 09's cost model)", _api_example),
     Claim("000-46", S6, "With low or bursty traffic an API tends to be cheaper; with steady heavy "
           "traffic, self-hosting.", "utilisation, prices", "holds",
           "A rented GPU's cost per token is divided by its utilisation, so below a break-even "
-          "utilisation the API wins (example prices, not current ones).", ("09",),
+          "utilisation the API wins (example prices, not current ones).", ("09", "10"),
           "arithmetic (chapter 09's cost model)", c.selfhost_vs_api),
     Claim("000-47", S7, "Counting only the weights and forgetting the KV cache runs out of memory on "
           "long requests.", "the memory model", "holds",
           "Llama-2-13B's weights fit an A100-80GB easily, but 32 requests of 4,096 tokens add "
-          "over 100 GB of KV cache.", ("02",), "llminfra.calc.memory.fits", c.weights_only_oom),
+          "over 100 GB of KV cache.", ("02", "10"), "llminfra.calc.memory.fits", c.weights_only_oom),
     Claim("000-48", S7, "A naive pipeline over several GPUs leaves them idle most of the time.",
           "the GPipe bubble", "holds", "With one batch and p stages, (p − 1) / p of GPU time is idle.",
-          ("07",), "GPipe, arXiv:1811.06965", c.pipeline_bubble),
+          ("07", "10"), "GPipe, arXiv:1811.06965", c.pipeline_bubble),
     Claim("000-49", S6, "Own servers need purchase, power and staff; data stays inside, and they pay "
           "off when use is steady and heavy.", "purchase, amortisation, power, utilisation", "holds",
           "Chapter 09's cost model, at its dated example prices: an 8-GPU server pays back in about "
