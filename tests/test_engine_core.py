@@ -54,7 +54,8 @@ def _check_drained(engine):
 def test_batched_greedy_equals_one_at_a_time(model64, data, policy, chunked, preemption,
                                              budget, num_blocks, prefix):
     """Random prompts (sharing a random prefix, so prefix caching hits), lengths, admission
-    order, policy, token budget (chunks), pool size (preemption by recompute or swap)."""
+    order, policy, token budget (chunks), pool size (preemption by recompute or swap), n = 1
+    or 2 (forked completions)."""
     n_req = data.draw(st.integers(1, 6))
     shared = data.draw(st.lists(st.integers(0, 255), max_size=12))
     prompts = [(shared + data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=30)))[:30]
@@ -67,7 +68,8 @@ def test_batched_greedy_equals_one_at_a_time(model64, data, policy, chunked, pre
                        enable_prefix_caching=prefix, clock=fake_clock(), dynamic_window_s=2.0)
     ids = {}
     for i in order:
-        ids[i] = engine.add_request(prompts[i], SamplingParams(max_tokens=max_tokens[i]))
+        ids[i] = engine.add_request(prompts[i], SamplingParams(max_tokens=max_tokens[i],
+                                                               n=1 + i % 2))
     final = {}
     for _ in range(2000):
         for out in engine.step():
@@ -77,9 +79,9 @@ def test_batched_greedy_equals_one_at_a_time(model64, data, policy, chunked, pre
             break
     assert len(final) == n_req, "a request never finished"
     for i in range(n_req):
-        got = final[ids[i]].outputs[0]
-        assert got.token_ids == _alone(model64, prompts[i], max_tokens[i]), (i, policy)
-        assert got.finish_reason == "length"
+        want = _alone(model64, prompts[i], max_tokens[i])
+        for got in final[ids[i]].outputs:                # n = 2 for odd i: forked, greedy
+            assert got.token_ids == want and got.finish_reason == "length", (i, policy)
     _check_drained(engine)
 
 
@@ -245,3 +247,26 @@ def test_state_machine_refuses_illegal_moves(model64):
     assert seq.status is SequenceStatus.FINISHED_LENGTH
     with pytest.raises(ValueError, match="FINISHED_LENGTH -> RUNNING"):
         seq.set_status(SequenceStatus.RUNNING)
+
+
+def test_parallel_sampling_forks_the_prompt(model64, gen):
+    """n = 3 reads the prompt once: its 5 blocks are shared (copy-on-write), and the three
+    completions equal three n = 1 requests seeded s, s + 1, s + 2, even under preemption."""
+    prompt = torch.randint(0, 256, (20,), generator=gen).tolist()
+    params = SamplingParams(max_tokens=8, temperature=1.0, n=3, seed=40)
+    engine = LLMEngine(model64, TOK, num_blocks=40, block_size=4)
+    rid = engine.add_request(prompt, params)
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] == 5 and engine.stats()["num_running"] == 3
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+    forked = [c.token_ids for c in outs[0].outputs]
+    alone = [LLMEngine(model64, TOK).generate([prompt], SamplingParams(
+        max_tokens=8, temperature=1.0, seed=40 + j))[0].outputs[0].token_ids for j in range(3)]
+    assert forked == alone and outs[0].request_id == rid
+    engine.cache.allocator.check_invariants()
+    tight = LLMEngine(model64, TOK, num_blocks=9, block_size=4, max_num_batched_tokens=8)
+    outs = tight.generate([prompt, prompt[:9]], [params, SamplingParams(max_tokens=8)])
+    assert [c.token_ids for c in outs[0].outputs] == alone
+    assert tight.stats()["num_preemptions"] > 0
+    _check_drained(tight)

@@ -144,10 +144,10 @@ class LLMEngine:
         now = self.clock() if arrival_time is None else float(arrival_time)
         req = Request(rid, text, ids, params, RequestMetrics(arrival_time=now))
         for j in range(params.n):
-            seq = Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
-                           generator=self._generator(params, j))
-            req.seqs.append(seq)
-            self.scheduler.add(seq)
+            req.seqs.append(Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
+                                     generator=self._generator(params, j)))
+        self.scheduler.add(req.seqs[0])
+        req.forks_pending = req.seqs[1:]          # forked once sequence 0 has read the prompt
         self.requests[rid] = req
         return rid
 
@@ -164,6 +164,7 @@ class LLMEngine:
         req = self.requests.get(str(request_id))
         if req is None or req.finished:
             return False
+        req.forks_pending = []
         for seq in req.seqs:
             if not seq.status.is_finished:
                 self.scheduler.abort(seq)
@@ -190,6 +191,7 @@ class LLMEngine:
         return outputs
 
     def _run(self, scheduled: list[tuple[Sequence, int]], touched: dict) -> None:
+        """One forward pass over the scheduled (sequence, new tokens) pairs, then sampling."""
         start = self.clock()
         for seq, _ in scheduled:
             m = seq.request.metrics
@@ -197,17 +199,35 @@ class LLMEngine:
                 m.first_scheduled_time = start
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
         seqs = [s for s, _ in scheduled]
-        lens = [n for _, n in scheduled]
         flat = [t for s, n in scheduled
                 for t in s.token_ids()[s.num_computed_tokens:s.num_computed_tokens + n]]
-        meta = self.cache.prepare_step([s.cache_seq for s in seqs], lens,
+        meta = self.cache.prepare_step([s.cache_seq for s in seqs], [n for _, n in scheduled],
                                        [s.is_prefill for s in seqs])
-        rows = [i for i, (s, n) in enumerate(scheduled)
+        rows = [i for i, (s, n) in enumerate(scheduled)   # all known tokens in after this step
                 if s.num_computed_tokens + n == s.num_tokens]
         meta = meta.with_logits_indices([int(meta.query_start_loc[i + 1]) - 1 for i in rows])
         with torch.no_grad():
             logits = self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
         self.counters["num_steps"] += 1
+        self._advance(scheduled)
+        picked, logit_rows = [seqs[i] for i in rows], list(range(len(rows)))
+        for r, seq in enumerate(list(picked)):
+            forks = self._fork_siblings(seq)
+            picked += forks
+            logit_rows += [r] * len(forks)
+        tokens = sample_tokens(logits[logit_rows], [s.params for s in picked],
+                               [s.generator for s in picked])
+        now = self.clock()
+        if self.step_log is not None:
+            self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled],
+                                  now - start))
+        for seq, token in zip(picked, tokens):
+            self._append(seq, token)
+            self._record(seq.request, now)
+            touched[seq.request.request_id] = seq.request
+
+    def _advance(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """Count the step's tokens as computed; offer newly full blocks to the prefix cache."""
         B = self.cache.block_size
         for seq, n in scheduled:
             seq.num_computed_tokens += n
@@ -215,24 +235,33 @@ class LLMEngine:
             if self.config.enable_prefix_caching and filled:   # a block became full
                 self.cache.cache_prefix(seq.cache_seq,
                                         seq.token_ids()[:seq.num_computed_tokens])
-        picked = [seqs[i] for i in rows]
-        tokens = sample_tokens(logits, [s.params for s in picked], [s.generator for s in picked])
-        now = self.clock()
-        if self.step_log is not None:
-            self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled],
-                                  now - start))
-        for seq, token in zip(picked, tokens):
-            self._append(seq, token)
-            req = seq.request
-            touched[req.request_id] = req
-            if not req.metrics.token_times or req.metrics.token_times[-1] != now:
-                req.metrics.token_times.append(now)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            req.metrics.num_output_tokens += 1
-            if req.finished:
-                req.metrics.finished_time = now
-                self.counters["num_finished"] += 1
+
+    def _record(self, req: Request, now: float) -> None:
+        """Timestamps of a request that just got a token at ``now``."""
+        m = req.metrics
+        if not m.token_times or m.token_times[-1] != now:
+            m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.num_output_tokens += 1
+        if req.finished and m.finished_time is None:
+            m.finished_time = now
+            self.counters["num_finished"] += 1
+
+    def _fork_siblings(self, seq: Sequence) -> list[Sequence]:
+        """Parallel sampling (n > 1): when sequence 0 has just read its prompt, its siblings
+        share its blocks (:meth:`PagedKVCache.fork`, copy-on-write on their first own token,
+        Kwon et al. 2023, arXiv:2309.06180, §4.4) and sample from the same logits."""
+        req = seq.request
+        if seq.index != 0 or not req.forks_pending or seq.output_token_ids:
+            return []
+        forks, req.forks_pending = req.forks_pending, []
+        for sib in forks:
+            sib.cache_seq = self.cache.fork(seq.cache_seq)
+            sib.num_computed_tokens = seq.num_computed_tokens
+            sib.set_status(SequenceStatus.RUNNING)
+            self.scheduler.running.append(sib)
+        return forks
 
     def _append(self, seq: Sequence, token: int) -> None:
         """Add a sampled token and retire the sequence if it is done."""

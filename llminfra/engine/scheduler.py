@@ -154,27 +154,25 @@ class Scheduler:
     def _chunk(self, seq: Sequence, budget: int, out: SchedulerOutput) -> int:
         """New tokens ``seq`` may bring this step under the remaining ``budget`` (0 = none)."""
         n = seq.num_uncomputed_tokens
-        if n <= 1:
-            return min(n, budget)
+        if n <= 1 or n <= budget and not self.config.enable_chunked_prefill:
+            return max(0, min(n, budget))
         if self.config.enable_chunked_prefill:
             cap = self.config.max_prefill_chunk_tokens or budget
-            return min(n, budget, cap)
-        if n <= budget:
-            return n
-        # a prompt longer than the whole budget runs alone among the prefills of its step
-        too_long = n > self.config.max_num_batched_tokens
-        return n if too_long and not out.has_prefill else 0
+            return max(0, min(n, budget, cap))
+        # unchunked, a prompt longer than the whole budget runs alone, in a step of its own
+        alone = not out.scheduled and budget == self.config.max_num_batched_tokens
+        return n if alone and n > self.config.max_num_batched_tokens else 0
 
     # --------------------------------------------------------------- schedule
     def schedule(self, now: float) -> SchedulerOutput:
         """Decide the next step at time ``now`` (see the module docstring)."""
         out = SchedulerOutput()
-        if self.config.policy != "continuous" and not self.running:
+        if self.config.policy != "continuous" and not self.running and not self.swapped:
             self._form_static_batch(now)
         budget = self._schedule_running(self.config.max_num_batched_tokens, out)
-        if self.config.policy == "continuous" and not out.preempted:
-            budget = self._swap_in(budget, out)
-            if not self.swapped:
+        if not out.preempted:
+            budget = self._swap_in(budget, out)        # swapped-out members come back first
+            if self.config.policy == "continuous" and not self.swapped:
                 self._admit(budget, out)
         return out
 
@@ -275,15 +273,16 @@ class Scheduler:
         return None
 
     def _form_static_batch(self, now: float) -> None:
-        """Admit a batch whose worst cases (prompt + max_tokens) all fit the free blocks."""
+        """Admit a batch whose worst cases (prompt + max_tokens, times n) all fit the free
+        blocks (a request needing more than the whole pool alone still runs, alone)."""
         if not self.batch_ready(now):
             return
         reserved = 0
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             worst = blocks_needed(seq.reserve_tokens(self.config.max_seq_len),
-                                  self.cache.block_size)
-            if reserved + worst > self.cache.allocator.num_free:
+                                  self.cache.block_size) * (1 + len(seq.request.forks_pending))
+            if reserved + worst > self.cache.allocator.num_free and self.running:
                 break
             reserved += worst
             self.waiting.popleft()

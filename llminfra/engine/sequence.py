@@ -121,7 +121,9 @@ class Sequence:
 
 @dataclass(eq=False)
 class Request:
-    """One prompt, its parameters, its ``n`` sequences and its timestamps."""
+    """One prompt, its parameters, its ``n`` sequences and its timestamps. ``forks_pending``:
+    sequences 1 .. n-1 until sequence 0 has read the prompt; they are then forked from it
+    (sharing its blocks, copy-on-write) instead of reading the prompt again."""
 
     request_id: str
     prompt: str | None
@@ -129,6 +131,7 @@ class Request:
     params: SamplingParams
     metrics: RequestMetrics
     seqs: list[Sequence] = field(default_factory=list)
+    forks_pending: list[Sequence] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
