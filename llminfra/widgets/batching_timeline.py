@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
+from llminfra.widgets.panel import Panel, natural_size
 from llminfra.engine.timeline import demo_workload, step_timeline, timeline_summary
 from llminfra.plots.serving import gantt_png
 
@@ -54,8 +55,10 @@ class BatchingTimeline:
                                           description="max batch", continuous_update=False)
         self.label = widgets.Label()
         self.image = widgets.Image(format="png")
-        self.widget = widgets.VBox([self.policy, widgets.HBox([self.max_seqs, self.chunked]),
-                                    self.image, self.label])
+        self.widget = Panel([self.policy, widgets.HBox([self.max_seqs, self.chunked]),
+                             self.image, self.label], title="Batching timeline",
+                            how="choose a policy, the max batch and chunked prefill; the engine's "
+                                "steps are drawn as a Gantt chart")
         self.widget.add_class("llminfra-batching-timeline")
         for control in (self.policy, self.chunked, self.max_seqs):
             control.observe(self._on_change, names="value")
@@ -84,4 +87,5 @@ class BatchingTimeline:
         self.label.value = self.text
         self.image.value = gantt_png(self.rows, title=f"{self.policy.value} batching, "
                                      f"max batch {args[1]}", x_max=x_max)
+        natural_size(self.image)
         return self.rows

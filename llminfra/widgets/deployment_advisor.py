@@ -19,6 +19,7 @@ import html
 
 import ipywidgets as widgets
 
+from llminfra.widgets.panel import Panel
 from llminfra.calc.cost import api_monthly_cost, blended_price_per_million
 from llminfra.calc.deployment import Prices, Requirements, rank_deployments
 
@@ -135,7 +136,8 @@ class DeploymentAdvisor:
         self.summary = widgets.HTML()
         self.summary.add_class("llminfra-deployment-summary")
         c = self.controls
-        self.widget = widgets.VBox([
+        self.widget = Panel(title="Deployment advisor", how="set the volume, the request shape "
+                            "and the rules; the four ways to deploy are ranked", children=[
             c["requests_per_day"], c["input_tokens"], c["output_tokens"], c["utilization"],
             widgets.HBox([c["data_may_leave"], c["needs_open_weights"]]),
             widgets.HBox([c["has_gpu_team"], c["single_user"]]), self.summary])

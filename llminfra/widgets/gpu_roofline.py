@@ -16,6 +16,7 @@ import html
 
 import ipywidgets as widgets
 
+from llminfra.widgets.panel import Panel, natural_size
 from llminfra.calc.cost import selfhost_cost_per_million_tokens
 from llminfra.calc.memory import kv_budget
 from llminfra.calc.roofline import (decode_batch, device_roofline, prefill_batch,
@@ -129,7 +130,9 @@ class RooflineCalculator:
         self.summary, self.image = widgets.HTML(), widgets.Image(format="png")
         self.summary.add_class("llminfra-roofline-summary")
         c = self.controls
-        self.widget = widgets.VBox([
+        self.widget = Panel(title="Roofline calculator", how="choose model, precision, GPU and "
+                            "load; see whether it fits, the decode and TTFT bounds, the cost",
+                            children=[
             widgets.HBox([c["model"], c["dtype"]]), widgets.HBox([c["gpu"], c["num_gpus"]]),
             widgets.HBox([c["context"], c["concurrency"]]), c["gpu_hour_price_usd"],
             self.image, self.summary])
@@ -157,4 +160,5 @@ class RooflineCalculator:
         lines[-1] = f"<b style='color:{colour}'>{lines[-1]}</b>"
         self.summary.value = "<pre style='margin:0;font-size:12px'>" + "\n".join(lines) + "</pre>"
         self.image.value = roofline_image(self.data)
+        natural_size(self.image)
         return self.data

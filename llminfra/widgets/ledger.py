@@ -15,6 +15,7 @@ import html
 import ipywidgets as widgets
 import pandas as pd
 
+from llminfra.widgets.panel import Panel
 from llminfra.ledger import VERDICTS, all_claims, ledger_frame
 
 ALL = "all"
@@ -62,8 +63,9 @@ class LedgerWidget:
         for w in (self.verdict, self.chapter):
             w.observe(self._update, names="value")
         self._update()
-        self.widget = widgets.VBox([widgets.HBox([self.verdict, self.chapter]), self.count,
-                                    self.table])
+        self.widget = Panel([widgets.HBox([self.verdict, self.chapter]), self.count,
+                             self.table], title="Claims ledger",
+                            how="filter the source texts' claims by verdict and by chapter")
 
     def _update(self, _change=None) -> None:
         frame = _frame(self.verdict.value, self.chapter.value)

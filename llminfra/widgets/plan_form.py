@@ -15,6 +15,7 @@ import html
 
 import ipywidgets as widgets
 
+from llminfra.widgets.panel import Panel
 from llminfra.planning import PlanPrices, ServiceRequirements, plan_deployment
 from llminfra.specs import gpu_names, model_names
 
@@ -74,8 +75,10 @@ class PlanForm:
                     self.api_out]
         for w in controls:
             w.observe(self._update, names="value")
-        self.widget = widgets.VBox([widgets.HBox(controls[:4]), widgets.HBox(controls[4:8]),
-                                    widgets.HBox(controls[8:]), self.summary, self.html])
+        self.widget = Panel([widgets.HBox(controls[:4]), widgets.HBox(controls[4:8]),
+                             widgets.HBox(controls[8:]), self.summary, self.html],
+                            title="Deployment plan", how="state the requirements, the GPU and "
+                            "the prices; the plan, its cost and its checklist follow")
         self._update()
 
     def _update(self, _change=None) -> None:
