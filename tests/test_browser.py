@@ -105,6 +105,43 @@ def _ch07(micro: int) -> list[str]:
     return [summary_text(timeline_data(4, micro))]
 
 
+def _ch05(max_seqs: int) -> list[str]:
+    """The notebook's timeline after its cells: policy "static", chunked prefill on."""
+    from llminfra.model import load_tiny
+    from llminfra.widgets.batching_timeline import BatchingTimeline
+    return [BatchingTimeline(*load_tiny(), policy="static", max_num_seqs=max_seqs).text]
+
+
+def _ch08(concurrency: int) -> list[str]:
+    """The notebook's calculator after its cells: Llama-2-70B, bf16, 4 x H100, context 2048."""
+    from llminfra.widgets.gpu_roofline import serving_estimate, summary_lines
+    lines = summary_lines(serving_estimate("llama-2-70b", "h100", "bf16", 2048, concurrency, 4))
+    return [lines[0], lines[2]]
+
+
+def _ch09(output_tokens: int) -> list[str]:
+    """The notebook's advisor after its cells: 100,000 requests a day of 2,000 input tokens."""
+    from llminfra.calc.cost import api_monthly_cost
+    bill = api_monthly_cost(100_000, 2_000, output_tokens, 1.0, 1.0)
+    tokens = bill.monthly_input_tokens + bill.monthly_output_tokens
+    return [f"{tokens / 1e6:,.4g} M tokens a month (input + output)"]
+
+
+def _ch10(requests_per_day: float) -> list[str]:
+    """The notebook's form: its requirements with another number of requests a day."""
+    from llminfra.planning import PlanPrices, ServiceRequirements, plan_deployment
+    req = ServiceRequirements(int(requests_per_day), 1_500, 300, ttft_target_s=1.0,
+                              budget_usd_per_month=20_000, model="llama-3-8b", peak_to_mean=3.0)
+    p = plan_deployment(req, "h100", PlanPrices(3.0, 15.0, 2.69, "example prices entered in the form"))
+    return [f"{p.recommendation}: {p.total_gpus} × {p.gpu}",
+            f"API {p.api_monthly_usd:,.0f} vs rented {p.selfhost_monthly_usd:,.0f} USD / month"]
+
+
+def _a1(verdict: str) -> list[str]:
+    from llminfra.ledger import all_claims, verdict_counts
+    return [f"{verdict_counts()[verdict]} of {len(all_claims())} claims"]
+
+
 def _not_written(value) -> list[str]:
     raise AssertionError("this chapter's row is a placeholder: fill in its control, move and "
                          "expected text in tests/test_browser.py ROWS")
@@ -123,12 +160,19 @@ ROWS = [
               "ArrowRight", _ch03_quant),
     WidgetRow("04", "notebooks/04_kv_cache_and_paged_attention.ipynb", slider("step"), "ArrowRight",
               _ch04),
-    WidgetRow("05", "notebooks/05_serving_and_continuous_batching.ipynb", "", "", _not_written),
+    WidgetRow("05", "notebooks/05_serving_and_continuous_batching.ipynb",
+              ".llminfra-batching-timeline " + slider("max batch"), "ArrowRight", _ch05),
     WidgetRow("06", "notebooks/06_flash_attention.ipynb", slider("tile"), "ArrowLeft", _ch06),
     WidgetRow("07", "notebooks/07_tensor_and_pipeline_parallelism.ipynb",
               ".llminfra-pipeline-timeline " + slider("micro m"), "ArrowRight", _ch07),
-    WidgetRow("08", "notebooks/08_gpu_hardware_and_roofline.ipynb", "", "", _not_written),
-    WidgetRow("09", "notebooks/09_deployment_and_cost.ipynb", "", "", _not_written),
+    WidgetRow("08", "notebooks/08_gpu_hardware_and_roofline.ipynb",
+              ".llminfra-roofline-calculator " + slider("concurrency"), "ArrowRight", _ch08),
+    WidgetRow("09", "notebooks/09_deployment_and_cost.ipynb",
+              ".llminfra-deployment-advisor " + slider("output tokens"), "ArrowRight", _ch09),
+    WidgetRow("10", "notebooks/10_capstone_plan_a_deployment.ipynb", text_box("requests/day"),
+              "type:100000", _ch10),
+    WidgetRow("A1", "notebooks/A1_claims_ledger.ipynb", dropdown("verdict"), "select:misleading",
+              _a1),
 ]
 NOTEBOOKS = list(dict.fromkeys(row.notebook for row in ROWS))
 
