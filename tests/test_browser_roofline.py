@@ -41,9 +41,14 @@ def lab08(tmp_path_factory):
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    notebook_settings = home / "settings" / "@jupyterlab" / "notebook-extension"
+    notebook_settings.mkdir(parents=True)   # draw every cell, not only those scrolled into view
+    (notebook_settings / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"}))
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_CONFIG_DIR=str(home / "config"),
+               JUPYTER_DATA_DIR=str(home / "data"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     port, token = _free_port(), secrets.token_hex(16)
     log = home / "lab.log"
