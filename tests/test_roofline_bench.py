@@ -20,6 +20,18 @@ def test_measure_cpu_roofline_restores_threads():
     assert torch.get_num_threads() == before
 
 
+def test_device_roofline_runs_on_the_cpu_and_gpu_check_refuses_without_cuda():
+    """The GPU measurement is device-agnostic (checked here on the CPU); ``run_gpu`` raises
+    without CUDA instead of skipping."""
+    from llminfra.bench.roofline import measure_device_roofline, run_gpu
+    roof = measure_device_roofline("cpu", n_bytes=8 * 2**20, n=128, dtype=torch.float32,
+                                   repeats=2)
+    assert roof.peak_flops_per_s > 0 and roof.bytes_per_s > 0
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            run_gpu()
+
+
 def test_weight_formats_read_fewer_bytes():
     """The tiny preset's bytes: fp32 = 4 · 3,033,344 = 12,133,376 (the memory model's
     weight_bytes), bf16 half of it; int8 / int4 layers take their kernels' paths."""

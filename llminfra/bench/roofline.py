@@ -17,7 +17,9 @@
   hits all formats alike, with the bytes each reads per step.
 
 Everything runs on ONE thread (``torch.set_num_threads(1)``, restored afterwards), so ratios
-measured side by side are stable on a shared machine. Chapters 03 and 08.
+measured side by side are stable on a shared machine. ``run_gpu()`` (called by ``bench gpu``)
+measures the same roofline on a CUDA device and places a bf16 decode step of ``bench-100m`` on
+it. Chapters 03 and 08.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 
 import torch
 
-from llminfra.bench.timing import best_time_s, environment
+from llminfra.bench.timing import best_time_s, environment, synchronize
 from llminfra.calc.memory import kv_bytes_per_token, step_flops
 from llminfra.calc.roofline import Roofline, step_breakdown
 
@@ -71,6 +73,44 @@ def measure_cpu_roofline(threads: int | None = 1, n_bytes: int = 128 * 2**20, n:
     return Roofline(f"this CPU ({torch.get_num_threads() if threads is None else threads} "
                     "thread(s), measured)", peak, bw,
                     "llminfra.bench.roofline: STREAM copy and fp32 matmul, measured")
+
+
+def measure_device_roofline(device: str | torch.device = "cuda", n_bytes: int = 512 * 2**20,
+                            n: int = 4096, dtype: torch.dtype = torch.bfloat16,
+                            repeats: int = 5) -> Roofline:
+    """The roofline of ``device`` as measured: copy bandwidth (``2 · n_bytes / t`` of
+    ``dst.copy_(src)``) and ``2 · n³ / t`` of an ``n × n`` matmul in ``dtype``, each the best of
+    ``repeats`` with the device synchronised around the timing."""
+    device = torch.device(device)
+    src = torch.ones(n_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() * 4 / best_time_s(lambda: dst.copy_(src), repeats=repeats, device=device)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    peak = 2 * n**3 / best_time_s(lambda: a @ b, repeats=repeats, device=device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    return Roofline(f"{name} (measured, {str(dtype).replace('torch.', '')} matmul)", peak, bw,
+                    "llminfra.bench.roofline.measure_device_roofline")
+
+
+def run_gpu() -> dict:
+    """This CUDA device's measured roofline, and a batch-1 bf16 decode step of ``bench-100m``
+    on it beside its bound. ``RuntimeError`` without a CUDA device (never a silent skip)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("roofline.run_gpu needs a CUDA device; none is visible to torch")
+    roof = measure_device_roofline("cuda")
+    gen = torch.Generator().manual_seed(SEED)
+    model = build_model("bench-100m", "bf16").to("cuda")
+    spec = model.config.to_spec("bench-100m")
+    t, calls = decode_s_per_step(model, 1, DECODE_CONTEXT, 10, gen)
+    bound = step_breakdown(spec, roof, [(1, DECODE_CONTEXT + 1)], dtype="bf16")
+    return {"environment": environment(), "copy_bytes_per_s": roof.bytes_per_s,
+            "matmul_flops_per_s_bf16": roof.peak_flops_per_s,
+            "ridge_flops_per_byte": roof.ridge_flops_per_byte,
+            "decode_bench_100m_bf16": {"measured_s": t, "bound_s": bound["time_s"],
+                                       "times_the_bound": t / bound["time_s"],
+                                       "ops_per_step": calls}}
 
 
 class _CountCalls(torch.overrides.TorchFunctionMode):
@@ -120,11 +160,13 @@ def decode_s_per_step(model, batch: int, context: int, steps: int, gen: torch.Ge
     machine); returns ``(seconds, torch calls in one step)``."""
     from llminfra.model import DenseKVCache
     V = model.config.vocab_size
+    device = next(model.parameters()).device
     cache = DenseKVCache(model.config.n_layers)
-    model(torch.randint(0, V, (batch, context), generator=gen), cache)
+    model(torch.randint(0, V, (batch, context), generator=gen).to(device), cache)
     ts, calls = [], 0
     for i in range(steps + 1):
-        tok = torch.randint(0, V, (batch, 1), generator=gen)
+        tok = torch.randint(0, V, (batch, 1), generator=gen).to(device)
+        synchronize(device)
         t0 = time.perf_counter()
         if i == 1:
             with _CountCalls() as counter:
@@ -132,6 +174,7 @@ def decode_s_per_step(model, batch: int, context: int, steps: int, gen: torch.Ge
             calls = counter.calls
         else:
             model(tok, cache, cache.seq_len)
+        synchronize(device)
         if i > 1:  # step 0 warms up, step 1 counts calls
             ts.append(time.perf_counter() - t0)
     return min(ts), calls
