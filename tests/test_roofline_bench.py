@@ -8,7 +8,7 @@ import torch
 
 from llminfra.bench import load_suite
 from llminfra.bench.roofline import (WEIGHT_FORMATS, build_model, decode_s_per_step,
-                                     measure_cpu_roofline, model_bytes)
+                                     interleaved_decode_s, measure_cpu_roofline, model_bytes)
 from llminfra.calc.memory import weight_bytes
 from llminfra.calc.roofline import Roofline
 
@@ -18,6 +18,18 @@ def test_measure_cpu_roofline_restores_threads():
     roof = measure_cpu_roofline(1, n_bytes=8 * 2**20, n=256, repeats=2)
     assert isinstance(roof, Roofline) and roof.peak_flops_per_s > 0 and roof.bytes_per_s > 0
     assert torch.get_num_threads() == before
+
+
+def test_device_roofline_runs_on_the_cpu_and_gpu_check_refuses_without_cuda():
+    """The GPU measurement is device-agnostic (checked here on the CPU); ``run_gpu`` raises
+    without CUDA instead of skipping."""
+    from llminfra.bench.roofline import measure_device_roofline, run_gpu
+    roof = measure_device_roofline("cpu", n_bytes=8 * 2**20, n=128, dtype=torch.float32,
+                                   repeats=2)
+    assert roof.peak_flops_per_s > 0 and roof.bytes_per_s > 0
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            run_gpu()
 
 
 def test_weight_formats_read_fewer_bytes():
@@ -43,6 +55,13 @@ def test_decode_step_timer_counts_calls():
     print("seed", seed)
     t, calls = decode_s_per_step(build_model("tiny"), 2, 8, 2, torch.Generator().manual_seed(seed))
     assert t > 0 and calls > 4 * 10  # at least ten torch calls per layer
+
+
+def test_interleaved_timer_steps_every_model_alike():
+    """Every model gets a time (a step after the same prompt, with the same tokens)."""
+    models = {f: build_model("tiny", f) for f in ("fp32", "bf16", "int8")}
+    t = interleaved_decode_s(models, 16, 2, torch.Generator().manual_seed(1))
+    assert set(t) == set(models) and all(v > 0 for v in t.values())
 
 
 def test_quick_run_has_the_keys():

@@ -13,10 +13,13 @@
   either;
 * ``quantized_decode_tokens_per_s``: batch-1 decode of ``bench-100m`` with fp32, bf16, int8
   (per channel) and int4 (groups of 128) weights — the quantized ones through
-  :class:`llminfra.quant.QuantLinear`'s CPU kernels — with the bytes each reads per step.
+  :class:`llminfra.quant.QuantLinear`'s CPU kernels — stepped in turn so that load elsewhere
+  hits all formats alike, with the bytes each reads per step.
 
 Everything runs on ONE thread (``torch.set_num_threads(1)``, restored afterwards), so ratios
-measured side by side are stable on a shared machine. Chapters 03 and 08.
+measured side by side are stable on a shared machine. ``run_gpu()`` (called by ``bench gpu``)
+measures the same roofline on a CUDA device and places a bf16 decode step of ``bench-100m`` on
+it. Chapters 03 and 08.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 
 import torch
 
-from llminfra.bench.timing import best_time_s, environment
+from llminfra.bench.timing import best_time_s, environment, synchronize
 from llminfra.calc.memory import kv_bytes_per_token, step_flops
 from llminfra.calc.roofline import Roofline, step_breakdown
 
@@ -70,6 +73,44 @@ def measure_cpu_roofline(threads: int | None = 1, n_bytes: int = 128 * 2**20, n:
     return Roofline(f"this CPU ({torch.get_num_threads() if threads is None else threads} "
                     "thread(s), measured)", peak, bw,
                     "llminfra.bench.roofline: STREAM copy and fp32 matmul, measured")
+
+
+def measure_device_roofline(device: str | torch.device = "cuda", n_bytes: int = 512 * 2**20,
+                            n: int = 4096, dtype: torch.dtype = torch.bfloat16,
+                            repeats: int = 5) -> Roofline:
+    """The roofline of ``device`` as measured: copy bandwidth (``2 · n_bytes / t`` of
+    ``dst.copy_(src)``) and ``2 · n³ / t`` of an ``n × n`` matmul in ``dtype``, each the best of
+    ``repeats`` with the device synchronised around the timing."""
+    device = torch.device(device)
+    src = torch.ones(n_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() * 4 / best_time_s(lambda: dst.copy_(src), repeats=repeats, device=device)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    peak = 2 * n**3 / best_time_s(lambda: a @ b, repeats=repeats, device=device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    return Roofline(f"{name} (measured, {str(dtype).replace('torch.', '')} matmul)", peak, bw,
+                    "llminfra.bench.roofline.measure_device_roofline")
+
+
+def run_gpu() -> dict:
+    """This CUDA device's measured roofline, and a batch-1 bf16 decode step of ``bench-100m``
+    on it beside its bound. ``RuntimeError`` without a CUDA device (never a silent skip)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("roofline.run_gpu needs a CUDA device; none is visible to torch")
+    roof = measure_device_roofline("cuda")
+    gen = torch.Generator().manual_seed(SEED)
+    model = build_model("bench-100m", "bf16").to("cuda")
+    spec = model.config.to_spec("bench-100m")
+    t, calls = decode_s_per_step(model, 1, DECODE_CONTEXT, 10, gen)
+    bound = step_breakdown(spec, roof, [(1, DECODE_CONTEXT + 1)], dtype="bf16")
+    return {"environment": environment(), "copy_bytes_per_s": roof.bytes_per_s,
+            "matmul_flops_per_s_bf16": roof.peak_flops_per_s,
+            "ridge_flops_per_byte": roof.ridge_flops_per_byte,
+            "decode_bench_100m_bf16": {"measured_s": t, "bound_s": bound["time_s"],
+                                       "times_the_bound": t / bound["time_s"],
+                                       "ops_per_step": calls}}
 
 
 class _CountCalls(torch.overrides.TorchFunctionMode):
@@ -119,11 +160,13 @@ def decode_s_per_step(model, batch: int, context: int, steps: int, gen: torch.Ge
     machine); returns ``(seconds, torch calls in one step)``."""
     from llminfra.model import DenseKVCache
     V = model.config.vocab_size
+    device = next(model.parameters()).device
     cache = DenseKVCache(model.config.n_layers)
-    model(torch.randint(0, V, (batch, context), generator=gen), cache)
+    model(torch.randint(0, V, (batch, context), generator=gen).to(device), cache)
     ts, calls = [], 0
     for i in range(steps + 1):
-        tok = torch.randint(0, V, (batch, 1), generator=gen)
+        tok = torch.randint(0, V, (batch, 1), generator=gen).to(device)
+        synchronize(device)
         t0 = time.perf_counter()
         if i == 1:
             with _CountCalls() as counter:
@@ -131,6 +174,7 @@ def decode_s_per_step(model, batch: int, context: int, steps: int, gen: torch.Ge
             calls = counter.calls
         else:
             model(tok, cache, cache.seq_len)
+        synchronize(device)
         if i > 1:  # step 0 warms up, step 1 counts calls
             ts.append(time.perf_counter() - t0)
     return min(ts), calls
@@ -173,21 +217,45 @@ def _points(roof: Roofline, quick: bool, gen: torch.Generator) -> tuple[dict, di
     return decode, prefill
 
 
+@torch.no_grad()
+def interleaved_decode_s(models: dict, context: int, rounds: int, gen: torch.Generator) -> dict:
+    """Best seconds of one batch-1 decode step of each model, the models stepped in turn (each
+    round runs every model once), so that a burst of load elsewhere on a shared machine slows
+    all of them alike rather than one; every cache starts from the same ``context``-token
+    prompt and gets the same tokens."""
+    from llminfra.model import DenseKVCache
+    first = next(iter(models.values()))
+    prompt = torch.randint(0, first.config.vocab_size, (1, context), generator=gen)
+    caches = {}
+    for name, model in models.items():
+        caches[name] = DenseKVCache(model.config.n_layers)
+        model(prompt, caches[name])
+    best = {name: float("inf") for name in models}
+    for r in range(rounds + 1):  # round 0 warms up
+        tok = torch.randint(0, first.config.vocab_size, (1, 1), generator=gen)
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            model(tok, caches[name], caches[name].seq_len)
+            if r:
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
 def _quantized(roof: Roofline, quick: bool, gen: torch.Generator) -> dict:
-    """Batch-1 decode tokens/s of bench-100m per weight format, and the bytes each reads."""
+    """Batch-1 decode tokens/s of bench-100m per weight format (measured in turn, see
+    :func:`interleaved_decode_s`), and the bytes each reads per step."""
     from llminfra.model import ModelConfig
     spec = ModelConfig.from_name("bench-100m").to_spec("bench-100m")
+    models = {fmt: build_model("bench-100m", fmt) for fmt in WEIGHT_FORMATS}
+    times = interleaved_decode_s(models, DECODE_CONTEXT, 5 if quick else 12, gen)
     out = {}
-    for fmt in WEIGHT_FORMATS:
-        model = build_model("bench-100m", fmt)
-        t, _ = decode_s_per_step(model, 1, DECODE_CONTEXT, 5 if quick else 12, gen)
-        weights = model_bytes(model)
+    for fmt, model in models.items():
+        t, weights = times[fmt], model_bytes(model)
         kv_b = (DECODE_CONTEXT + 1) * kv_bytes_per_token(spec, "fp32" if fmt == "fp32" else "bf16")
         out[fmt] = {"tokens_per_s": 1 / t, "s_per_token": t, "weight_bytes": weights,
                     "bytes_per_step": weights + kv_b,
                     "bound_tokens_per_s": roof.bytes_per_s / (weights + kv_b),
                     "flops_per_step": step_flops(spec, [(1, DECODE_CONTEXT + 1)])}
-        del model
     return out
 
 

@@ -14,9 +14,14 @@ Rules, each worked by hand in ``tests/test_memory.py``:
 * training activations: Korthikanti et al., 2022 (arXiv:2205.05198), eq. 1 per layer;
 * training state: mixed-precision AdamW keeps 16 bytes per parameter (Rajbhandari et al., 2019,
   ZeRO, arXiv:1910.02054, §3.1): 16-bit weights (2) and gradients (2), fp32 master weights (4)
-  and two fp32 moments (8).
+  and two fp32 moments (8);
+* what fits: :func:`kv_budget` is the one answer to "how much is left for the KV cache beside
+  the weights, and how many sequences fit" (:func:`fits`, :func:`max_batch`, the CLI, the
+  memory widget and ``bench kvcache`` all use it);
+* one forward step: :func:`step_flops` / :func:`step_bytes` of a batch of
+  ``(new_tokens, context_tokens)`` pairs, the accounting of :mod:`llminfra.calc.roofline`.
 
-Taught in chapters 01 and 02.
+Taught in chapters 01, 02, 04 and 08.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import html
 
 import ipywidgets as widgets
 
-from llminfra.widgets.panel import Panel, natural_size
 from llminfra.calc.cost import selfhost_cost_per_million_tokens
 from llminfra.calc.memory import kv_budget
 from llminfra.calc.roofline import (decode_batch, device_roofline, prefill_batch,
@@ -24,6 +23,7 @@ from llminfra.calc.roofline import (decode_batch, device_roofline, prefill_batch
 from llminfra.plots.roofline import roofline_png
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import get_model, model_names
+from llminfra.widgets.panel import Panel, natural_size
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
 
@@ -100,7 +100,8 @@ def roofline_image(d: dict) -> bytes:
 class RooflineCalculator:
     """ipywidgets panel over :func:`serving_estimate`: ``controls`` (``model``, ``dtype``,
     ``gpu``, ``num_gpus``, ``context``, ``concurrency``, ``gpu_hour_price_usd``), ``summary``
-    (``HTML``), ``image`` (``Image``), ``widget`` (the ``VBox``), ``data`` and ``text``.
+    (``HTML``), ``image`` (``Image``), ``widget`` (a :class:`~llminfra.widgets.panel.Panel`),
+    ``data`` and ``text``.
     A combination the package refuses (no peak for the dtype, no link for several GPUs) is
     shown as that message."""
 
@@ -130,12 +131,13 @@ class RooflineCalculator:
         self.summary, self.image = widgets.HTML(), widgets.Image(format="png")
         self.summary.add_class("llminfra-roofline-summary")
         c = self.controls
-        self.widget = Panel(title="Roofline calculator", how="choose model, precision, GPU and "
-                            "load; see whether it fits, the decode and TTFT bounds, the cost",
-                            children=[
+        self.widget = Panel([
             widgets.HBox([c["model"], c["dtype"]]), widgets.HBox([c["gpu"], c["num_gpus"]]),
             widgets.HBox([c["context"], c["concurrency"]]), c["gpu_hour_price_usd"],
-            self.image, self.summary])
+            self.image, self.summary],
+            title="GPU roofline calculator",
+            how="pick a model, weight dtype, context, concurrency, GPU and count, and an hourly "
+                "price; fits?, decode tokens/s bound, TTFT and cost per million tokens")
         self.widget.add_class("llminfra-roofline-calculator")
         for control in self.controls.values():
             control.observe(lambda change: self.update(), names="value")
