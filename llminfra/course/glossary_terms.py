@@ -73,7 +73,7 @@ GLOSSARY: tuple[Term, ...] = (
     Term("ridge point", "리지 포인트", "A processor's peak FLOP/s divided by its memory bandwidth: "
          "the arithmetic intensity needed to be compute-bound (roofline model).", "01", None),
     Term("roofline", "루프라인 (roofline)", "A kernel's attainable FLOP/s: the lesser of peak "
-         "FLOP/s and arithmetic intensity × memory bandwidth (Williams et al., 2009).", "07",
+         "FLOP/s and arithmetic intensity × memory bandwidth (Williams et al., 2009).", "03",
          None, ("roofline model",)),
     Term("memory-bound", "메모리 병목 (memory-bound)", "Limited by bytes moved, not by "
          "arithmetic: faster memory helps, more FLOP/s do not.", "01", None,
@@ -136,7 +136,7 @@ GLOSSARY: tuple[Term, ...] = (
          "request's output tokens after the first: the decode speed a user sees.", "05", None,
          ("TPOT", "time per output token", "inter-token latency")),
     Term("latency", "지연 시간", "Time a single request waits for its answer (TTFT, TPOT, "
-         "end-to-end); traded against throughput by batching.", "07", "004"),
+         "end-to-end); traded against throughput by batching.", "05", "004"),
     Term("inference engine", "추론 엔진", "Server software that keeps the model in memory and "
          "schedules many users' requests onto it (vLLM, TGI, SGLang).", "05", "000",
          ("serving engine",)),
@@ -179,7 +179,7 @@ GLOSSARY: tuple[Term, ...] = (
          "(p − 1)/(m + p − 1) for p stages and m micro-batches (GPipe).", "07", None,
          ("bubble",)),
     Term("utilization", "활용률", "The share of time (or of peak FLOP/s) a GPU does useful work.",
-         "09", "004", ("GPU utilization",)),
+         "08", "004", ("GPU utilization", "utilisation", "GPU utilisation")),
     Term("cost per token", "토큰당 비용", "GPU cost per hour divided by tokens produced per hour "
-         "when self-hosting.", "09", "000", ("cost per million tokens",)),
+         "when self-hosting.", "05", "000", ("cost per million tokens",)),
 )
