@@ -21,8 +21,8 @@ Targets (ratios of one run): continuous ≥ 2× static throughput; on the ~100M 
 
 from __future__ import annotations
 
-import math
 import time
+from types import MappingProxyType
 
 import torch
 
@@ -38,8 +38,8 @@ SEED = 2024
 POLICIES = ("static", "dynamic", "continuous")
 BATCHES = (1, 4, 16, 64)
 #: engine settings of the policy comparison (tiny model, 256-token context)
-ENGINE = dict(block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
-              dynamic_window_s=0.05)
+ENGINE = MappingProxyType(dict(block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
+                               dynamic_window_s=0.05))
 
 
 def copy_bandwidth_bytes_per_s(nbytes: int = 2**28, repeats: int = 3) -> float:
