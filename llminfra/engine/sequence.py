@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
@@ -52,12 +53,14 @@ class SequenceStatus(enum.Enum):
 
 
 #: allowed moves of the state machine
-TRANSITIONS: dict[SequenceStatus, set[SequenceStatus]] = {
-    SequenceStatus.WAITING: {SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED},
-    SequenceStatus.RUNNING: {SequenceStatus.PREEMPTED, SequenceStatus.FINISHED_STOPPED,
-                             SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED},
-    SequenceStatus.PREEMPTED: {SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED},
-}
+TRANSITIONS = MappingProxyType({
+    SequenceStatus.WAITING: frozenset({SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED}),
+    SequenceStatus.RUNNING: frozenset({SequenceStatus.PREEMPTED, SequenceStatus.FINISHED_STOPPED,
+                                       SequenceStatus.FINISHED_LENGTH,
+                                       SequenceStatus.FINISHED_ABORTED}),
+    SequenceStatus.PREEMPTED: frozenset({SequenceStatus.RUNNING,
+                                         SequenceStatus.FINISHED_ABORTED}),
+})
 
 
 @dataclass(eq=False)
@@ -80,7 +83,7 @@ class Sequence:
 
     def set_status(self, new: SequenceStatus) -> None:
         """Move to ``new``; ``ValueError`` if the state machine does not allow it."""
-        if new not in TRANSITIONS.get(self.status, set()):
+        if new not in TRANSITIONS.get(self.status, frozenset()):
             raise ValueError(f"sequence {self.seq_id}: no transition {self.status.name} -> "
                              f"{new.name}")
         self.status = new
