@@ -1,11 +1,12 @@
-"""Chapter 05 checkers: each passes on the package's own answer, fails with the right diagnosis
-on the usual wrong answers, and never crashes on a strange one."""
+"""Chapter 05 checkers: right answers in other types pass, each wrong answer is rejected with
+its hint over several seeds, the stub reads as not attempted, a seed replays its cases."""
 
 import math
 
+import numpy as np
 import pytest
 
-from llminfra.course.checking import CheckFailed
+from llminfra.course.checking import CheckFailed, NotAttempted
 from llminfra.course.checks import ch05
 from llminfra.engine.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
                                               ttft_tpot)
@@ -33,12 +34,22 @@ def test_plan_conserves_tokens_and_budget():
         assert all(sum(row) <= budget - d for row in plan)
 
 
-def test_pass_on_reference():
-    assert ch05.check_admission(admit_fcfs) >= 15
-    assert ch05.check_ttft_tpot(ttft_tpot) >= 12
-    assert ch05.check_chunked_prefill_plan(chunked_prefill_plan) >= 12
-    ch05.check_ttft_tpot(lambda a, t: (t[0] - a, math.nan if len(t) < 2
-                                       else (t[-1] - t[0]) / (len(t) - 1)))   # NaN accepted
+SEEDS = [1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_right_answers_in_other_types_pass(seed):
+    assert ch05.check_admission(admit_fcfs, seed=seed) == 16
+    assert ch05.check_admission(lambda w, **kw: np.int64(admit_fcfs(w, **kw)), seed=seed) == 16
+    assert ch05.check_admission(lambda w, **kw: float(admit_fcfs(w, **kw)), seed=seed) == 16
+    assert ch05.check_ttft_tpot(ttft_tpot, seed=seed) == 12
+    ch05.check_ttft_tpot(lambda a, t: [np.float64(t[0] - a), math.nan if len(t) < 2
+                                       else (t[-1] - t[0]) / (len(t) - 1)], seed=seed)
+    assert ch05.check_chunked_prefill_plan(chunked_prefill_plan, seed=seed) == 12
+    ch05.check_chunked_prefill_plan(lambda p, b, d: np.array(chunked_prefill_plan(p, b, d)),
+                                    seed=seed)
+    ch05.check_chunked_prefill_plan(
+        lambda p, b, d: tuple(tuple(r) for r in chunked_prefill_plan(p, b, d)), seed=seed)
 
 
 def _overtaking(w, *, free_blocks, block_size, num_running, max_num_seqs,
@@ -63,27 +74,31 @@ def _floor_blocks(w, *, free_blocks, block_size, num_running, max_num_seqs,
     return n
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong,message", [
     (_overtaking, "FCFS stops at the first"),
     (_floor_blocks, "ceil"),
     (lambda w, **kw: admit_fcfs(w, **dict(kw, num_running=0)), "running requests"),
     (lambda w, **kw: "three", "an int"),
 ])
-def test_admission_diagnoses(wrong, message):
+def test_admission_diagnoses(wrong, message, seed):
     with pytest.raises(CheckFailed, match=message) as e:
-        ch05.check_admission(wrong)
-    assert "random.Random(" in str(e.value)
+        ch05.check_admission(wrong, seed=seed)
+    assert f"replay: ch05.check_admission(your_function, seed={seed})" in str(e.value)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong,message", [
     (lambda a, t: (t[0] - a, (t[-1] - t[0]) / len(t)), "n - 1"),
     (lambda a, t: (t[0] - a, (t[-1] - a) / len(t)), "first token"),
-    (lambda a, t: (t[0], ttft_tpot(a, t)[1]), "arrival"),
+    (lambda a, t: (t[0], ttft_tpot(a, t)[1]), "from the arrival"),
+    (lambda a, t: (t[0] - a, 0.0 if len(t) < 2 else ttft_tpot(a, t)[1]), "no gap"),
+    (lambda a, t: (t[0] - a, None), "gaps: TPOT is defined"),
     (lambda a, t: 3, "pair"),
 ])
-def test_latency_diagnoses(wrong, message):
+def test_latency_diagnoses(wrong, message, seed):
     with pytest.raises(CheckFailed, match=message):
-        ch05.check_ttft_tpot(wrong)
+        ch05.check_ttft_tpot(wrong, seed=seed)
 
 
 def _frozen_decodes(prompts, budget, decodes):
@@ -99,20 +114,38 @@ def _frozen_decodes(prompts, budget, decodes):
     return plan
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong,message", [
     (_frozen_decodes, "next step"),
     (lambda p, b, d: [[x] for x in p], "step|budget"),
     (lambda p, b, d: 7, "list of steps"),
     (lambda p, b, d: [1, 2, 3], "one token count per prompt"),
 ])
-def test_plan_diagnoses(wrong, message):
+def test_plan_diagnoses(wrong, message, seed):
     with pytest.raises(CheckFailed, match=message):
-        ch05.check_chunked_prefill_plan(wrong)
+        ch05.check_chunked_prefill_plan(wrong, seed=seed)
 
 
-def test_stub_says_not_implemented():
+def test_same_seed_same_cases():
+    seen = []
+
+    def spy(*args):
+        seen.append(args)
+        return chunked_prefill_plan(*args)
+
+    ch05.check_chunked_prefill_plan(spy, seed=11)
+    first, seen[:] = list(seen), []
+    ch05.check_chunked_prefill_plan(spy, seed=11)
+    assert seen == first
+
+
+def test_stub_reads_as_not_attempted():
     def stub(*a, **k):
         raise NotImplementedError("your code here")
     for check in (ch05.check_admission, ch05.check_ttft_tpot, ch05.check_chunked_prefill_plan):
-        with pytest.raises(CheckFailed, match="not implemented"):
+        with pytest.raises(NotAttempted, match="not implemented"):
             check(stub)
+    with pytest.raises(CheckFailed, match="ZeroDivisionError"):
+        ch05.check_admission(lambda w, **kw: 1 / 0)
+    with pytest.raises(CheckFailed, match="expected a function"):
+        ch05.check_ttft_tpot(42)

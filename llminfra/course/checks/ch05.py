@@ -2,9 +2,12 @@
 continuous-batching admission step under a block budget, TTFT and time per output token from
 timestamps, and the step plan of chunked prefill.
 
-Each checker draws fresh random cases from a printed seed, always including every case category
-the exercise names, compares with :mod:`llminfra.engine.scheduling_rules`, and on a mismatch
-names the case, the seed, what came back and the usual mistake it matches.
+Each checker builds named cases from one seed (every category the exercise names first, then
+random ones), compares the learner's function with :mod:`llminfra.engine.scheduling_rules`, and
+on a mismatch names the case, the seed to replay it and the usual mistake the answer matches:
+a later request overtaking one that does not fit, ``P // block_size`` blocks instead of the
+ceiling, the running requests left out of ``max_num_seqs``; n instead of n − 1 gaps, TPOT from
+the arrival, TTFT from time 0; finished prefills that never start decoding.
 """
 
 from __future__ import annotations
@@ -13,105 +16,95 @@ import math
 import numbers
 import random
 
-from llminfra.course.checking import CheckFailed, fresh_rng, run_checks
+from llminfra.course.checking import (Case, CheckFailed, checker, first_matching, run_checks,
+                                      seeded)
 from llminfra.engine.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
                                               ttft_tpot)
 
 
-def _with_seed(seed: int, fn, *args, **kwargs) -> int:
-    try:
-        return fn(*args, **kwargs)
-    except CheckFailed as e:
-        raise CheckFailed(f"{e} [cases drawn with random.Random({seed})]") from None
-
-
-def _safe(hint):
-    """A hint never crashes on a strange answer: it then says nothing."""
-    def wrapped(*args):
-        try:
-            return hint(*args)
-        except Exception:  # noqa: BLE001 - the learner's answer can be anything
-            return ""
-    return wrapped
-
-
-def _as_int(x):
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        if isinstance(x, numbers.Real) and float(x).is_integer():
-            return int(x)
-        return x
-    return int(x)
-
-
 # ------------------------------------------------------------------- admission
-def _admission_cases(rng: random.Random) -> list:
-    """One case per category: limited by blocks, by max_num_seqs, by the token budget, all
-    admitted, empty queue, head-of-line (a later request would fit), a prompt one token over a
-    block boundary, then random ones."""
+def _limits(B, free_blocks, num_running, max_num_seqs, budget_blocks) -> dict:
+    return dict(free_blocks=free_blocks, block_size=B, num_running=num_running,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=budget_blocks * B)
+
+
+def _admission_cases(rng: random.Random) -> list[Case]:
+    """One case per category: limited by blocks with a later request that would fit (head of
+    line), by max_num_seqs with requests running, by the token budget, all admitted, an empty
+    queue, a prompt one token over a block boundary; then random ones."""
     B = rng.choice([4, 8, 16])
-    cases = [
-        ([3 * B, 5 * B, 1], dict(free_blocks=4, block_size=B, num_running=0, max_num_seqs=8,
-                                 max_num_batched_tokens=10 * B)),                # blocks; HoL
-        ([B, B, B], dict(free_blocks=20, block_size=B, num_running=3, max_num_seqs=5,
-                         max_num_batched_tokens=10 * B)),                        # max_num_seqs
-        ([4 * B, 4 * B], dict(free_blocks=20, block_size=B, num_running=0, max_num_seqs=8,
-                              max_num_batched_tokens=6 * B)),                    # token budget
-        ([B + 1, 2, 3], dict(free_blocks=10, block_size=B, num_running=1, max_num_seqs=8,
-                             max_num_batched_tokens=10 * B)),                    # all admitted
-        ([], dict(free_blocks=3, block_size=B, num_running=0, max_num_seqs=4,
-                  max_num_batched_tokens=64)),                                   # empty queue
-        ([B + 1, B + 1], dict(free_blocks=3, block_size=B, num_running=0, max_num_seqs=4,
-                              max_num_batched_tokens=10 * B)),  # one token over a boundary
+    fixed = [
+        ("limited by free blocks; a later, smaller request would fit (no overtaking)",
+         [3 * B, 5 * B, 1], _limits(B, 4, 0, 8, 10)),
+        ("limited by max_num_seqs, requests already running", [B, B, B], _limits(B, 20, 3, 5, 10)),
+        ("limited by max_num_batched_tokens", [4 * B, 4 * B], _limits(B, 20, 0, 8, 6)),
+        ("everything admitted", [B + 1, 2, 3], _limits(B, 10, 1, 8, 10)),
+        ("empty queue", [], dict(_limits(B, 3, 0, 4, 1), max_num_batched_tokens=64)),
+        ("prompts one token over a block boundary", [B + 1, B + 1], _limits(B, 3, 0, 4, 10)),
     ]
+    cases = [Case(name, (w,), kw) for name, w, kw in fixed]
     for _ in range(10):
         B = rng.choice([2, 4, 8, 16])
         waiting = [rng.randint(1, 6 * B) for _ in range(rng.randint(1, 8))]
-        cases.append((waiting, dict(free_blocks=rng.randint(0, 16), block_size=B,
-                                    num_running=rng.randint(0, 6),
-                                    max_num_seqs=rng.randint(1, 10),
-                                    max_num_batched_tokens=rng.randint(B, 20 * B))))
-    return [((w,), kw) for w, kw in cases]
+        kw = dict(free_blocks=rng.randint(0, 16), block_size=B, num_running=rng.randint(0, 6),
+                  max_num_seqs=rng.randint(1, 10), max_num_batched_tokens=rng.randint(B, 20 * B))
+        cases.append(Case("random queue and limits", (waiting,), kw))
+    return cases
+
+
+def _variant(w, *, free_blocks, block_size, num_running, max_num_seqs,
+             max_num_batched_tokens, overtake=False, floor_blocks=False) -> int:
+    """The usual mistakes: ``overtake`` skips a request that does not fit and admits later
+    ones; ``floor_blocks`` counts ``P // block_size`` blocks."""
+    n, blocks, tokens = 0, free_blocks, 0
+    for p in w:
+        need = p // block_size if floor_blocks else blocks_needed(p, block_size)
+        if (num_running + n < max_num_seqs and need <= blocks
+                and tokens + p <= max_num_batched_tokens):
+            n, blocks, tokens = n + 1, blocks - need, tokens + p
+        elif not overtake:
+            break
+    return n
 
 
 def _admission_hint(args, kw, expected, got) -> str:
     (w,) = args
-    if not isinstance(got, numbers.Integral):
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
         return f"return the number admitted (an int), got {type(got).__name__}"
-    skip, blocks, tokens = 0, kw["free_blocks"], 0
-    for p in w:   # the overtaking variant: skip requests that do not fit instead of stopping
-        n = blocks_needed(p, kw["block_size"])
-        if (kw["num_running"] + skip < kw["max_num_seqs"] and n <= blocks
-                and tokens + p <= kw["max_num_batched_tokens"]):
-            skip, blocks, tokens = skip + 1, blocks - n, tokens + p
-    if got == skip != expected:
-        return ("you skipped a request that did not fit and admitted later ones; FCFS stops at "
-                "the first request that does not fit")
-    floor = admit_fcfs([max(0, p - p % kw["block_size"]) or 1 for p in w], **kw)
-    if got == floor != expected:
-        return "a prompt of P tokens needs ceil(P / block_size) blocks, not P // block_size"
-    if got == admit_fcfs(w, **dict(kw, num_running=0)) != expected:
-        return "the running requests count against max_num_seqs too"
-    return "expected the count admitted from the head of the queue"
+    wrong = {
+        "you skipped a request that did not fit and admitted later ones; FCFS stops at the "
+        "first request that does not fit": _variant(w, **kw, overtake=True),
+        "a prompt of P tokens needs ceil(P / block_size) blocks, not P // block_size":
+            _variant(w, **kw, floor_blocks=True),
+        "the running requests count against max_num_seqs too":
+            admit_fcfs(w, **dict(kw, num_running=0)),
+    }
+    return first_matching(got, wrong, expected) or \
+        "expected the count admitted from the head of the queue"
 
 
-def check_admission(fn) -> int:
-    """``fn(waiting_prompt_lens, *, free_blocks, block_size, num_running, max_num_seqs,
-    max_num_batched_tokens) -> int`` against :func:`admit_fcfs`."""
-    seed = fresh_rng().randrange(2**31)
-    cases = _admission_cases(random.Random(seed))
-
-    def learner(w, **kw):
-        return _as_int(fn(list(w), **kw))
-
-    return _with_seed(seed, run_checks, "admission", learner, admit_fcfs, cases,
-                      hint=_safe(_admission_hint))
+@checker
+def check_admission(fn, seed: int | None = None) -> int:
+    """Check ``fn(waiting_prompt_lens, *, free_blocks, block_size, num_running, max_num_seqs,
+    max_num_batched_tokens) -> int`` against :func:`admit_fcfs`. Waiting [20, 40, 5], block 16,
+    4 free blocks, 1 running, max_num_seqs 4, budget 64: 1 (2 blocks, then 3 > 2 left)."""
+    seed, rng = seeded(seed)
+    return run_checks("admission", fn, admit_fcfs, _admission_cases(rng), hint=_admission_hint,
+                      seed=seed, replay="ch05.check_admission")
 
 
 # -------------------------------------------------------------- TTFT and TPOT
-def _latency_cases(rng: random.Random) -> list:
-    """Many tokens, two tokens, a late arrival, one token (TPOT undefined), then random."""
-    cases = [(0.0, [0.5, 0.6, 0.8]), (1.0, [1.5, 1.75]), (10.0, [12.0, 12.01, 12.02, 12.5]),
-             (0.0, [0.25])]
+#: what TPOT is for a one-token request (the learner may return None or NaN)
+UNDEFINED = "undefined (one token)"
+
+
+def _latency_cases(rng: random.Random) -> list[Case]:
+    """Tokens from arrival 0, two tokens after a late arrival, a long wait for the first
+    token, one token (TPOT undefined); then random."""
+    cases = [Case("several tokens, arrival at time 0", (0.0, [0.5, 0.6, 0.8])),
+             Case("two tokens, late arrival", (1.0, [1.5, 1.75])),
+             Case("several tokens, long wait for the first", (10.0, [12.0, 12.01, 12.02, 12.5])),
+             Case("one token: TPOT undefined", (0.0, [0.25]))]
     for _ in range(8):
         arrival = rng.uniform(0, 5)
         t = arrival + rng.uniform(0.01, 2)
@@ -119,12 +112,8 @@ def _latency_cases(rng: random.Random) -> list:
         for _ in range(rng.randint(0, 30)):
             t += rng.uniform(0.001, 0.2)
             times.append(t)
-        cases.append((arrival, times))
-    return [((a, ts), {}) for a, ts in cases]
-
-
-#: what TPOT is for a one-token request (the learner may return None or NaN)
-UNDEFINED = "undefined (one token)"
+        cases.append(Case("random arrival and token times", (arrival, times)))
+    return cases
 
 
 def _latency_reference(arrival, times):
@@ -132,54 +121,62 @@ def _latency_reference(arrival, times):
     return (ttft, UNDEFINED if tpot is None else tpot)
 
 
+def _latency_answer(expected, got):
+    """A pair of numbers; ``None`` or NaN for TPOT reads as undefined."""
+    if isinstance(got, str) or not hasattr(got, "__len__") or len(got) != 2:
+        raise CheckFailed(f"ttft_tpot: return a pair (ttft_s, tpot_s), got {got!r:.80}")
+    ttft, tpot = got
+    try:
+        undefined = tpot is None or math.isnan(float(tpot))
+    except (TypeError, ValueError):
+        return (ttft, tpot)
+    return (ttft, UNDEFINED if undefined else tpot)
+
+
 def _latency_hint(args, kw, expected, got) -> str:
     arrival, times = args
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        return "return a pair (ttft_s, tpot_s)"
     n = len(times)
-    if n == 1 and got[1] != UNDEFINED:
+    if n == 1:
         return "with one token there is no gap: return None (or NaN) for TPOT"
-    if n >= 2 and math.isclose(got[1], (times[-1] - times[0]) / n, rel_tol=1e-9):
-        return "n tokens have n - 1 gaps: divide by (n - 1)"
-    if n >= 2 and math.isclose(got[1], (times[-1] - arrival) / n, rel_tol=1e-9):
-        return "TPOT starts at the first token, not at the arrival (TTFT is separate)"
-    if math.isclose(got[0], times[0], rel_tol=1e-9) and arrival:
-        return "TTFT is measured from the arrival, not from time 0"
-    return "TTFT = first token - arrival; TPOT = (last - first) / (n - 1)"
+    if got[1] == UNDEFINED:
+        return f"with {n} tokens there are {n - 1} gaps: TPOT is defined"
+    wrong = {
+        "n tokens have n - 1 gaps: divide by (n - 1)":
+            (expected[0], (times[-1] - times[0]) / n),
+        "TPOT starts at the first token, not at the arrival (TTFT is separate)":
+            (expected[0], (times[-1] - arrival) / n),
+        "TPOT starts at the first token, not at the arrival (TTFT is separate); divide by n - 1":
+            (expected[0], (times[-1] - arrival) / (n - 1)),
+        "TTFT is measured from the arrival, not from time 0": (times[0], expected[1]),
+    }
+    return first_matching(got, wrong, expected) or \
+        "TTFT = first token - arrival; TPOT = (last - first) / (n - 1)"
 
 
-def check_ttft_tpot(fn) -> int:
-    """``fn(arrival_s, token_times_s) -> (ttft_s, tpot_s)``; TPOT ``None`` (or NaN) for one
-    token."""
-    seed = fresh_rng().randrange(2**31)
-    cases = _latency_cases(random.Random(seed))
-
-    def learner(arrival, times):
-        got = fn(arrival, list(times))
-        if isinstance(got, (tuple, list)) and len(got) == 2:
-            ttft, tpot = got
-            undefined = tpot is None or (isinstance(tpot, numbers.Real) and math.isnan(tpot))
-            try:
-                return (float(ttft), UNDEFINED if undefined else float(tpot))
-            except (TypeError, ValueError):
-                return got
-        return got
-
-    return _with_seed(seed, run_checks, "ttft_tpot", learner, _latency_reference, cases,
-                      hint=_safe(_latency_hint))
+@checker
+def check_ttft_tpot(fn, seed: int | None = None) -> int:
+    """Check ``fn(arrival_s, token_times_s) -> (ttft_s, tpot_s)``; TPOT ``None`` (or NaN) for
+    one token. Arrival 0.0, tokens at [0.5, 0.6, 0.8]: (0.5, 0.15)."""
+    seed, rng = seeded(seed)
+    return run_checks("ttft_tpot", fn, _latency_reference, _latency_cases(rng),
+                      hint=_latency_hint, seed=seed, replay="ch05.check_ttft_tpot",
+                      normalize=_latency_answer)
 
 
 # ------------------------------------------------------- chunked-prefill plan
-def _plan_cases(rng: random.Random) -> list:
-    """A prompt that fits one step, one cut into several chunks, two prompts sharing a step,
-    decodes that grow as prompts finish, then random."""
-    cases = [([5], 16, 0), ([40], 16, 0), ([10, 3], 8, 2), ([7, 7, 7], 12, 1)]
+def _plan_cases(rng: random.Random) -> list[Case]:
+    """A prompt that fits one step, one cut into several chunks, two prompts sharing a step
+    beside running decodes, decodes that grow as prompts finish; then random."""
+    cases = [Case("one prompt that fits one step, no decodes", ([5], 16, 0)),
+             Case("one prompt cut into chunks, no decodes", ([40], 16, 0)),
+             Case("two prompts sharing steps, decodes running", ([10, 3], 8, 2)),
+             Case("three prompts whose finished prefills start decoding", ([7, 7, 7], 12, 1))]
     for _ in range(8):
         prompts = [rng.randint(1, 60) for _ in range(rng.randint(1, 5))]
         decodes = rng.randint(0, 4)
         budget = rng.randint(decodes + len(prompts) + 1, 48)
-        cases.append((prompts, budget, decodes))
-    return [((p, b, d), {}) for p, b, d in cases]
+        cases.append(Case("random prompts, budget and decodes", (prompts, budget, decodes)))
+    return cases
 
 
 def _frozen_plan(prompts, budget, decodes):
@@ -195,30 +192,34 @@ def _frozen_plan(prompts, budget, decodes):
     return plan
 
 
+def _plan_answer(expected, got):
+    """Rows as lists (a NumPy array or tensor of rows is fine)."""
+    if hasattr(got, "tolist") and not isinstance(got, (list, tuple)):
+        got = got.tolist()
+    return got
+
+
 def _plan_hint(args, kw, expected, got) -> str:
     prompts, budget, decodes = args
     if not isinstance(got, (list, tuple)):
         return "return a list of steps, each a list with one token count per prompt"
     if any(not isinstance(r, (list, tuple)) or len(r) != len(prompts) for r in got):
         return "each step is a list with one token count per prompt (0 when it has none)"
-    if [list(r) for r in got] == _frozen_plan(prompts, budget, decodes):
-        return ("a prompt whose prefill finished decodes from the next step on: its one token "
-                "a step comes off the budget")
-    return "fill each step's budget: decodes first, then prompts in arrival order"
+    wrong = {"a prompt whose prefill finished decodes from the next step on: its one token "
+             "a step comes off the budget": _frozen_plan(prompts, budget, decodes)}
+    return first_matching(got, wrong, expected) or \
+        "fill each step's budget: decodes first, then prompts in arrival order"
 
 
-def check_chunked_prefill_plan(fn) -> int:
-    """``fn(prompt_lens, max_num_batched_tokens, num_decodes) -> list of rows`` (row s, column
-    i: prefill tokens of prompt i in step s) against :func:`chunked_prefill_plan`."""
-    seed = fresh_rng().randrange(2**31)
-    cases = _plan_cases(random.Random(seed))
+@checker
+def check_chunked_prefill_plan(fn, seed: int | None = None) -> int:
+    """Check ``fn(prompt_lens, max_num_batched_tokens, num_decodes) -> list of rows`` (row s,
+    column i: prefill tokens of prompt i in step s) against :func:`chunked_prefill_plan`.
+    Prompts [10, 3], budget 8, 2 decodes: [[6, 0], [4, 2], [0, 1]]."""
+    seed, rng = seeded(seed)
+    return run_checks("chunked_prefill_plan", fn, chunked_prefill_plan, _plan_cases(rng),
+                      hint=_plan_hint, seed=seed, replay="ch05.check_chunked_prefill_plan",
+                      normalize=_plan_answer)
 
-    def learner(prompts, budget, decodes):
-        got = fn(list(prompts), budget, decodes)
-        try:
-            return [[_as_int(x) for x in row] for row in got]
-        except TypeError:
-            return got
 
-    return _with_seed(seed, run_checks, "chunked_prefill_plan", learner, chunked_prefill_plan,
-                      cases, hint=_safe(_plan_hint))
+__all__ = ["check_admission", "check_chunked_prefill_plan", "check_ttft_tpot"]

@@ -1,8 +1,8 @@
 """Answer checkers for chapter 08 (``solutions/08_gpu_hardware_and_roofline.ipynb``): one
 transformer layer's roofline point in decode, and the decode tokens/s bound of a model on a GPU.
 
-Every run draws fresh cases from a seed that the failure message names (replay them with
-``check_…(fn, seed=…)``) and always includes one case of each category the exercises name:
+Every run builds its cases from one seed that a failure names (replay them with
+``ch08.check_…(fn, seed=…)``); one case of each category the exercises name comes first:
 batch 1 at a context of 1 (the weights alone), a large batch, a long context, a grouped-query
 (GQA) and a multi-query (MQA) model, and random models, batches, contexts and GPUs. On a
 mismatch the message gives the case, the expected and returned values, their difference, and
@@ -17,14 +17,14 @@ References: :func:`llminfra.calc.roofline.layer_point` and
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import replace
+from decimal import Decimal
 
 from llminfra.calc.memory import kv_bytes_per_token, weight_bytes
 from llminfra.calc.params import active_param_count, param_count
 from llminfra.calc.roofline import decode_batch, decode_tokens_per_s, layer_point
-from llminfra.course.checking import CheckFailed, run_checks
+from llminfra.course.checking import Case, checker, first_matching, run_checks, seeded
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import get_model, model_names
 
@@ -34,52 +34,13 @@ DENSE = tuple(n for n in model_names() if not get_model(n).is_moe)
 BF16_GPUS = tuple(g for g in gpu_names() if get_gpu(g).tflops("bf16"))
 
 
-def _as_number(value):
-    """``value`` as a float when it holds one (numpy scalars, 0-d tensors, Decimal, Fraction);
-    otherwise unchanged, so the comparison fails with the value shown, never a crash."""
-    if isinstance(value, (bool, str, bytes)):
-        return value
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return value
-
-
-def _seeded(seed: int | None) -> tuple[int, random.Random]:
-    seed = random.randrange(2**32) if seed is None else int(seed)
-    return seed, random.Random(seed)
-
-
-def _run(name: str, check: str, fn, reference, cases, seed: int, hint, rel: float = 1e-6) -> int:
-    if not callable(fn):
-        raise CheckFailed(f"{name}: expected a function, got {type(fn).__name__}")
-
-    def learner(*args, **kwargs):
-        return _as_number(fn(*args, **kwargs))
-
-    try:
-        return run_checks(name, learner, reference, cases, rel=rel, hint=hint)
-    except CheckFailed as e:
-        raise CheckFailed(f"{e} [replay: ch08.{check}(your_function, seed={seed})]") from None
-
-
-def _difference(expected, got) -> str:
-    try:
-        d = float(got) - float(expected)
-    except (TypeError, ValueError):
-        return f"the answer is a {type(got).__name__}, not a number"
-    rel = abs(d) / abs(expected) if expected else math.inf
-    return f"off by {d:+.6g} ({rel:.3g} relative)"
+def _as_number(expected, got):
+    """A ``Decimal`` answer as a float (any other type is judged as it is by the comparison)."""
+    return float(got) if isinstance(got, Decimal) else got
 
 
 def _matching(wrong: dict, got, expected) -> str:
-    try:
-        got = float(got)
-    except (TypeError, ValueError):
-        return ""
-    hits = [m for m, v in wrong.items()
-            if math.isclose(got, v, rel_tol=1e-6) and not math.isclose(v, expected, rel_tol=1e-6)]
-    return "; or ".join(hits)
+    return first_matching(got, wrong, expected, rel=1e-6)
 
 
 def _case_models(rng: random.Random) -> list[str]:
@@ -128,26 +89,30 @@ def _layer_hint(args, kwargs, expected, got) -> str:
         "you returned bytes per FLOP: intensity is FLOPs / bytes": nbytes / flops,
     }
     return _matching(wrong, got, expected) or (
-        f"{_difference(expected, got)}; expected B·(2·P_layer + 4·H·d·context) / "
+        "expected B·(2·P_layer + 4·H·d·context) / "
         "(2·P_layer + B·context·kv_bytes_per_token/L)")
 
 
+@checker
 def check_layer_point(fn, seed: int | None = None) -> int:
     """Check ``fn(model, batch, context) -> FLOP/byte``: one transformer layer's arithmetic
     intensity in a decode step of ``batch`` sequences at ``context`` tokens, bf16 weights and
     cache. Llama-2-7B, batch 1, context 1: 404,783,104 FLOPs / 404,783,104 bytes = 1.0."""
-    seed, rng = _seeded(seed)
+    seed, rng = seeded(seed)
     m = _case_models(rng)
-    cases = [((rng.choice(DENSE), 1, 1), {}),                         # the weights alone
-             ((m[0], rng.randint(64, 512), _context(rng, m[0], 256)), {}),  # a large batch
-             ((m[0], rng.randint(1, 4), (get_model(m[0]).max_positions or 8192)), {}),  # long
-             ((m[1], rng.randint(1, 64), _context(rng, m[1])), {}),     # GQA
-             ((m[2], rng.randint(1, 64), _context(rng, m[2])), {})]     # MQA
+    cases = [Case("the weights alone: batch 1, context 1", (rng.choice(DENSE), 1, 1)),
+             Case("MHA preset, a large batch", (m[0], rng.randint(64, 512),
+                                                _context(rng, m[0], 256))),
+             Case("MHA preset, a few sequences at its longest context",
+                  (m[0], rng.randint(1, 4), get_model(m[0]).max_positions or 8192)),
+             Case("GQA preset", (m[1], rng.randint(1, 64), _context(rng, m[1]))),
+             Case("MQA preset", (m[2], rng.randint(1, 64), _context(rng, m[2])))]
     for _ in range(3):
         name = rng.choice(DENSE)
-        cases.append(((name, rng.randint(1, 256), _context(rng, name)), {}))
-    return _run("layer_point", "check_layer_point", fn, _layer_reference, cases, seed,
-                _layer_hint)
+        cases.append(Case("random dense preset, batch and context",
+                          (name, rng.randint(1, 256), _context(rng, name))))
+    return run_checks("layer_point", fn, _layer_reference, cases, rel=1e-6, hint=_layer_hint,
+                      seed=seed, replay="ch08.check_layer_point", normalize=_as_number)
 
 
 # --- exercise 2: the decode tokens/s bound ------------------------------------------------
@@ -173,24 +138,32 @@ def _decode_hint(args, kwargs, expected, got) -> str:
         "the catalog's GB/s are 1e9 bytes/s, not GiB/s": expected * 2**30 / 1e9,
     }
     return _matching(wrong, got, expected) or (
-        f"{_difference(expected, got)}; expected batch / max(FLOPs / peak, (weights + batch · "
+        "expected batch / max(FLOPs / peak, (weights + batch · "
         "context · kv_bytes_per_token) / bandwidth)")
 
 
+@checker
 def check_decode_bound(fn, seed: int | None = None) -> int:
     """Check ``fn(model, gpu, batch, context) -> tokens/s``: the upper bound of decode tokens
     per second (all sequences together), bf16 weights and cache. Llama-2-7B on an H100, batch
     1 at 2048 tokens: 3.35e12 / 14,550,573,056 = 230.2 tokens/s."""
-    seed, rng = _seeded(seed)
+    seed, rng = seeded(seed)
     m = _case_models(rng)
-    cases = [((rng.choice(DENSE), rng.choice(BF16_GPUS), 1, 1), {}),      # the weights alone
-             (("llama-2-7b", "h100", 1, 2048), {}),                        # the worked example
-             ((m[0], rng.choice(BF16_GPUS), rng.randint(64, 256), _context(rng, m[0], 512)), {}),
-             ((m[1], rng.choice(BF16_GPUS), rng.randint(1, 32),
-               get_model(m[1]).max_positions or 8192), {}),                # GQA, long context
-             ((m[2], rng.choice(BF16_GPUS), rng.randint(1, 32), _context(rng, m[2])), {})]  # MQA
+    gpu = lambda: rng.choice(BF16_GPUS)  # noqa: E731
+    cases = [Case("the weights alone: batch 1, context 1", (rng.choice(DENSE), gpu(), 1, 1)),
+             Case("the worked example: llama-2-7b on an h100, batch 1", ("llama-2-7b", "h100",
+                                                                         1, 2048)),
+             Case("MHA preset, a large batch", (m[0], gpu(), rng.randint(64, 256),
+                                                _context(rng, m[0], 512))),
+             Case("GQA preset at its longest context", (m[1], gpu(), rng.randint(1, 32),
+                                                        get_model(m[1]).max_positions or 8192)),
+             Case("MQA preset", (m[2], gpu(), rng.randint(1, 32), _context(rng, m[2])))]
     for _ in range(3):
         name = rng.choice(DENSE)
-        cases.append(((name, rng.choice(BF16_GPUS), rng.randint(1, 128), _context(rng, name)), {}))
-    return _run("decode_bound", "check_decode_bound", fn, _decode_reference, cases, seed,
-                _decode_hint)
+        cases.append(Case("random dense preset, GPU, batch and context",
+                          (name, gpu(), rng.randint(1, 128), _context(rng, name))))
+    return run_checks("decode_bound", fn, _decode_reference, cases, rel=1e-6, hint=_decode_hint,
+                      seed=seed, replay="ch08.check_decode_bound", normalize=_as_number)
+
+
+__all__ = ["check_decode_bound", "check_layer_point"]

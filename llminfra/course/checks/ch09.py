@@ -2,8 +2,8 @@
 bill, the self-hosted cost per million tokens with utilisation, and the break-even volume in
 requests per day.
 
-Every run draws fresh cases from a seed that the failure message names (replay them with
-``check_…(fn, seed=…)``) and always includes one case of each category the exercises name:
+Every run builds its cases from one seed that a failure names (replay them with
+``ch09.check_…(fn, seed=…)``); one case of each category the exercises name comes first:
 source 000's example volume, a request with no output tokens, a month that is not 30 days,
 a partly idle GPU, several GPUs, and random volumes and prices. On a mismatch the message
 gives the case, the expected and returned values, their difference, and the usual mistake
@@ -17,64 +17,26 @@ References: :mod:`llminfra.calc.cost` (taught in chapter 09).
 
 from __future__ import annotations
 
-import math
-import random
+from decimal import Decimal
 
 from llminfra.calc.cost import (api_monthly_cost, blended_price_per_million,
                                 break_even_tokens_per_month, gpu_rental_monthly_cost,
                                 selfhost_cost_per_million_tokens)
-from llminfra.course.checking import CheckFailed, run_checks
+from llminfra.course.checking import Case, checker, first_matching, run_checks, seeded
 
 
-def _as_number(value):
-    """``value`` as a float when it holds one (numpy scalars, 0-d tensors, Decimal, Fraction);
-    otherwise unchanged, so the comparison fails with the value shown, never a crash."""
-    if isinstance(value, (bool, str, bytes)):
-        return value
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return value
-
-
-def _seeded(seed: int | None) -> tuple[int, random.Random]:
-    seed = random.randrange(2**32) if seed is None else int(seed)
-    return seed, random.Random(seed)
-
-
-def _run(name: str, check: str, fn, reference, cases, seed: int, hint,
-         rel: float = 1e-6) -> int:
-    """:func:`run_checks` with the learner's value read as a number, and the seed in any
-    failure message."""
-    if not callable(fn):
-        raise CheckFailed(f"{name}: expected a function, got {type(fn).__name__}")
-
-    def learner(*args, **kwargs):
-        return _as_number(fn(*args, **kwargs))
-
-    try:
-        return run_checks(name, learner, reference, cases, rel=rel, hint=hint)
-    except CheckFailed as e:
-        raise CheckFailed(f"{e} [replay: ch09.{check}(your_function, seed={seed})]") from None
-
-
-def _difference(expected, got) -> str:
-    try:
-        d = float(got) - float(expected)
-    except (TypeError, ValueError):
-        return f"the answer is a {type(got).__name__}, not a number"
-    rel = abs(d) / abs(expected) if expected else math.inf
-    return f"off by {d:+.6g} ({rel:.3g} relative)"
+def _as_number(expected, got):
+    """A ``Decimal`` answer as a float (any other type is judged as it is by the comparison)."""
+    return float(got) if isinstance(got, Decimal) else got
 
 
 def _matching(wrong: dict, got, expected) -> str:
-    try:
-        got = float(got)
-    except (TypeError, ValueError):
-        return ""
-    hits = [m for m, v in wrong.items()
-            if math.isclose(got, v, rel_tol=1e-6) and not math.isclose(v, expected, rel_tol=1e-6)]
-    return "; or ".join(hits)
+    return first_matching(got, wrong, expected, rel=1e-6)
+
+
+def _run(name: str, fn, reference, cases: list[Case], seed: int, hint) -> int:
+    return run_checks(name, fn, reference, cases, rel=1e-6, hint=hint, seed=seed,
+                      replay=f"ch09.check_{name}", normalize=_as_number)
 
 
 # --- exercise 1: the monthly API bill -----------------------------------------------------
@@ -101,26 +63,28 @@ def _api_hint(args, kwargs, expected, got) -> str:
         "you assumed 30 days: use the days argument": expected / d * 30,
     }
     return _matching(wrong, got, expected) or (
-        f"{_difference(expected, got)}; expected requests_per_day · days · (input_tokens · "
+        "expected requests_per_day · days · (input_tokens · "
         "input_price + output_tokens · output_price) / 1e6")
 
 
+@checker
 def check_monthly_api_cost(fn, seed: int | None = None) -> int:
     """Check ``fn(requests_per_day, input_tokens, output_tokens, input_price, output_price,
     days) -> USD`` (prices per million tokens). Source 000's volume at 3 / 15 USD, 30 days:
     60 M · 3 + 15 M · 15 = 405 USD."""
-    seed, rng = _seeded(seed)
-    cases = [((1000, 2000, 500, 3.0, 15.0, 30), {}),                 # source 000's example
-             ((rng.randint(1, 10**4), rng.randint(100, 8000), 0,     # no output tokens
-               rng.uniform(0.1, 10), rng.uniform(1, 60), 30), {}),
-             ((rng.randint(1, 10**4), rng.randint(1, 8000), rng.randint(1, 2000),
-               rng.uniform(0.1, 10), rng.uniform(1, 60), rng.choice([7, 28, 31])), {})]
-    for _ in range(5):                                                # random volumes, prices
-        cases.append(((rng.randint(1, 10**6), rng.randint(1, 32_000), rng.randint(1, 4000),
-                       round(rng.uniform(0.05, 15), 2), round(rng.uniform(0.2, 75), 2),
-                       rng.randint(1, 31)), {}))
-    return _run("monthly_api_cost", "check_monthly_api_cost", fn, _api_reference, cases, seed,
-                _api_hint)
+    seed, rng = seeded(seed)
+    cases = [Case("source 000's example volume, 30 days", (1000, 2000, 500, 3.0, 15.0, 30)),
+             Case("no output tokens", (rng.randint(1, 10**4), rng.randint(100, 8000), 0,
+                                       rng.uniform(0.1, 10), rng.uniform(1, 60), 30)),
+             Case("a month that is not 30 days",
+                  (rng.randint(1, 10**4), rng.randint(1, 8000), rng.randint(1, 2000),
+                   rng.uniform(0.1, 10), rng.uniform(1, 60), rng.choice([7, 28, 31])))]
+    for _ in range(5):
+        cases.append(Case("random volume, prices and days",
+                          (rng.randint(1, 10**6), rng.randint(1, 32_000), rng.randint(1, 4000),
+                           round(rng.uniform(0.05, 15), 2), round(rng.uniform(0.2, 75), 2),
+                           rng.randint(1, 31))))
+    return _run("monthly_api_cost", fn, _api_reference, cases, seed, _api_hint)
 
 
 # --- exercise 2: self-hosted cost per million tokens --------------------------------------
@@ -142,24 +106,26 @@ def _selfhost_hint(args, kwargs, expected, got) -> str:
         "you left out the number of GPUs (each is paid by the hour)": expected / n,
     }
     return _matching(wrong, got, expected) or (
-        f"{_difference(expected, got)}; expected n_gpus · gpu_hour_price / (tokens_per_s · "
+        "expected n_gpus · gpu_hour_price / (tokens_per_s · "
         "utilization · 3600) · 1e6")
 
 
+@checker
 def check_selfhost_cost_per_million(fn, seed: int | None = None) -> int:
     """Check ``fn(gpu_hour_price, tokens_per_s, utilization, n_gpus) -> USD per million
     tokens``. One GPU at 2 USD/h, 1,000 tokens/s, busy 25 %: 2 / (1,000 · 0.25 · 3,600) · 1e6
     = 2.222 USD."""
-    seed, rng = _seeded(seed)
-    cases = [((2.0, 1000.0, 1.0, 1), {}),                             # full load, one GPU
-             ((2.0, 1000.0, 0.25, 1), {}),                            # partly idle
-             ((rng.uniform(0.5, 12), rng.uniform(100, 20_000), 1.0,   # several GPUs
-               rng.choice([2, 4, 8])), {})]
+    seed, rng = seeded(seed)
+    cases = [Case("one GPU at full load", (2.0, 1000.0, 1.0, 1)),
+             Case("one GPU, partly idle", (2.0, 1000.0, 0.25, 1)),
+             Case("several GPUs at full load", (rng.uniform(0.5, 12), rng.uniform(100, 20_000),
+                                                1.0, rng.choice([2, 4, 8])))]
     for _ in range(5):
-        cases.append(((round(rng.uniform(0.2, 15), 2), rng.uniform(10, 50_000),
-                       rng.uniform(0.01, 0.99), rng.randint(1, 16)), {}))
-    return _run("selfhost_cost_per_million", "check_selfhost_cost_per_million", fn,
-                _selfhost_reference, cases, seed, _selfhost_hint)
+        cases.append(Case("random price, throughput, utilisation and GPUs",
+                          (round(rng.uniform(0.2, 15), 2), rng.uniform(10, 50_000),
+                           rng.uniform(0.01, 0.99), rng.randint(1, 16))))
+    return _run("selfhost_cost_per_million", fn, _selfhost_reference, cases, seed,
+                _selfhost_hint)
 
 
 # --- exercise 3: break-even volume in requests per day -----------------------------------
@@ -185,26 +151,33 @@ def _break_even_hint(args, kwargs, expected, got) -> str:
         "prices are per MILLION tokens: you divided by 1e3": n * p * 24 / (per_request * 1000),
     }
     return _matching(wrong, got, expected) or (
-        f"{_difference(expected, got)}; expected n_gpus · gpu_hour_price · 24 / ((input_tokens · "
+        "expected n_gpus · gpu_hour_price · 24 / ((input_tokens · "
         "input_price + output_tokens · output_price) / 1e6)")
 
 
+@checker
 def check_break_even_requests_per_day(fn, seed: int | None = None) -> int:
     """Check ``fn(gpu_hour_price, n_gpus, input_tokens, output_tokens, input_price,
     output_price, days) -> requests per day`` at which renting ``n_gpus`` around the clock
     costs what the API costs. One GPU at 2 USD/h (48 USD a day) against 0.0135 USD a request
     (2,000 in / 500 out at 3 / 15 USD): 48 / 0.0135 = 3,555.6 requests a day."""
-    seed, rng = _seeded(seed)
-    cases = [((2.0, 1, 2000, 500, 3.0, 15.0, 30), {}),                # source 000's request
-             ((rng.uniform(0.5, 12), rng.choice([2, 4, 8]), rng.randint(100, 8000),
-               rng.randint(1, 2000), rng.uniform(0.1, 10), rng.uniform(1, 60),
-               rng.choice([7, 31])), {}),                             # several GPUs, odd month
-             ((rng.uniform(0.5, 12), 1, rng.randint(100, 8000), 0, rng.uniform(0.1, 10),
-               rng.uniform(1, 60), 30), {})]                          # no output tokens
+    seed, rng = seeded(seed)
+    cases = [Case("source 000's request, one GPU, 30 days", (2.0, 1, 2000, 500, 3.0, 15.0, 30)),
+             Case("several GPUs, a month that is not 30 days",
+                  (rng.uniform(0.5, 12), rng.choice([2, 4, 8]), rng.randint(100, 8000),
+                   rng.randint(1, 2000), rng.uniform(0.1, 10), rng.uniform(1, 60),
+                   rng.choice([7, 31]))),
+             Case("no output tokens", (rng.uniform(0.5, 12), 1, rng.randint(100, 8000), 0,
+                                       rng.uniform(0.1, 10), rng.uniform(1, 60), 30))]
     for _ in range(5):
-        cases.append(((round(rng.uniform(0.2, 15), 2), rng.randint(1, 16),
-                       rng.randint(1, 32_000), rng.randint(1, 4000),
-                       round(rng.uniform(0.05, 15), 2), round(rng.uniform(0.2, 75), 2),
-                       rng.randint(1, 31)), {}))
-    return _run("break_even_requests_per_day", "check_break_even_requests_per_day", fn,
-                _break_even_reference, cases, seed, _break_even_hint)
+        cases.append(Case("random prices, GPUs, tokens and days",
+                          (round(rng.uniform(0.2, 15), 2), rng.randint(1, 16),
+                           rng.randint(1, 32_000), rng.randint(1, 4000),
+                           round(rng.uniform(0.05, 15), 2), round(rng.uniform(0.2, 75), 2),
+                           rng.randint(1, 31))))
+    return _run("break_even_requests_per_day", fn, _break_even_reference, cases, seed,
+                _break_even_hint)
+
+
+__all__ = ["check_break_even_requests_per_day", "check_monthly_api_cost",
+           "check_selfhost_cost_per_million"]
