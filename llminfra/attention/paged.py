@@ -119,7 +119,8 @@ def gather_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     N = q.shape[0]
     B, H_kv, d = k_cache.shape[1:]
     n_blocks = -(-max_context // B)                               # blocks the longest one uses
-    bt = block_tables[:, :n_blocks].to(device=k_cache.device, dtype=torch.long)
-    K = k_cache[bt].reshape(N, -1, H_kv, d)                       # (N, n_blocks·B, H_kv, d)
-    V = v_cache[bt].reshape(N, -1, H_kv, d)
+    ids = block_tables[:, :n_blocks].to(device=k_cache.device, dtype=torch.long).flatten()
+    rows = k_cache.shape[0]                   # index_select: ~4x faster than k_cache[bt] on CPU
+    K = k_cache.view(rows, -1).index_select(0, ids).view(N, -1, H_kv, d)  # (N, n_blocks·B, ...)
+    V = v_cache.view(rows, -1).index_select(0, ids).view(N, -1, H_kv, d)
     return decode_attention_nshd(q, K, V, context_lens, scale)
