@@ -96,7 +96,8 @@ def _ch04(step: int) -> list[str]:
 
 
 def _ch06(step: int) -> list[str]:
-    return [f"step {step + 1} of "]
+    """The tile slider counts from 1, as the title does."""
+    return [f"step {step} of "]
 
 
 def _ch07(micro: int) -> list[str]:
@@ -335,14 +336,12 @@ def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
     shutil.copy(source, trusted)
     subprocess.run([sys.executable, "-m", "jupyter", "trust", str(trusted)], check=True,
                    capture_output=True)
-    page.goto(lab.url("notebooks/" + trusted.name))
-    page.locator(".jp-Notebook").first.wait_for(state="visible", timeout=RUN_TIMEOUT_MS)
+    _open(page, lab, "notebooks/" + trusted.name)
     summary = page.locator(".llminfra-memory-calculator .llminfra-memory-summary")
     summary.first.wait_for(state="visible", timeout=60_000)
     assert "largest batch" in summary.first.text_content()
-    page.goto(lab.url("notebooks/02_gpu_memory.ipynb"))
-    notebook = page.locator(".jp-Notebook").first
-    notebook.wait_for(state="visible", timeout=RUN_TIMEOUT_MS)
+    _open(page, lab, "notebooks/02_gpu_memory.ipynb")
+    notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first
     notebook.locator(".llminfra-memory-calculator").or_(
         notebook.get_by_text("[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
     assert "VBox(children" not in notebook.text_content()
