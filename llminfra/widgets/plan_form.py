@@ -20,6 +20,8 @@ from llminfra.planning import PlanPrices, ServiceRequirements, plan_deployment
 from llminfra.specs import gpu_names, model_names
 
 _MARK = {True: "✓", False: "✗", None: "?"}
+#: labels at their natural width (ipywidgets cuts them at 80 px otherwise)
+_STYLE = {"description_width": "initial"}
 
 
 def plan_html(plan) -> str:
@@ -54,19 +56,19 @@ class PlanForm:
 
     def __init__(self, req: ServiceRequirements, gpu: str = "h100", prices: PlanPrices | None = None):
         prices = prices or PlanPrices(3.0, 15.0, 3.0)
-        self.requests = widgets.IntText(value=int(req.requests_per_day), description="requests/day")
-        self.input_tokens = widgets.IntText(value=req.input_tokens, description="input tokens")
-        self.output_tokens = widgets.IntText(value=req.output_tokens, description="output tokens")
-        self.ttft = widgets.FloatText(value=req.ttft_target_s, description="TTFT target s")
-        self.may_leave = widgets.Checkbox(value=req.data_may_leave, description="data may leave")
-        self.budget = widgets.FloatText(value=req.budget_usd_per_month, description="budget USD/mo")
-        self.model = widgets.Dropdown(options=model_names(), value=req.model, description="model")
+        self.requests = widgets.IntText(value=int(req.requests_per_day), description="requests/day", style=_STYLE)
+        self.input_tokens = widgets.IntText(value=req.input_tokens, description="input tokens", style=_STYLE)
+        self.output_tokens = widgets.IntText(value=req.output_tokens, description="output tokens", style=_STYLE)
+        self.ttft = widgets.FloatText(value=req.ttft_target_s, description="TTFT target s", style=_STYLE)
+        self.may_leave = widgets.Checkbox(value=req.data_may_leave, description="data may leave", style=_STYLE)
+        self.budget = widgets.FloatText(value=req.budget_usd_per_month, description="budget USD/mo", style=_STYLE)
+        self.model = widgets.Dropdown(options=model_names(), value=req.model, description="model", style=_STYLE)
         self.dtype = widgets.Dropdown(options=["bf16", "fp8", "int8", "int4"], value=req.dtype,
-                                      description="weights")
-        self.gpu = widgets.Dropdown(options=gpu_names(), value=gpu, description="GPU")
-        self.gpu_hour = widgets.FloatText(value=prices.gpu_hour_usd, description="GPU USD/h")
-        self.api_in = widgets.FloatText(value=prices.api_input_per_million, description="API in /M")
-        self.api_out = widgets.FloatText(value=prices.api_output_per_million, description="API out /M")
+                                      description="weights", style=_STYLE)
+        self.gpu = widgets.Dropdown(options=gpu_names(), value=gpu, description="GPU", style=_STYLE)
+        self.gpu_hour = widgets.FloatText(value=prices.gpu_hour_usd, description="GPU USD/h", style=_STYLE)
+        self.api_in = widgets.FloatText(value=prices.api_input_per_million, description="API in /M", style=_STYLE)
+        self.api_out = widgets.FloatText(value=prices.api_output_per_million, description="API out /M", style=_STYLE)
         self.peak = req.peak_to_mean
         self.summary = widgets.Label()
         self.html = widgets.HTML()
