@@ -331,16 +331,20 @@ def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
     (``jupyter trust``, what a learner's own runs do); untrusted, the output is the ``text/plain``
     sentence saying what the widget is and that running the cell brings it to life — never a
     ``VBox(children=…)`` repr."""
-    source = lab.served / "notebooks" / "02_gpu_memory.ipynb"
-    trusted = source.with_name("zz_trusted_02_gpu_memory.ipynb")
+    # copies of the repository's notebook: the served one may have been run (and autosaved) by
+    # another test of this session
+    source = ROOT / "notebooks" / "02_gpu_memory.ipynb"
+    trusted = lab.served / "notebooks" / "zz_trusted_02_gpu_memory.ipynb"
+    fresh = lab.served / "notebooks" / "zz_fresh_02_gpu_memory.ipynb"
     shutil.copy(source, trusted)
+    shutil.copy(source, fresh)
     subprocess.run([sys.executable, "-m", "jupyter", "trust", str(trusted)], check=True,
                    capture_output=True)
     _open(page, lab, "notebooks/" + trusted.name)
     summary = page.locator(".llminfra-memory-calculator .llminfra-memory-summary")
     summary.first.wait_for(state="visible", timeout=60_000)
     assert "largest batch" in summary.first.text_content()
-    _open(page, lab, "notebooks/02_gpu_memory.ipynb")
+    _open(page, lab, "notebooks/" + fresh.name)
     notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first
     notebook.locator(".llminfra-memory-calculator").or_(
         notebook.get_by_text("[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
