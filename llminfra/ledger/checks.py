@@ -19,11 +19,6 @@ from llminfra.specs import get_gpu, get_model
 from llminfra.specs.formats import get_format
 
 
-def weights_gb(model: str, dtype: str = "bf16") -> float:
-    """Weight bytes of a preset in GB (1e9 B), from :func:`llminfra.calc.memory.weight_bytes`."""
-    return mem.weight_bytes(model, dtype) / 1e9
-
-
 def stated_size(model: str, dtype: str, stated_gb: float, verdict: str) -> Finding:
     """A stated weight size against the computed one: "<computed> GB (<GiB>), text e% off"."""
     b = mem.weight_bytes(model, dtype)
@@ -153,15 +148,6 @@ def gpu_field(gpu: str, attr: str, stated, verdict: str, unit: str = "") -> Find
     else:
         got = "holds" if str(stated).lower() in str(value).lower() else "wrong"
     return Finding(f"{gpu}.{attr} = {value}{unit}", got == verdict)
-
-
-def ratio(name: str, a: float, b: float, stated: float, verdict_if_far: str,
-          tol: float = 0.15) -> Finding:
-    """A stated "N×" against the ratio a / b of catalog figures."""
-    r = a / b
-    close = abs(stated - r) / r <= tol
-    return Finding(f"{name}: {r:.3g}× (stated {stated:g}×)",
-                   close if verdict_if_far == "holds" else not close)
 
 
 def pipeline_bubble() -> Finding:

@@ -40,17 +40,18 @@ def _megatron_params() -> Finding:
 
 
 def _opt13b_split() -> Finding:
-    """OPT-13B fp16 weights on an A100-40GB: share of the card, and what is left for the KV cache."""
-    from llminfra.calc import memory as mem
+    """OPT-13B fp16 weights on an A100-40GB: their share of the card, and what the course's one
+    KV-budget function (:func:`llminfra.calc.memory.kv_budget`, chapters 02 and 04) leaves for
+    the KV cache with vLLM's 10 % runtime reserve."""
+    from llminfra.calc.memory import kv_budget
     from llminfra.ledger.claim import ratio_verdict
-    from llminfra.specs import get_gpu
-    w = mem.weight_bytes("opt-13b", "fp16")
-    card = get_gpu("a100-40gb").memory_bytes
-    share = w / card
-    kv = 1 - mem.DEFAULT_RESERVE_FRACTION - share
-    return Finding(f"weights {w / 1e9:.4g} GB = {w / 40e9:.1%} of 40e9 B, {share:.1%} of the "
-                   f"card's {card / 2**30:.4g} GiB; with a 10 % runtime reserve the KV cache "
-                   f"gets {kv:.1%}", ratio_verdict(0.65, share) == "approximately")
+    b = kv_budget("opt-13b", "a100-40gb", "fp16", context=2048)
+    share = b.weight_bytes / b.gpu_memory_bytes
+    kv = b.kv_budget_bytes / b.gpu_memory_bytes
+    return Finding(f"weights {b.weight_bytes / 1e9:.4g} GB = {b.weight_bytes / 40e9:.1%} of 40e9 B, "
+                   f"{share:.1%} of the card's {b.gpu_memory_bytes / 2**30:.4g} GiB; with a 10 % "
+                   f"runtime reserve the KV cache gets {kv:.1%}",
+                   ratio_verdict(0.65, share) == "approximately" and 0.25 <= kv <= 0.31)
 
 
 @lru_cache(maxsize=1)
