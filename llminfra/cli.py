@@ -178,7 +178,7 @@ def _serve(args) -> int:
     from llminfra.engine.serve import run_server
     run_server(args.host, args.port, log_level=args.log_level, num_blocks=args.num_blocks,
                max_num_seqs=args.max_num_seqs, policy=args.policy,
-               num_threads=args.threads)
+               num_threads=args.threads, engine_process=not args.engine_in_thread)
     return 0
 
 
@@ -208,6 +208,9 @@ def _add_serving_parsers(sub) -> None:
     s.add_argument("--max-num-seqs", type=int, default=64, help="largest running batch")
     s.add_argument("--threads", type=int, default=None, help="torch threads")
     s.add_argument("--log-level", default="info", help="uvicorn log level")
+    s.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine in a thread of the server process instead of a "
+                        "process of its own (they then share one GIL)")
 
     t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
     t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")

@@ -58,3 +58,15 @@ def test_http_vs_engine_target_read_from_the_result():
          "decode_floor_s": {"bench-100m": 1.0}, "http": http}
     t = serving.targets(r)
     assert t["http_vs_engine"] == 0.65 and not t["http_vs_engine_met"]
+
+
+def test_http_vs_engine_runs_the_server_both_ways(one_thread):
+    """The real measurement, small: the same requests in process and over HTTP, with the
+    server's engine in a process of its own and in a thread; every run returns every token."""
+    from llminfra.bench.serving_http import run_http_vs_engine
+    r = run_http_vs_engine(num_requests=4, concurrency=2, max_output_tokens=4)
+    assert r["output_tokens"] == 16
+    for key in ("http_vs_engine", "http_vs_engine_thread"):
+        assert 0 < r[key] < 10, (key, r)
+    assert r["http_vs_engine"] == r["http_output_tokens_per_s"] / r["engine_output_tokens_per_s"]
+    assert r["engine_output_tokens_per_s"] == max(r["engine_output_tokens_per_s_runs"])

@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import time
+from functools import partial
 
 import httpx
 import openai
@@ -22,18 +23,27 @@ PROMPT = "def json.dumps(obj)\n\nReturn "
 NUM_BLOCKS = 96
 
 
-def make_app():
-    from llminfra.engine import LLMEngine
-    from llminfra.model import load_tiny
-    model, tok = load_tiny()
-    engine = LLMEngine(model, tok, num_blocks=NUM_BLOCKS, block_size=16, max_num_seqs=64,
+ENGINE_SETTINGS = dict(num_blocks=NUM_BLOCKS, block_size=16, max_num_seqs=64,
                        max_num_batched_tokens=512)
-    return create_app(engine, tok, model_name=MODEL)
 
 
-@pytest.fixture(scope="module")
-def server(one_thread):
-    with ServerThread(make_app()) as srv:
+def make_app(where: str = "thread"):
+    """The app with its engine in a thread of this process, or in a process of its own (what
+    ``python -m llminfra serve`` runs): every server test runs on both."""
+    from llminfra.engine.serve import build_tiny_engine
+    if where == "thread":
+        engine = build_tiny_engine(**ENGINE_SETTINGS)
+        return create_app(engine, engine.tokenizer, model_name=MODEL)
+    from llminfra.engine.engine_process import EngineProcess
+    from llminfra.model import ByteTokenizer
+    factory = partial(build_tiny_engine, num_threads=1, **ENGINE_SETTINGS)
+    return create_app(EngineProcess(factory), ByteTokenizer(), model_name=MODEL,
+                      max_model_len=256)
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(one_thread, request):
+    with ServerThread(make_app(request.param)) as srv:
         yield srv
 
 
@@ -125,6 +135,7 @@ MALFORMED = [
     ("token id out of range", {"model": MODEL, "prompt": [1, 2, 999]}, 400, "prompt"),
     ("missing prompt", {"model": MODEL}, 400, "prompt"),
     ("stream of wrong type", {"model": MODEL, "prompt": "a", "stream": "yes"}, 400, "stream"),
+    ("logprobs asked for", {"model": MODEL, "prompt": "a", "logprobs": 2}, 400, "logprobs"),
 ]
 
 
@@ -148,6 +159,9 @@ def test_malformed_chat_and_client_errors(server, client):
                                                                "x" * 400}], max_tokens=4)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="a", max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}],
+                                       max_tokens=4, logprobs=True, top_logprobs=2)
     r = httpx.get(f"{server.base_url}/v1/nothing", timeout=10)
     assert r.status_code == 404 and "error" in r.json()
 

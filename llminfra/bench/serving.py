@@ -257,5 +257,7 @@ def format_table(result: dict) -> str:
         lines.append(f"HTTP at concurrency {h['concurrency']}: {h['http_output_tokens_per_s']:.4g}"
                      f" vs in-process {h['engine_output_tokens_per_s']:.4g} tokens/s, "
                      f"http_vs_engine {t['http_vs_engine']:.3g} (>= 0.7: "
-                     f"{t['http_vs_engine_met']})")
+                     f"{t['http_vs_engine_met']}); engine in a thread of the server: "
+                     f"{h['http_thread_output_tokens_per_s']:.4g} tokens/s, "
+                     f"{h['http_vs_engine_thread']:.3g}")
     return "\n".join(lines)

@@ -1,20 +1,22 @@
-"""The engine's background loop: one thread owns the :class:`LLMEngine`, the web layer only
-queues work into it and reads results out of per-request queues.
+"""The engine's loop: one owner calls the :class:`LLMEngine`; the web layer only queues work
+into it and reads results out of per-request queues.
 
-Why a thread: ``engine.step()`` runs the model (torch work that releases the GIL for most of
-its time) and may take milliseconds; run inside the event loop it would stall every HTTP
-connection for that long. So the rule of vLLM's ``AsyncLLMEngine`` (Kwon et al., 2023,
-arXiv:2309.06180, §5, describes its FastAPI front end) is kept in its simplest form:
+Why a loop of its own: ``engine.step()`` runs the model and may take milliseconds; run inside
+the event loop it would stall every HTTP connection for that long. So the rule of vLLM's
+``AsyncLLMEngine`` (Kwon et al., 2023, arXiv:2309.06180, §5, describes its FastAPI front end)
+is kept in its simplest form:
 
 * exactly one thread calls the engine (``add_request``, ``step``, ``abort_request``,
   ``stats``) — never two;
-* callers put commands on a ``queue.Queue`` (thread-safe) and get their outputs on an
-  ``asyncio.Queue`` fed with ``loop.call_soon_threadsafe``;
+* callers queue commands to it and get their outputs on an ``asyncio.Queue`` fed with
+  ``loop.call_soon_threadsafe`` — one call per step for all of the step's outputs;
 * after every step the loop publishes a fresh ``stats()`` snapshot and observes the finished
   requests' TTFT / time per output token (``on_finished``), so ``/metrics`` never waits for it.
 
-The loop:  drain commands → if work is left, ``step()`` and deliver → else block on the
-command queue (``idle_wait_s``).  An ``abort`` of a running request frees its KV blocks at the
+:class:`EngineLoop` is the caller side; :class:`AsyncEngine` runs the engine in a thread of
+this process (drain commands → if work is left, ``step()`` and deliver → else block on the
+command queue for ``idle_wait_s``), and :class:`~llminfra.engine.engine_process.EngineProcess`
+runs it in a process of its own. An ``abort`` of a running request frees its KV blocks at the
 next turn of the loop, which is how a client that disconnects mid-stream gives memory back.
 
 Taught in chapter 05.
@@ -52,27 +54,144 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped (shut down or crashed); no request can be served."""
 
 
-class AsyncEngine:
-    """Runs ``engine`` in one background thread; ``generate`` is an async iterator of its
-    ``RequestOutput``s for one request.
+class EngineLoop:
+    """The caller side of an engine loop, whichever way the engine runs: ``generate`` (an
+    async iterator of one request's ``RequestOutput``s), ``abort``, ``stats``, and the
+    routing of each step's outputs to the per-request ``asyncio.Queue``s.
 
-    ``on_finished(output)`` (optional) is called in the engine thread for every finished
-    request (the server observes its latency histograms there).
+    Subclasses run the engine — :class:`AsyncEngine` in a thread of this process,
+    :class:`~llminfra.engine.engine_process.EngineProcess` in a process of its own — and
+    implement ``start``, ``stop``, ``is_running``, ``_submit`` and ``_send_abort``.
+    ``on_finished(output)`` (optional) is called for every finished request (the server
+    observes its latency histograms there).
+    """
+
+    def __init__(self, *, on_finished: Callable | None = None):
+        self.on_finished = on_finished
+        self.stats: dict = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()   # streams are touched by callers and the delivering side
+        self._error: BaseException | None = None
+
+    # ----------------------------------------------------------- to implement
+    def start(self) -> "EngineLoop":
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        raise NotImplementedError
+
+    @property
+    def is_running(self) -> bool:
+        raise NotImplementedError
+
+    def _submit(self, cmd: "_Add") -> None:
+        """Hand an accepted-or-refused request to the engine (resolves ``cmd.accepted``)."""
+        raise NotImplementedError
+
+    def _send_abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ caller side
+    async def generate(self, prompt, params, request_id: str) -> AsyncIterator:
+        """Queue one request; once the engine has accepted it, return an async iterator of its
+        ``RequestOutput``s (the last one has ``finished``).
+
+        Raises the engine's ``ValueError`` (prompt too long for the context or the pool …)
+        here, before any output, so a server can still answer with a 4xx. If the consumer
+        stops early (a client disconnected: the iterator is closed or cancelled), the request
+        is aborted and its KV blocks are freed.
+        """
+        if not self.is_running:
+            raise EngineDeadError(f"the engine loop is not running ({self._error!r})")
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        accepted: Future = Future()
+        self._submit(_Add(prompt, params, request_id, loop, outputs, accepted))
+        waiting = asyncio.wrap_future(accepted)
+        while not waiting.done():  # bounded: each turn either resolves or finds the loop dead
+            await asyncio.wait({waiting}, timeout=1.0)
+            if not waiting.done() and not self.is_running:
+                waiting.cancel()
+                raise EngineDeadError(f"the engine loop stopped ({self._error!r})")
+        waiting.result()  # re-raises the engine's ValueError
+        return self._outputs(request_id, outputs)
+
+    async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator:
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to abort ``request_id`` (no-op if it already finished)."""
+        self._send_abort(request_id)
+
+    # ------------------------------------------------------------- delivering side
+    def _register(self, cmd: "_Add") -> None:
+        with self._lock:
+            self._streams[cmd.request_id] = (cmd.loop, cmd.outputs)
+
+    def _forget(self, request_id: str) -> bool:
+        with self._lock:
+            return self._streams.pop(request_id, None) is not None
+
+    def _deliver(self, outs) -> None:
+        """Hand a step's outputs to their callers: one ``call_soon_threadsafe`` per event loop
+        per step, not one per request (each call wakes the loop through its self-pipe)."""
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outs:
+            if out.finished and self.on_finished is not None:
+                self.on_finished(out)
+            with self._lock:
+                target = (self._streams.pop(out.request_id, None) if out.finished
+                          else self._streams.get(out.request_id))
+            if target is not None:
+                loop, q = target
+                batches.setdefault(loop, []).append((q, out))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's event loop is closed
+                pass
+
+    def _close_streams(self) -> None:
+        """Every open stream gets an :class:`EngineDeadError`."""
+        err = EngineDeadError(f"the engine loop stopped ({self._error!r})")
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for loop, q in streams:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, err)
+            except RuntimeError:
+                pass
+
+
+class AsyncEngine(EngineLoop):
+    """Runs ``engine`` in one background thread of this process.
+
+    Simple, and enough for a notebook or a test: but the thread shares the interpreter lock
+    with the web layer, so every token the server streams is Python work the engine waits for
+    (:class:`~llminfra.engine.engine_process.EngineProcess` removes that).
     """
 
     def __init__(self, engine, *, idle_wait_s: float = 0.05,
                  on_finished: Callable | None = None):
         if idle_wait_s <= 0:
             raise ValueError(f"idle_wait_s must be > 0, got {idle_wait_s}")
+        super().__init__(on_finished=on_finished)
         self.engine = engine
         self.idle_wait_s = idle_wait_s
-        self.on_finished = on_finished
         self._commands: queue.Queue = queue.Queue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.stats: dict = dict(engine.stats())
+        self.stats = dict(engine.stats())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "AsyncEngine":
@@ -99,46 +218,10 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._error is None
 
-    # ------------------------------------------------------------------ caller side
-    async def generate(self, prompt, params, request_id: str) -> AsyncIterator:
-        """Queue one request; once the engine has accepted it, return an async iterator of its
-        ``RequestOutput``s (the last one has ``finished``).
+    def _submit(self, cmd: "_Add") -> None:
+        self._commands.put(cmd)
 
-        Raises the engine's ``ValueError`` (prompt too long for the context or the pool …)
-        here, before any output, so a server can still answer with a 4xx. If the consumer
-        stops early (a client disconnected: the iterator is closed or cancelled), the request
-        is aborted and its KV blocks are freed.
-        """
-        if not self.is_running:
-            raise EngineDeadError(f"the engine loop is not running ({self._error!r})")
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue = asyncio.Queue()
-        accepted: Future = Future()
-        self._commands.put(_Add(prompt, params, request_id, loop, outputs, accepted))
-        waiting = asyncio.wrap_future(accepted)
-        while not waiting.done():  # bounded: each turn either resolves or finds the loop dead
-            await asyncio.wait({waiting}, timeout=1.0)
-            if not waiting.done() and not self.is_running:
-                waiting.cancel()
-                raise EngineDeadError(f"the engine loop stopped ({self._error!r})")
-        waiting.result()  # re-raises the engine's ValueError
-        return self._outputs(request_id, outputs)
-
-    async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator:
-        finished = False
-        try:
-            while not finished:
-                out = await outputs.get()
-                if isinstance(out, BaseException):
-                    raise out
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.abort(request_id)
-
-    def abort(self, request_id: str) -> None:
-        """Ask the loop to abort ``request_id`` (no-op if it already finished)."""
+    def _send_abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
     # ------------------------------------------------------------------ engine thread
@@ -157,6 +240,7 @@ class AsyncEngine:
             self._error = e
         finally:
             self._close_streams()
+            self._fail_queued()
 
     def _drain(self, block: bool) -> None:
         """Apply every queued command; wait up to ``idle_wait_s`` for one when idle."""
@@ -180,36 +264,20 @@ class AsyncEngine:
             except Exception as e:  # noqa: BLE001 - handed back to the caller
                 cmd.accepted.set_exception(e)
                 return
-            self._streams[cmd.request_id] = (cmd.loop, cmd.outputs)
+            self._register(cmd)
             cmd.accepted.set_result(cmd.request_id)
-        elif isinstance(cmd, _Abort) and cmd.request_id in self._streams:
+        elif isinstance(cmd, _Abort) and self._forget(cmd.request_id):
             self.engine.abort_request(cmd.request_id)
-            del self._streams[cmd.request_id]
 
-    def _deliver(self, outs) -> None:
-        for out in outs:
-            if out.finished and self.on_finished is not None:
-                self.on_finished(out)
-            target = self._streams.get(out.request_id)
-            if target is None:
-                continue
-            if out.finished:
-                del self._streams[out.request_id]
-            loop, q = target
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, out)
-            except RuntimeError:  # the caller's event loop is closed
-                pass
-
-    def _close_streams(self) -> None:
+    def _fail_queued(self) -> None:
         err = EngineDeadError(f"the engine loop stopped ({self._error!r})")
-        for loop, q in self._streams.values():
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, err)
-            except RuntimeError:
-                pass
-        self._streams.clear()
         while not self._commands.empty():
             cmd = self._commands.get_nowait()
             if isinstance(cmd, _Add) and not cmd.accepted.done():
                 cmd.accepted.set_exception(err)
+
+
+def _put_all(items) -> None:
+    """In the caller's event loop: put each output on its request's queue."""
+    for q, out in items:
+        q.put_nowait(out)

@@ -2,7 +2,8 @@
 
 Only what the server implements is modelled; fields the API defines but this server ignores
 (``user``, ``presence_penalty`` …) are accepted and dropped (``extra="ignore"``), so the official
-``openai`` client's requests validate unchanged. Field names, defaults and limits follow the
+``openai`` client's requests validate unchanged. ``logprobs`` is modelled only to be refused
+(400): a client that asks for log-probabilities must not silently get ``null``. Field names, defaults and limits follow the
 OpenAI API reference (platform.openai.com/docs/api-reference: *Completions*, *Chat*,
 *Streaming*; checked 2025): completions default ``max_tokens = 16`` and ``temperature = 1``;
 ``stop`` holds at most 4 sequences; errors are ``{"error": {"message", "type", "param",
@@ -62,6 +63,11 @@ class CompletionRequest(_Request):
     prompt: Union[str, list[StrictInt]]
     max_tokens: Optional[StrictInt] = Field(default=16, ge=1)
     echo: StrictBool = False
+    logprobs: Optional[StrictInt] = None        # modelled to be refused: not implemented
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
 
 
 class ChatMessage(BaseModel):
@@ -93,6 +99,12 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
+    logprobs: Optional[StrictBool] = None       # modelled to be refused: not implemented
+    top_logprobs: Optional[StrictInt] = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs) or self.top_logprobs is not None
 
 
 def apply_chat_template(messages: list[ChatMessage]) -> str:

@@ -1,7 +1,9 @@
 """``python -m llminfra serve``: the tiny model behind the OpenAI-compatible server.
 
-Builds ``LLMEngine(load_tiny())`` with the given scheduler settings, wraps it in
-:func:`llminfra.engine.server.create_app` and runs uvicorn until SIGINT (Ctrl-C) or SIGTERM,
+Builds ``LLMEngine(load_tiny())`` with the given scheduler settings — in a process of its own
+by default (:mod:`llminfra.engine.engine_process`: the web layer and the engine then do not
+share one GIL), or in a thread of the server's process with ``--engine-in-thread`` — wraps it
+in :func:`llminfra.engine.server.create_app` and runs uvicorn until SIGINT (Ctrl-C) or SIGTERM,
 which uvicorn turns into a graceful shutdown: open responses get ``timeout_graceful_shutdown``
 seconds, then the app's shutdown stops the engine loop and the process exits with status 0.
 
@@ -18,26 +20,49 @@ log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 5
 
 
-def build_tiny_app(*, model_name: str | None = None, num_blocks: int | None = None,
-                   block_size: int = 16, max_num_seqs: int = 64,
-                   max_num_batched_tokens: int = 512, policy: str = "continuous",
-                   enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
-                   num_threads: int | None = None):
-    """The app serving the trained tiny model (``load_tiny()``) on a fresh ``LLMEngine``."""
+def build_tiny_engine(*, num_blocks: int | None = None, block_size: int = 16,
+                      max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                      policy: str = "continuous", enable_chunked_prefill: bool = True,
+                      enable_prefix_caching: bool = False, num_threads: int | None = None):
+    """A fresh ``LLMEngine`` on the trained tiny model (``load_tiny()``); ``num_threads`` sets
+    torch's threads in the process that calls it (the engine's)."""
     import torch
 
     from llminfra.engine import LLMEngine
-    from llminfra.engine.server import DEFAULT_MODEL_NAME, create_app
     from llminfra.model import load_tiny
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     model, tokenizer = load_tiny()
-    engine = LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=block_size,
-                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                       policy=policy, enable_chunked_prefill=enable_chunked_prefill,
-                       enable_prefix_caching=enable_prefix_caching)
-    return create_app(engine, tokenizer, model_name=model_name or DEFAULT_MODEL_NAME)
+    return LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=block_size,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     policy=policy, enable_chunked_prefill=enable_chunked_prefill,
+                     enable_prefix_caching=enable_prefix_caching)
+
+
+def build_tiny_app(*, model_name: str | None = None, engine_process: bool = True,
+                   **engine_kwargs):
+    """The app serving the tiny model. ``engine_process``: the engine runs in a process of its
+    own (:class:`~llminfra.engine.engine_process.EngineProcess`, built there from
+    :func:`build_tiny_engine`), else in a thread of this one. ``engine_kwargs`` go to
+    :func:`build_tiny_engine` (its validation runs here first, so a bad setting fails before
+    any process starts)."""
+    from functools import partial
+
+    from llminfra.engine.engine_process import EngineProcess
+    from llminfra.engine.scheduler import SchedulerConfig
+    from llminfra.engine.server import DEFAULT_MODEL_NAME, create_app
+    from llminfra.model import ByteTokenizer, ModelConfig
+
+    name = model_name or DEFAULT_MODEL_NAME
+    if not engine_process:
+        engine = build_tiny_engine(**engine_kwargs)
+        return create_app(engine, engine.tokenizer, model_name=name)
+    max_len = ModelConfig.from_name("tiny").max_seq_len
+    SchedulerConfig(max_seq_len=max_len, **{k: engine_kwargs[k] for k in (
+        "policy", "max_num_seqs", "max_num_batched_tokens") if k in engine_kwargs})
+    return create_app(EngineProcess(partial(build_tiny_engine, **engine_kwargs)),
+                      ByteTokenizer(), model_name=name, max_model_len=max_len)
 
 
 def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
@@ -48,6 +73,7 @@ def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
     app = build_tiny_app(**engine_kwargs)
+    app.state.service.loop.start()  # before listening: a bad setting fails here, plainly
     log.info("serving the tiny model at http://%s:%d/v1 (Ctrl-C to stop)", host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

@@ -8,8 +8,10 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 (vLLM docs, "OpenAI-Compatible Server"): an application written for a hosted API moves to a
 self-hosted engine by changing ``base_url``.
 
-The engine runs in one background thread (:class:`~llminfra.engine.async_engine.AsyncEngine`);
-handlers only validate, queue and relay. Every malformed request gets a 4xx with OpenAI's
+The engine runs in a loop of its own — a process of its own
+(:class:`~llminfra.engine.engine_process.EngineProcess`, what ``python -m llminfra serve`` does)
+or a background thread (:class:`~llminfra.engine.async_engine.AsyncEngine`, for tests and
+notebooks); handlers only validate, queue and relay. Every malformed request gets a 4xx with OpenAI's
 error body; a client that disconnects mid-stream aborts its request (blocks freed).
 
 Streaming and bytes: the tokenizer is byte-level, so one token can be half of a UTF-8
@@ -21,6 +23,7 @@ Taught in chapter 05.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -31,7 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llminfra.engine import openai_protocol as api
-from llminfra.engine.async_engine import AsyncEngine, EngineDeadError
+from llminfra.engine.async_engine import AsyncEngine, EngineDeadError, EngineLoop
 from llminfra.engine.server_metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -82,7 +85,11 @@ class _Service:
         self.max_model_len, self.max_n = max_model_len, max_n
         self.SamplingParams = SamplingParams
         self.metrics = ServerMetrics(lambda: self.loop.stats)
-        self.loop = AsyncEngine(engine, on_finished=self.metrics.observe_finished)
+        if isinstance(engine, EngineLoop):          # e.g. an EngineProcess
+            engine.on_finished = self.metrics.observe_finished
+            self.loop = engine
+        else:
+            self.loop = AsyncEngine(engine, on_finished=self.metrics.observe_finished)
 
     def check_model(self, req) -> None:
         if req.model != self.model_name:
@@ -103,6 +110,8 @@ class _Service:
         return ids
 
     def sampling(self, req, n_prompt: int, max_tokens: int | None):
+        if req.wants_logprobs:
+            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
         if req.n > self.max_n:
             raise APIError(400, f"n must be at most {self.max_n}, got {req.n}", param="n")
         room = self.max_model_len - n_prompt
@@ -132,8 +141,11 @@ class _Service:
     async def complete(self, stream, n_prompt):
         """Non-streaming: run to the end; ``(choices, usage)``."""
         last = None
-        async for out in stream:
-            last = out
+        try:
+            async for out in stream:
+                last = out
+        except EngineDeadError as e:      # the engine died mid-request: the server's fault
+            raise APIError(503, str(e), type_="server_error") from None
         choices = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
                    for c in last.outputs]
         return choices, api.usage(n_prompt, sum(len(c.token_ids) for c in last.outputs))
@@ -186,19 +198,25 @@ class _Service:
 
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
                max_model_len: int | None = None, max_n: int = 8) -> FastAPI:
-    """The FastAPI app serving ``engine`` (an ``LLMEngine`` or anything with its API).
+    """The FastAPI app serving ``engine``: an ``LLMEngine`` (or anything with its API), run in
+    a thread of this process by :class:`~llminfra.engine.async_engine.AsyncEngine`, or an
+    unstarted :class:`~llminfra.engine.async_engine.EngineLoop` such as
+    :class:`~llminfra.engine.engine_process.EngineProcess` (the engine in its own process).
 
-    ``max_model_len`` defaults to ``engine.model.config.max_seq_len``; ``max_n`` caps ``n``.
-    The engine loop starts and stops with the app's lifespan (uvicorn start-up / shutdown).
+    ``max_model_len`` defaults to ``engine.model.config.max_seq_len`` (required with an
+    ``EngineLoop``, which holds no model here); ``max_n`` caps ``n``. The engine loop starts
+    and stops with the app's lifespan (uvicorn start-up / shutdown).
     """
     from llminfra.engine import SamplingParams
     if max_model_len is None:
+        if isinstance(engine, EngineLoop):
+            raise ValueError("max_model_len is required when the engine is an EngineLoop")
         max_model_len = engine.model.config.max_seq_len
     svc = _Service(engine, tokenizer, model_name, max_model_len, max_n, SamplingParams)
 
     @asynccontextmanager
     async def lifespan(app):
-        svc.loop.start()
+        await asyncio.to_thread(svc.loop.start)     # an engine process takes seconds to build
         try:
             yield
         finally:
