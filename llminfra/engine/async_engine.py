@@ -66,7 +66,10 @@ class EngineLoop:
     observes its latency histograms there).
     """
 
-    def __init__(self, *, on_finished: Callable | None = None):
+    def __init__(self, *, idle_wait_s: float = 0.05, on_finished: Callable | None = None):
+        if not idle_wait_s > 0:
+            raise ValueError(f"idle_wait_s must be > 0, got {idle_wait_s}")
+        self.idle_wait_s = idle_wait_s
         self.on_finished = on_finished
         self.stats: dict = {}
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -183,11 +186,8 @@ class AsyncEngine(EngineLoop):
 
     def __init__(self, engine, *, idle_wait_s: float = 0.05,
                  on_finished: Callable | None = None):
-        if idle_wait_s <= 0:
-            raise ValueError(f"idle_wait_s must be > 0, got {idle_wait_s}")
-        super().__init__(on_finished=on_finished)
+        super().__init__(idle_wait_s=idle_wait_s, on_finished=on_finished)
         self.engine = engine
-        self.idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

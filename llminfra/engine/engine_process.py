@@ -54,13 +54,10 @@ class EngineProcess(EngineLoop):
 
     def __init__(self, factory: Callable, *, idle_wait_s: float = 0.05,
                  start_timeout_s: float = 120.0, on_finished: Callable | None = None):
-        if idle_wait_s <= 0:
-            raise ValueError(f"idle_wait_s must be > 0, got {idle_wait_s}")
         if not callable(factory):
             raise ValueError(f"factory must be callable, got {type(factory).__name__}")
-        super().__init__(on_finished=on_finished)
-        self.factory, self.idle_wait_s, self.start_timeout_s = factory, idle_wait_s, \
-            start_timeout_s
+        super().__init__(idle_wait_s=idle_wait_s, on_finished=on_finished)
+        self.factory, self.start_timeout_s = factory, start_timeout_s
         self._proc = None
         self._commands = self._results = None
         self._send_lock = threading.Lock()

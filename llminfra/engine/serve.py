@@ -45,12 +45,11 @@ def build_tiny_app(*, model_name: str | None = None, engine_process: bool = True
     """The app serving the tiny model. ``engine_process``: the engine runs in a process of its
     own (:class:`~llminfra.engine.engine_process.EngineProcess`, built there from
     :func:`build_tiny_engine`), else in a thread of this one. ``engine_kwargs`` go to
-    :func:`build_tiny_engine` (its validation runs here first, so a bad setting fails before
-    any process starts)."""
+    :func:`build_tiny_engine` (in process mode a bad setting is reported when the engine
+    process starts: :func:`run_server` starts it before listening)."""
     from functools import partial
 
     from llminfra.engine.engine_process import EngineProcess
-    from llminfra.engine.scheduler import SchedulerConfig
     from llminfra.engine.server import DEFAULT_MODEL_NAME, create_app
     from llminfra.model import ByteTokenizer, ModelConfig
 
@@ -59,8 +58,6 @@ def build_tiny_app(*, model_name: str | None = None, engine_process: bool = True
         engine = build_tiny_engine(**engine_kwargs)
         return create_app(engine, engine.tokenizer, model_name=name)
     max_len = ModelConfig.from_name("tiny").max_seq_len
-    SchedulerConfig(max_seq_len=max_len, **{k: engine_kwargs[k] for k in (
-        "policy", "max_num_seqs", "max_num_batched_tokens") if k in engine_kwargs})
     return create_app(EngineProcess(partial(build_tiny_engine, **engine_kwargs)),
                       ByteTokenizer(), model_name=name, max_model_len=max_len)
 
