@@ -10,7 +10,9 @@ Each :meth:`LLMEngine.step` is one iteration of the serving loop (the structure 
 The scheduler (:mod:`.scheduler`) decides which sequences run and how many tokens each brings (a
 prompt chunk or one decode token); the paged cache reserves their slots once per step; the
 model runs every token of the step in one flat batch; the sampler draws one token for every
-sequence whose known tokens are now all in the cache. Timestamps of every request are kept
+sequence whose known tokens are now all in the cache. Under static and dynamic batching the
+flat batch also holds the *padding rows* of finished batch members (one pad token each, computed
+and thrown away: :mod:`.scheduler`), so a step has the shape a fixed-batch baseline would run. Timestamps of every request are kept
 (:mod:`.metrics`). The engine runs whatever model it is given — the tiny model, a
 ``quantize_model`` copy of it, the ``bench-100m`` preset — on the device and dtype of its
 weights. Taught in chapter 05.
@@ -28,12 +30,14 @@ from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampler import sample_tokens
 from llminfra.engine.sampling_params import SamplingParams
-from llminfra.engine.scheduler import Scheduler, SchedulerConfig
+from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
 
+#: the token a padding row reads (any id will do: its K/V and logits are thrown away)
+PAD_TOKEN_ID = 0
 #: default pool when num_blocks is None: max_num_seqs full contexts, but at most this many bytes
 DEFAULT_KV_BYTES_CAP = 256 * 2**20
 
@@ -100,8 +104,11 @@ class LLMEngine:
         self._seeds = torch.Generator().manual_seed(seed)
         self.counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0,
                          "num_steps": 0, "num_finished": 0}
-        #: set to a list to record ``(batch, seconds)`` of every step, batch = [(new, context)]
+        #: set to a list to record ``(batch, seconds)`` of every step, batch = [(new, context)],
+        #: padding rows last, as ``(1, context)``
         self.step_log: list | None = None
+        #: the scheduler's decision of the last step (the batching timeline reads its padding)
+        self.last_scheduled: SchedulerOutput | None = None
 
     # ---------------------------------------------------------------- requests
     def _encode(self, prompt) -> tuple[str | None, list[int]]:
@@ -181,33 +188,29 @@ class LLMEngine:
         """Run one scheduling step; one output per request that got tokens or finished."""
         touched: dict[str, Request] = {r.request_id: r for r in self._pending}
         self._pending = []
-        sched = self.scheduler.schedule(self.clock())
+        sched = self.last_scheduled = self.scheduler.schedule(self.clock())
         if sched.scheduled:
-            self._run(sched.scheduled, touched)
+            self._run(sched, touched)
         outputs = [self._output(r) for r in touched.values()]
         for r in touched.values():
             if r.finished:
                 self.requests.pop(r.request_id, None)
         return outputs
 
-    def _run(self, scheduled: list[tuple[Sequence, int]], touched: dict) -> None:
-        """One forward pass over the scheduled (sequence, new tokens) pairs, then sampling."""
+    def _run(self, sched: SchedulerOutput, touched: dict) -> None:
+        """One forward pass over the scheduled (sequence, new tokens) pairs and the padding
+        rows, then sampling for the scheduled ones only."""
         start = self.clock()
+        scheduled, padding = sched.scheduled, sched.padding
         for seq, _ in scheduled:
             m = seq.request.metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = start
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
         seqs = [s for s, _ in scheduled]
-        flat = [t for s, n in scheduled
-                for t in s.token_ids()[s.num_computed_tokens:s.num_computed_tokens + n]]
-        meta = self.cache.prepare_step([s.cache_seq for s in seqs], [n for _, n in scheduled],
-                                       [s.is_prefill for s in seqs])
         rows = [i for i, (s, n) in enumerate(scheduled)   # all known tokens in after this step
                 if s.num_computed_tokens + n == s.num_tokens]
-        meta = meta.with_logits_indices([int(meta.query_start_loc[i + 1]) - 1 for i in rows])
-        with torch.no_grad():
-            logits = self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
+        logits = self._forward(scheduled, padding, rows)
         self.counters["num_steps"] += 1
         self._advance(scheduled)
         picked, logit_rows = [seqs[i] for i in rows], list(range(len(rows)))
@@ -219,12 +222,32 @@ class LLMEngine:
                                [s.generator for s in picked])
         now = self.clock()
         if self.step_log is not None:
-            self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled],
-                                  now - start))
+            self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled]
+                                  + [(1, self.cache.tables[s.cache_seq].num_tokens)
+                                     for s in padding], now - start))
         for seq, token in zip(picked, tokens):
             self._append(seq, token)
             self._record(seq.request, now)
             touched[seq.request.request_id] = seq.request
+
+    def _forward(self, scheduled: list[tuple[Sequence, int]], padding: list[Sequence],
+                 rows: list[int]) -> torch.Tensor:
+        """Reserve the step's slots and run the model on its flat batch: the scheduled tokens,
+        then one :data:`PAD_TOKEN_ID` per padding row at its next position. Logits come out for
+        ``rows`` (of ``scheduled``) and then for every padding row: a fixed-shape baseline
+        computes those too, though nothing is sampled from them."""
+        seqs = [s for s, _ in scheduled] + padding
+        flat = [t for s, n in scheduled
+                for t in s.token_ids()[s.num_computed_tokens:s.num_computed_tokens + n]]
+        flat += [PAD_TOKEN_ID] * len(padding)
+        pad = [1] * len(padding)                           # one token, a decode, per row
+        meta = self.cache.prepare_step([s.cache_seq for s in seqs],
+                                       [n for _, n in scheduled] + pad,
+                                       [s.is_prefill for s, _ in scheduled] + [False] * len(pad))
+        last = rows + list(range(len(scheduled), len(seqs)))
+        meta = meta.with_logits_indices([int(meta.query_start_loc[i + 1]) - 1 for i in last])
+        with torch.no_grad():
+            return self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
 
     def _advance(self, scheduled: list[tuple[Sequence, int]]) -> None:
         """Count the step's tokens as computed; offer newly full blocks to the prefix cache."""
@@ -315,11 +338,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------- stats
     def stats(self) -> dict:
-        """Queue lengths, KV blocks used / total, preemptions and token counters."""
+        """Queue lengths, padding rows held (their blocks count as used), KV blocks used /
+        total, preemptions and token counters."""
         alloc = self.cache.allocator
         out = {"num_running": len(self.scheduler.running),
                "num_waiting": len(self.scheduler.waiting),
                "num_swapped": len(self.scheduler.swapped),
+               "num_padding": len(self.scheduler.padding),
                "kv_blocks_used": alloc.num_blocks - alloc.num_free,
                "kv_blocks_total": alloc.num_blocks,
                "num_preemptions": self.scheduler.num_preemptions, **self.counters}

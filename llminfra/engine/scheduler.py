@@ -3,9 +3,19 @@
 Three policies (chapter 05 compares them on one workload):
 
 * ``static`` — a batch is formed from the waiting queue and runs until ALL of it finishes;
-  nothing joins meanwhile, so slots of early finishers sit idle. Admission reserves each
-  request's worst case (prompt + max_tokens), as servers without paging did (Kwon et al. 2023,
-  arXiv:2309.06180, §3).
+  nothing joins meanwhile. The batch keeps its shape: a member that finishes (length, stop
+  string, EOS) is reported at once but stays in the batch as a *padding row* — it keeps its KV
+  blocks and every later step computes one more token for it, which is thrown away — until the
+  batch's last member is done; then all its rows are released together. That is what the
+  baselines of the iteration-level papers do (request-level batching in Yu et al. 2022, Orca,
+  OSDI '22, §2.2 and §3.1; the FasterTransformer baseline of Kwon et al. 2023, vLLM,
+  arXiv:2309.06180, §6), and what HF Transformers' ``generate`` on a batch does: the step's
+  tensors have a fixed batch dimension, so an early finisher is not removed but padded. On a GPU a
+  decode step costs about the same at any batch size, so this matters little there; on a CPU,
+  where a step's time grows with the batch, letting the batch shrink would flatter static
+  batching. Admission reserves the worst case: a row may grow to its prompt plus the largest
+  ``max_tokens`` of the batch (capped by the context), as servers without paging reserved
+  (vLLM, arXiv:2309.06180, §3). An aborted member is not padded: it frees its blocks at once.
 * ``dynamic`` — the same, but a batch starts only once ``max_num_seqs`` requests wait or the
   oldest has waited ``dynamic_window_s`` (the "dynamic batching" of Triton Inference Server).
 * ``continuous`` — iteration-level scheduling (Yu et al. 2022, Orca, OSDI '22, §4.2): at every
@@ -14,13 +24,18 @@ Three policies (chapter 05 compares them on one workload):
 
 Every step has a token budget, ``max_num_batched_tokens``. Running sequences are served first
 (one token per decode), then swapped-out ones come back, then waiting ones are admitted in
-arrival order. With ``enable_chunked_prefill`` a prompt is cut into chunks that fit the budget
+arrival order, then padding rows (one token each, while the budget lasts). With
+``enable_chunked_prefill`` a prompt is cut into chunks that fit the budget
 (at most ``max_prefill_chunk_tokens`` per sequence per step), so a long prompt no longer stalls
 the decodes of everyone else (Agrawal et al. 2024, Sarathi-Serve, arXiv:2403.02310, §4); without
 it a prompt is run whole. Admission is bounded by free KV blocks. When a running sequence needs
 a block and none is free, the latest-arrived running sequence is *preempted*: its blocks are
 freed and it is either recomputed later or swapped to CPU memory
-(:mod:`llminfra.kvcache.offload`; vLLM, arXiv:2309.06180, §4.5).
+(:mod:`llminfra.kvcache.offload`; vLLM, arXiv:2309.06180, §4.5). A padding row is never
+preempted and never causes a preemption: when it would pass the context, or take a block the
+real members may still need, it is simply no longer computed; and should a real member find no
+block (a request bigger than the pool, running alone, preempts its own forks), the padding rows
+give theirs back and leave the batch before anyone is preempted or kept swapped out.
 
 The scheduler only decides and keeps the block accounts; it never runs the model, so the
 simulator (:mod:`llminfra.engine.simulator`) drives the very same code with a step-time model.
@@ -75,17 +90,19 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerOutput:
-    """One step's decision: ``scheduled`` (sequence, new tokens) pairs in priority order, and
-    the sequences preempted / swapped in while deciding."""
+    """One step's decision: ``scheduled`` (sequence, new tokens) pairs in priority order, the
+    sequences preempted / swapped in while deciding, and the ``padding`` rows (finished members
+    of a static batch that the step computes one discarded token for)."""
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     swapped_in: list[Sequence] = field(default_factory=list)
+    padding: list[Sequence] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
-        """Σ new tokens of the step."""
-        return sum(n for _, n in self.scheduled)
+        """Σ new tokens of the step, one per padding row included (they are computed too)."""
+        return sum(n for _, n in self.scheduled) + len(self.padding)
 
     @property
     def has_prefill(self) -> bool:
@@ -94,9 +111,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Queues (``waiting``, ``running``, ``swapped``) and the block accounts of a
-    :class:`~llminfra.kvcache.PagedKVCache`. ``schedule(now)`` decides a step; the caller runs
-    it (``cache.prepare_step`` then the model), then calls :meth:`finish` for finished ones."""
+    """Queues (``waiting``, ``running``, ``swapped``), the ``padding`` rows of a static batch,
+    and the block accounts of a :class:`~llminfra.kvcache.PagedKVCache`. ``schedule(now)``
+    decides a step; the caller runs it (``cache.prepare_step`` then the model, padding rows
+    included), then calls :meth:`finish` for finished ones."""
 
     def __init__(self, config: SchedulerConfig, cache: PagedKVCache):
         if config.enable_prefix_caching and not isinstance(cache.allocator,
@@ -107,6 +125,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
+        self.padding: list[Sequence] = []
         self.num_preemptions = 0
 
     # ------------------------------------------------------------------ queues
@@ -119,10 +138,16 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        """Retire a running sequence: free its blocks and set its finished state."""
+        """Retire a running sequence: set its finished state and free its blocks — or, under
+        static and dynamic batching, keep it (and its blocks) as a padding row until the
+        batch's last real member finishes (module docstring)."""
         self.running.remove(seq)
-        self._release(seq)
         seq.set_status(status)
+        if self.config.policy == "continuous" or status is SequenceStatus.FINISHED_ABORTED:
+            self._release(seq)
+        else:
+            self.padding.append(seq)
+        self._end_batch_if_done()
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence from whichever queue holds it and free what it holds."""
@@ -132,6 +157,20 @@ class Scheduler:
         self._release(seq)
         seq.swapped = None
         seq.set_status(SequenceStatus.FINISHED_ABORTED)
+        self._end_batch_if_done()
+
+    def _end_batch_if_done(self) -> None:
+        """Once no real member runs or is swapped out, the padding rows go too, at once (so no
+        block is held when :meth:`has_unfinished` turns False)."""
+        if not self.running and not self.swapped:
+            self._drop_padding()
+
+    def _drop_padding(self) -> None:
+        """Release every padding row: its batch is over, or a real member needs the blocks they
+        hold (only when the batch outgrew its reservation: a request bigger than the pool)."""
+        for seq in self.padding:
+            self._release(seq)
+        self.padding = []
 
     def _release(self, seq: Sequence) -> None:
         if seq.cache_seq is not None:
@@ -174,6 +213,8 @@ class Scheduler:
             budget = self._swap_in(budget, out)        # swapped-out members come back first
             if self.config.policy == "continuous" and not self.swapped:
                 self._admit(budget, out)
+        if self.padding and out.scheduled:
+            self._schedule_padding(budget, out)
         return out
 
     def _free(self) -> int:
@@ -189,6 +230,8 @@ class Scheduler:
                 i += 1
                 continue
             need = self._new_blocks(seq, n)
+            if need > self._free():
+                self._drop_padding()                        # finished rows give way first
             while need > self._free() and self.running[-1] is not seq:
                 self._preempt(self.running[-1], out)      # latest arrival goes first
             if need > self._free():
@@ -213,6 +256,7 @@ class Scheduler:
             self.waiting.appendleft(seq)
         seq.set_status(SequenceStatus.PREEMPTED)
         out.preempted.append(seq)
+        self._end_batch_if_done()                # a recomputed member leaves its batch
 
     def _swap_in(self, budget: int, out: SchedulerOutput) -> int:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -220,6 +264,9 @@ class Scheduler:
             held = seq.swapped.num_tokens
             n = self._chunk(seq, budget, out)
             if n == 0 or blocks_needed(held + n, self.cache.block_size) > self._free():
+                if n and self.padding:
+                    self._drop_padding()                    # finished rows give way first
+                    continue
                 break
             self.swapped.popleft()
             seq.cache_seq = swap_in(self.cache, seq.swapped)
@@ -256,6 +303,41 @@ class Scheduler:
             budget -= n
             self._promised_blocks += need
 
+    # ---------------------------------------------------------------- padding
+    def _schedule_padding(self, budget: int, out: SchedulerOutput) -> None:
+        """One discarded token for each padding row, while the budget lasts, the context has
+        room and a block is free beyond what the batch's real members may still take (so a
+        padding row never causes a preemption)."""
+        spare = min(self._free(), self.cache.allocator.num_free - self._members_outstanding())
+        for seq in self.padding:
+            if budget < 1:
+                break
+            need = self._new_blocks(seq, 1)
+            held = self.cache.tables[seq.cache_seq].num_tokens
+            if held + 1 > self.config.max_seq_len or need > spare:
+                continue
+            out.padding.append(seq)
+            budget -= 1
+            spare -= need
+            self._promised_blocks += need
+
+    def _members_outstanding(self) -> int:
+        """Blocks the batch's real members may still take: each running one's worst case
+        (prompt + max_tokens, capped by the context) less what its table holds (+1 for a shared
+        last block it would copy), and the whole worst case of each pending fork and of each
+        swapped-out member. Counted from the tables before this step's reservation, so the
+        running members' blocks of this step are in it."""
+        B, L = self.cache.block_size, self.config.max_seq_len
+        total = 0
+        for seq in self.running:
+            worst = blocks_needed(seq.reserve_tokens(L), B)
+            blocks = self.cache.tables[seq.cache_seq].blocks
+            shared = bool(blocks) and self.cache.allocator.ref_count(blocks[-1]) > 1
+            total += max(0, worst - len(blocks)) + int(shared)
+            if seq.index == 0:
+                total += worst * len(seq.request.forks_pending)
+        return total + sum(blocks_needed(s.reserve_tokens(L), B) for s in self.swapped)
+
     # ---------------------------------------------------- static and dynamic
     def batch_ready(self, now: float) -> bool:
         """Dynamic batching: enough requests wait, or the oldest waited the window."""
@@ -272,19 +354,28 @@ class Scheduler:
             return max(now, self.waiting[0].arrival_time + self.config.dynamic_window_s)
         return None
 
+    def _batch_reserve(self, batch: list[Sequence]) -> int:
+        """Blocks a static batch may hold at its largest. Its rows are padded until the longest
+        member is done, so row i may grow to ``p_i + M`` tokens — ``p_i`` what it holds now
+        (its prompt, for a fresh request), ``M`` the most tokens any member has still to
+        generate (the batch's largest ``max_tokens``) — capped by the context, times 1 + its
+        pending forks: ``Σ_i blocks_needed(min(p_i + M, max_seq_len)) · (1 + forks_i)``."""
+        M = max(s.max_tokens - len(s.output_token_ids) for s in batch)
+        return sum(blocks_needed(min(s.num_tokens + M, self.config.max_seq_len),
+                                 self.cache.block_size) * (1 + len(s.request.forks_pending))
+                   for s in batch)
+
     def _form_static_batch(self, now: float) -> None:
-        """Admit a batch whose worst cases (prompt + max_tokens, times n) all fit the free
-        blocks (a request needing more than the whole pool alone still runs, alone)."""
+        """Admit a batch whose rows, padding included, all fit the free blocks at their largest
+        (:meth:`_batch_reserve`); a request needing more than the whole pool alone still runs,
+        alone."""
         if not self.batch_ready(now):
             return
-        reserved = 0
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            worst = blocks_needed(seq.reserve_tokens(self.config.max_seq_len),
-                                  self.cache.block_size) * (1 + len(seq.request.forks_pending))
-            if reserved + worst > self.cache.allocator.num_free and self.running:
+            if self.running and (self._batch_reserve(self.running + [seq])
+                                 > self.cache.allocator.num_free):
                 break
-            reserved += worst
             self.waiting.popleft()
             seq.cache_seq = self.cache.add_sequence()
             seq.num_computed_tokens = 0

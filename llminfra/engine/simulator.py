@@ -5,7 +5,8 @@ The simulator keeps a virtual clock. At each event it hands the waiting and runn
 the SAME :class:`~llminfra.engine.scheduler.Scheduler` the real engine uses (same policies,
 chunked prefill, block accounts, preemption), asks a step-time model how long that step takes,
 advances the clock, and credits one token to every sequence whose prompt is fully read — no
-tensor of the model is touched. The default step-time model is the roofline
+tensor of the model is touched. The padding rows of a static batch (:mod:`.scheduler`) are in
+the step's batch, so they cost time as they do in the engine. The default step-time model is the roofline
 (:func:`llminfra.calc.roofline.step_time_s`)::
 
     t_step = max(FLOPs / peak, bytes / bandwidth) + overhead_s   (+ tensor-parallel all-reduces)
@@ -137,14 +138,23 @@ class Simulator:
                     raise RuntimeError("the simulation is stuck: nothing can be scheduled")
                 now = min(events)
                 continue
-            batch = [(n, s.num_computed_tokens + n) for s, n in out.scheduled]
-            cache.prepare_step([s.cache_seq for s, _ in out.scheduled], [n for n, _ in batch])
+            batch = self._batch(cache, out)
+            cache.prepare_step([s.cache_seq for s, _ in out.scheduled]
+                               + [s.cache_seq for s in out.padding], [n for n, _ in batch])
             dt = float(self.step_time_fn(batch))
             result.steps.append((now, batch, dt))
             now += dt
             self._advance(sched, out.scheduled, now)
         result.num_preemptions = sched.num_preemptions
         return result
+
+    @staticmethod
+    def _batch(cache: PagedKVCache, out) -> list[tuple[int, int]]:
+        """The step's ``(new_tokens, context_tokens)`` pairs, as the engine's ``step_log``
+        has them: the scheduled sequences, then one token for each padding row of a static
+        batch (computed, so it costs time, though its token is thrown away)."""
+        return ([(n, s.num_computed_tokens + n) for s, n in out.scheduled]
+                + [(1, cache.tables[s.cache_seq].num_tokens + 1) for s in out.padding])
 
     def _add(self, sched: Scheduler, r: WorkloadRequest, k: int) -> RequestMetrics:
         metrics = RequestMetrics(arrival_time=r.arrival_time_s)

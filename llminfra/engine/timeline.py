@@ -7,8 +7,11 @@ decisions alone — the same on every machine, free of timing noise — and the 
 the interval [k, k+1); a token sampled in step k is out at k + 1.
 
 Per request (all in steps): queued = first scheduled − arrival; TTFT = first token out −
-arrival; end-to-end = last token out − arrival. Static batching (requests wait for a whole
-batch to finish) against iteration-level scheduling: Yu et al., 2022, *Orca*, OSDI '22; chunked prefill: Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310.
+arrival; end-to-end = last token out − arrival; padding steps = the steps after its last token
+in which static batching still computed its row (a discarded token: :mod:`.scheduler`), the
+slots an early finisher wastes while the rest of its batch runs. Static batching (requests
+wait for a whole batch to finish) against iteration-level scheduling: Yu et al., 2022, *Orca*,
+OSDI '22; chunked prefill: Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310.
 
 Taught in chapter 05 (the batching-timeline widget).
 """
@@ -32,7 +35,8 @@ class StepClock:
 
 @dataclass(frozen=True)
 class TimelineRow:
-    """One request's life in steps; ``token_steps``: the steps whose end produced a token."""
+    """One request's life in steps; ``token_steps``: the steps whose end produced a token;
+    ``padding_steps``: the steps that computed its row as padding after it finished."""
 
     request_id: str
     prompt_len: int
@@ -42,6 +46,7 @@ class TimelineRow:
     first_token_out: float
     finished_out: float
     token_steps: tuple
+    padding_steps: tuple = ()
 
     @property
     def queued(self) -> float:
@@ -94,7 +99,7 @@ def step_timeline(model, tokenizer, workload: list, max_steps: int = 5000,
     clock = StepClock()
     engine = LLMEngine(model, tokenizer, clock=clock, **engine_kwargs)
     pending = sorted(enumerate(workload), key=lambda x: (x[1].arrival_step, x[0]))
-    finished = {}
+    finished, padded = {}, {}
     for step in range(max_steps):
         clock.now = float(step)
         while pending and pending[0][1].arrival_step <= step:
@@ -105,6 +110,8 @@ def step_timeline(model, tokenizer, workload: list, max_steps: int = 5000,
         for out in engine.step():
             if out.finished:
                 finished[out.request_id] = out
+        for seq in engine.last_scheduled.padding:
+            padded.setdefault(seq.request.request_id, []).append(float(step))
         if not pending and not engine.has_unfinished_requests():
             break
     else:
@@ -114,15 +121,18 @@ def step_timeline(model, tokenizer, workload: list, max_steps: int = 5000,
         m = finished[str(i)].metrics
         rows.append(TimelineRow(str(i), w.prompt_len, w.max_tokens, m.arrival_time,
                                 m.first_scheduled_time, m.first_token_time + 1,
-                                m.finished_time + 1, tuple(m.token_times)))
+                                m.finished_time + 1, tuple(m.token_times),
+                                tuple(padded.get(str(i), ()))))
     return rows
 
 
 def timeline_summary(rows: list[TimelineRow]) -> dict:
-    """Makespan and mean queueing / TTFT / end-to-end, in steps."""
+    """Makespan and mean queueing / TTFT / end-to-end, in steps; the padding row-steps
+    (Σ over requests of their padding steps: computed, thrown away)."""
     n = len(rows)
     return {"num_requests": n,
             "makespan_steps": max(r.finished_out for r in rows) - min(r.arrival for r in rows),
             "mean_queued_steps": sum(r.queued for r in rows) / n,
             "mean_ttft_steps": sum(r.ttft for r in rows) / n,
-            "mean_e2e_steps": sum(r.e2e for r in rows) / n}
+            "mean_e2e_steps": sum(r.e2e for r in rows) / n,
+            "padding_row_steps": sum(len(r.padding_steps) for r in rows)}

@@ -16,18 +16,32 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-#: bar colours: queued, prefill (incl. chunks), decode
-PHASE_COLOURS = {"queued": "#c8c8c8", "prefill": "#dd8452", "decode": "#4c72b0"}
+#: bar colours: queued, prefill (incl. chunks), decode, padding (a finished row still computed)
+PHASE_COLOURS = {"queued": "#c8c8c8", "prefill": "#dd8452", "decode": "#4c72b0",
+                 "padding": "#595959"}
+
+
+def _runs(steps) -> list[tuple[float, float]]:
+    """Consecutive steps merged into ``(start, end)`` intervals: [3, 4, 5, 8] -> (3, 6), (8, 9)."""
+    runs: list[list[float]] = []
+    for k in sorted(steps):
+        if runs and k == runs[-1][1]:
+            runs[-1][1] = k + 1
+        else:
+            runs.append([k, k + 1])
+    return [(a, b) for a, b in runs]
 
 
 def plot_gantt(rows: list, ax: Axes, title: str | None = None, x_max: float | None = None) -> Axes:
     """One row per request (request 0 on top): grey from arrival to first scheduled step,
     orange from there to its first token (the prefill, chunked or not), blue while decoding,
-    a tick at every step that produced a token. ``rows``: :class:`TimelineRow`s (steps)."""
+    a tick at every step that produced a token, dark grey for the steps that still computed its
+    row as padding after it finished (static batching). ``rows``: :class:`TimelineRow`s."""
     for y, r in enumerate(rows):
-        spans = (("queued", r.arrival, r.first_scheduled),
+        spans = [("queued", r.arrival, r.first_scheduled),
                  ("prefill", r.first_scheduled, r.first_token_out),
-                 ("decode", r.first_token_out, r.finished_out))
+                 ("decode", r.first_token_out, r.finished_out)]
+        spans += [("padding", a, b) for a, b in _runs(r.padding_steps)]
         for phase, a, b in spans:
             if b > a:
                 ax.barh(y, b - a, left=a, height=0.7, color=PHASE_COLOURS[phase], lw=0)

@@ -1,6 +1,7 @@
 """The batching-timeline widget: choose static, dynamic or continuous batching (and chunked
 prefill, and the batch size) and see the same small workload as a Gantt chart of requests over
-engine steps, with its mean TTFT and makespan.
+engine steps, with its mean TTFT and makespan; under static and dynamic batching the steps in
+which a finished request's row is still computed, as padding, are drawn in dark grey.
 
 Thin wiring over pure functions: :func:`llminfra.engine.timeline.step_timeline` runs the real
 engine on the tiny model with a step-counting clock (so the picture is the same on every
@@ -24,12 +25,13 @@ POLICIES = ("static", "dynamic", "continuous")
 
 
 def timeline_text(policy: str, summary: dict) -> str:
-    """One line: the policy and its mean queueing, TTFT, end-to-end and makespan in steps."""
+    """One line: the policy, its mean queueing, TTFT, end-to-end and makespan in steps, and the
+    row-steps its batches computed as padding (static and dynamic batching's waste)."""
     return (f"{policy}: {summary['num_requests']} requests, makespan "
             f"{summary['makespan_steps']:.0f} steps; mean queued "
             f"{summary['mean_queued_steps']:.4g}, "
             f"TTFT {summary['mean_ttft_steps']:.4g}, end-to-end {summary['mean_e2e_steps']:.4g} "
-            f"steps")
+            f"steps; {summary['padding_row_steps']} padding row-steps")
 
 
 class BatchingTimeline:
