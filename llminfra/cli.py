@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--json", action="store_true", help="print JSON")
 
     b = sub.add_parser("bench", help="run a benchmark suite")
-    b.add_argument("suite", help="attention | kvcache | quant | parallel | gpu")
+    from llminfra.bench import SUITES
+    b.add_argument("suite", help=" | ".join(SUITES))
     b.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")
     b.add_argument("--quick", action="store_true", help="smaller sizes, same keys")
     _add_cost_parser(sub)

@@ -70,3 +70,32 @@ def test_http_vs_engine_runs_the_server_both_ways(one_thread):
         assert 0 < r[key] < 10, (key, r)
     assert r["http_vs_engine"] == r["http_output_tokens_per_s"] / r["engine_output_tokens_per_s"]
     assert r["engine_output_tokens_per_s"] == max(r["engine_output_tokens_per_s_runs"])
+
+
+def test_compare_policies_keeps_each_policys_best_run(one_thread):
+    model = Transformer(CFG).eval()
+    work = [WorkloadRequest(0.0, 5, 3), WorkloadRequest(0.0, 9, 6), WorkloadRequest(0.0, 4, 2)]
+    prompts = [[1] * 5, [2] * 9, [3] * 4]
+    res = serving.compare_policies(model, ByteTokenizer(), work, prompts, repeats=2)
+    for p in serving.POLICIES:
+        assert len(res["runs"][p]) == 2
+        assert res["summary"][p]["throughput_tokens_per_s"] == max(res["runs"][p])
+    assert res["step_log"], "the continuous run's step log is kept"
+    try:
+        serving.compare_policies(model, ByteTokenizer(), work, prompts, repeats=0)
+    except ValueError as e:
+        assert "repeats" in str(e)
+    else:
+        raise AssertionError("repeats=0 accepted")
+
+
+def test_run_measures_on_one_thread_and_restores_the_setting(monkeypatch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    monkeypatch.setattr(serving, "_run", lambda quick: seen.append(torch.get_num_threads()) or {})
+    try:
+        serving.run(quick=True)
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
