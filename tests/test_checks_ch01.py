@@ -3,8 +3,8 @@ message that names the mistake."""
 
 import pytest
 
-from llminfra.calc.memory import (activation_bytes_training, decode_arithmetic_intensity,
-                                  decode_step_bytes, training_memory)
+from llminfra.calc.memory import activation_bytes_training, training_memory
+from llminfra.calc.step import decode_arithmetic_intensity, decode_step_bytes
 from llminfra.calc.params import param_count
 from llminfra.specs.formats import dtype_bytes
 from llminfra.course.checking import CheckFailed, NotAttempted, fresh_rng

@@ -3,6 +3,7 @@
 import pytest
 
 from llminfra.calc import memory as mem
+from llminfra.calc import step
 from llminfra.calc.params import active_param_count, param_breakdown, param_count
 from llminfra.specs import get_model, model_names
 
@@ -169,8 +170,8 @@ def test_dtype_spelling_does_not_change_the_estimate():
     assert upper["kv_bytes_per_token"] == 1_048_576
     assert {k: v for k, v in upper.items() if k != "dtype"} == \
         {k: v for k, v in lower.items() if k != "dtype"}
-    assert mem.decode_step_bytes("gpt2", 1, 8, "FP16") == \
-        mem.decode_step_bytes("gpt2", 1, 8, "fp16")
+    assert step.decode_step_bytes("gpt2", 1, 8, "FP16") == \
+        step.decode_step_bytes("gpt2", 1, 8, "fp16")
 
 
 def test_weight_bytes_ignores_spelling():

@@ -1,11 +1,11 @@
-"""Tests for the decode-step traffic model added to llminfra.calc.memory (chapter 01)."""
+"""Tests for the decode-step traffic model of llminfra.calc.step (chapter 01)."""
 
 import math
 
 import pytest
 
-from llminfra.calc.memory import (decode_arithmetic_intensity, decode_step_bytes,
-                                  decode_step_flops, kv_bytes_per_token, weight_bytes)
+from llminfra.calc.memory import kv_bytes_per_token, weight_bytes
+from llminfra.calc.step import decode_arithmetic_intensity, decode_step_bytes, decode_step_flops
 
 
 def test_llama2_7b_by_hand():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from llminfra.calc.memory import decode_step_bytes, decode_step_flops, step_bytes, step_flops
+from llminfra.calc.step import decode_step_bytes, decode_step_flops, step_bytes, step_flops
 from llminfra.calc.roofline import (Roofline, arithmetic_intensity, catalog_table,
                                     decode_time_per_token_s, decode_tokens_per_s,
                                     default_interconnect, device_roofline, layer_point,

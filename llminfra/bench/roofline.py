@@ -29,7 +29,8 @@ import time
 import torch
 
 from llminfra.bench.timing import best_time_s, environment, synchronize
-from llminfra.calc.memory import kv_bytes_per_token, step_flops
+from llminfra.calc.memory import kv_bytes_per_token
+from llminfra.calc.step import step_flops
 from llminfra.calc.roofline import Roofline, step_breakdown
 
 PRESETS = ("tiny", "bench-100m")

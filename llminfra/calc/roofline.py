@@ -6,7 +6,7 @@ peak or its memory traffic at the device's bandwidth (Williams, Waterman & Patte
 
     t_step = max(FLOPs / peak_flops_per_s, bytes / bytes_per_s) + overhead_s (+ t_allreduce)
 
-FLOPs and bytes come from :func:`llminfra.calc.memory.step_flops` / ``step_bytes`` (weights read
+FLOPs and bytes come from :func:`llminfra.calc.step.step_flops` / ``step_bytes`` (weights read
 once per step, each sequence's KV cache read, the new tokens' KV written; 2·params FLOPs per new
 token plus causal attention). Arithmetic intensity ``I = FLOPs / bytes``; attainable FLOP/s
 ``min(peak, I · bandwidth)``; the ridge point ``peak / bandwidth`` separates memory-bound
@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 
 from llminfra.calc.communication import (Interconnect, get_interconnect,
                                          ring_allreduce_time_s)
-from llminfra.calc.memory import _compute_dtype, step_bytes, step_flops, weight_bytes
+from llminfra.calc.memory import _compute_dtype, weight_bytes
+from llminfra.calc.step import step_bytes, step_flops
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import GPUSpec, get_gpu
 from llminfra.specs.models import ModelSpec, get_model

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from llminfra.calc import memory as mem
+from llminfra.calc.step import decode_arithmetic_intensity
 from llminfra.calc.params import param_count
 from llminfra.ledger.claim import Finding, ratio_verdict, rel_error
 from llminfra.specs import get_gpu, get_model
@@ -74,7 +75,7 @@ def short_prompt_weights_dominate(model: str, tokens: int = 1024) -> Finding:
 
 def decode_memory_bound(model: str = "llama-2-7b", gpus=("a100-80gb", "h100", "h200")) -> Finding:
     """Decode at batch 1 does ~1 FLOP per byte; ridge points (peak bf16 / bandwidth) are > 100."""
-    ai = mem.decode_arithmetic_intensity(model, 1, 2048)
+    ai = decode_arithmetic_intensity(model, 1, 2048)
     ridges = {g: get_gpu(g).tflops("bf16") * 1e12 / get_gpu(g).hbm_bytes_per_s for g in gpus}
     text = ", ".join(f"{g} {r:.0f}" for g, r in ridges.items())
     return Finding(f"{model} decode, batch 1: {ai:.3g} FLOP/B; ridge points (dense bf16): {text}",
@@ -83,7 +84,7 @@ def decode_memory_bound(model: str = "llama-2-7b", gpus=("a100-80gb", "h100", "h
 
 def batching_raises_intensity(model: str = "llama-2-7b") -> Finding:
     """Reading the weights once for B sequences: intensity grows with the batch."""
-    a1, a64 = (mem.decode_arithmetic_intensity(model, b, 512) for b in (1, 64))
+    a1, a64 = (decode_arithmetic_intensity(model, b, 512) for b in (1, 64))
     return Finding(f"{model} decode at 512 tokens: {a1:.3g} FLOP/B at batch 1, {a64:.3g} at "
                    f"batch 64", a64 > 10 * a1)
 

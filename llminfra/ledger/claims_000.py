@@ -156,7 +156,7 @@ CLAIMS: list[Claim] = [
           "compute is left idle.", "decode arithmetic intensity vs GPU ridge points", "holds",
           "One decode step does about 1 FLOP per byte read at batch 1, while A100 / H100 / H200 "
           "need 150–300 FLOP/B to be compute-bound.", ("01", "08"),
-          "llminfra.calc.memory.decode_arithmetic_intensity; GPU catalog", c.decode_memory_bound),
+          "llminfra.calc.step.decode_arithmetic_intensity; GPU catalog", c.decode_memory_bound),
     Claim("000-04", S1, "On modern GPUs compute outpaces memory, so most transformer operations "
           "wait on memory access.", "ridge points of the catalog GPUs", "holds",
           "Ridge points above 100 FLOP/B mean anything doing fewer FLOPs per byte (elementwise "
@@ -239,7 +239,7 @@ CLAIMS: list[Claim] = [
     Claim("000-21", S4, "Batching lets one read of the weights serve many requests, raising throughput.",
           "decode arithmetic intensity at batch 1 and 64", "holds",
           "FLOPs per byte rise almost linearly with the batch while the weights are read once per "
-          "step.", ("05", "08"), "llminfra.calc.memory.decode_arithmetic_intensity",
+          "step.", ("05", "08"), "llminfra.calc.step.decode_arithmetic_intensity",
           c.batching_raises_intensity),
     Claim("000-22", S4, "Older systems reserved contiguous memory for the maximum length (e.g. "
           "2,048 tokens); only 20.4–38.2 % of KV memory held token states.",

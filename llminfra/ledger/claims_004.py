@@ -152,7 +152,7 @@ CLAIMS: list[Claim] = [
     Claim("004-05", S1, "Token generation is memory-bound: limited by how fast weights are read.",
           "decode arithmetic intensity", "holds",
           "About 1 FLOP per byte at batch 1 against ridge points of 150–300 FLOP/B.", ("01", "08"),
-          "llminfra.calc.memory.decode_arithmetic_intensity", c.decode_memory_bound),
+          "llminfra.calc.step.decode_arithmetic_intensity", c.decode_memory_bound),
     Claim("004-06", S1, "H100 provides 3.35 TB/s of HBM3 bandwidth.", "H100 variant", "holds",
           "True of the SXM5 card; the PCIe card has 2.0 TB/s of HBM2e.", ("08",), CATALOG,
           lambda: c.gpu_field("h100", "hbm_bytes_per_s", 3.35e12, "holds", " B/s")),

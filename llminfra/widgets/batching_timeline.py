@@ -6,14 +6,17 @@ which a finished request's row is still computed, as padding, are drawn in dark 
 Thin wiring over pure functions: :func:`llminfra.engine.timeline.step_timeline` runs the real
 engine on the tiny model with a step-counting clock (so the picture is the same on every
 machine), :func:`timeline_text` says the numbers, :func:`llminfra.plots.serving.gantt_png`
-draws them. Controls set a ``Label`` and an ``Image`` through ``observe`` callbacks (no
-``interact``, no printing), so it behaves the same in JupyterLab, in a test and under nbval.
+draws them. Controls set an ``HTML`` line (it wraps where a ``Label`` would be cut at the
+panel's edge) and an ``Image`` through ``observe`` callbacks (no ``interact``, no printing),
+so it behaves the same in JupyterLab, in a test and under nbval.
 
 Static vs iteration-level scheduling: Yu et al., 2022, *Orca*, OSDI '22.
 Taught in chapter 05.
 """
 
 from __future__ import annotations
+
+import html
 
 import ipywidgets as widgets
 
@@ -55,7 +58,7 @@ class BatchingTimeline:
         self.chunked = widgets.Checkbox(value=True, description="chunked prefill")
         self.max_seqs = widgets.IntSlider(value=max_num_seqs, min=1, max=8,
                                           description="max batch", continuous_update=False)
-        self.label = widgets.Label()
+        self.label = widgets.HTML()
         self.image = widgets.Image(format="png")
         self.widget = Panel([self.policy, widgets.HBox([self.max_seqs, self.chunked]),
                              self.image, self.label], title="Batching timeline",
@@ -86,7 +89,7 @@ class BatchingTimeline:
         x_max = max(r.finished_out for p in POLICIES for r in self.rows_for(p, *args))
         self.summary = timeline_summary(self.rows)
         self.text = timeline_text(self.policy.value, self.summary)
-        self.label.value = self.text
+        self.label.value = html.escape(self.text)
         self.image.value = gantt_png(self.rows, title=f"{self.policy.value} batching, "
                                      f"max batch {args[1]}", x_max=x_max)
         natural_size(self.image)

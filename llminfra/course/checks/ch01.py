@@ -12,8 +12,8 @@ import numbers
 import random
 from dataclasses import dataclass
 
-from llminfra.calc.memory import (activation_bytes_training,
-                                  decode_arithmetic_intensity, training_memory)
+from llminfra.calc.memory import activation_bytes_training, training_memory
+from llminfra.calc.step import decode_arithmetic_intensity
 from llminfra.calc.params import param_count
 from llminfra.course.checking import Case, checker, first_matching, run_checks, seeded
 from llminfra.specs.formats import dtype_bytes
@@ -203,7 +203,7 @@ def _intensity_hint(args, kwargs, expected, got) -> str:
 @checker
 def check_decode_intensity(fn, seed: int | None = None) -> int:
     """``fn(spec, batch, context, dtype) -> FLOP/byte`` of one decode step, against
-    :func:`llminfra.calc.memory.decode_arithmetic_intensity`; fp32 (case 1), bf16 and fp16 each
+    :func:`llminfra.calc.step.decode_arithmetic_intensity`; fp32 (case 1), bf16 and fp16 each
     in every run, with GQA and MHA specs."""
     seed, rng = seeded(seed)
     cases = []
