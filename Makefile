@@ -47,12 +47,14 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 course: $(BIN)/.course-installed
 	$(BIN)/jupyter lab $(LAB_ARGS) $(COURSE_LAB_ARGS)
 
+# the longest file first (the browser tests: ~9.5 of ~25 worker-minutes on a slow 2-core CPU),
+# then the notebooks, so that the two workers finish together (pytest drops the repeated path)
 test: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.exercises --check
 	$(BIN)/python -m llminfra.course.colab --check
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
 		--nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 300 \
-		tests notebooks solutions
+		tests/test_browser.py notebooks tests solutions
 
 test-fast: $(BIN)/.test-installed
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests

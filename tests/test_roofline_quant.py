@@ -6,6 +6,7 @@ import torch
 
 from llminfra.quant import QuantLinear, quantize
 from llminfra.quant import cpu_kernels
+from llminfra.quant.quant_linear import use_kernels
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.kernels_available(),
                                 reason="this PyTorch has no CPU int8/int4 weight-only kernels")
@@ -30,7 +31,7 @@ def test_fast_path_equals_reference(scheme, path, dtype):
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
     print("seed", seed)
     lin, g = _layer(336, 640, seed)
-    q = QuantLinear.from_linear(lin, scheme)
+    q = QuantLinear.from_linear(lin, scheme, fast=True)
     assert q.fast_path == path
     x = torch.randn(3, 5, 640, generator=g).to(dtype)
     y, ref = q(x), q.forward_reference(x)
@@ -52,6 +53,32 @@ def test_layouts_without_a_kernel_use_the_reference():
         assert torch.equal(q(x), q.forward_reference(x))
 
 
+def test_default_takes_the_kernels_only_where_vectorized(monkeypatch):
+    """fast=None follows PyTorch's code: bf16 activations on AVX2 / AVX-512 take the kernel,
+    fp32 activations (a plain loop there) and other CPUs dequantize; use_kernels sets and
+    restores every layer's choice."""
+    lin, g = _layer(64, 256, seed=5)
+    x = torch.randn(3, 256, generator=g)
+    for capability, path in (("AVX512", "int4"), ("AVX2", "int4"), ("DEFAULT", None)):
+        cpu_kernels.vectorized.cache_clear()
+        monkeypatch.setattr(cpu_kernels, "cpu_capability", lambda c=capability: c)
+        q = QuantLinear.from_linear(lin, "int4-g128")
+        assert q.fast_path == path, capability
+        assert torch.equal(q(x), q.forward_reference(x))             # fp32: never the kernel
+        if path is None:
+            assert torch.equal(q(x.bfloat16()), q.forward_reference(x.bfloat16()))
+    cpu_kernels.vectorized.cache_clear()
+    monkeypatch.undo()
+    model = torch.nn.Sequential(QuantLinear.from_linear(lin, "int4-g128", fast=True),
+                                QuantLinear.from_linear(lin, "int8-channel"))
+    with use_kernels(model, False):
+        assert [m.fast_path for m in model] == [None, None]
+        assert torch.equal(model[0](x), model[0].forward_reference(x))
+    assert [m.fast for m in model] == [True, None]
+    with pytest.raises(ValueError, match="fast must be"):
+        QuantLinear.from_linear(lin, "int4-g128", fast="yes")
+
+
 def test_fast_off_and_w8a8_take_their_own_paths():
     lin, g = _layer(64, 128, seed=2)
     q = QuantLinear.from_linear(lin, "int8-channel", fast=False)
@@ -65,7 +92,8 @@ def test_new_codes_rebuild_the_kernel_tensors():
     """load_state_dict of another weight: the fast path follows the new codes."""
     a, g = _layer(64, 256, seed=3)
     b, _ = _layer(64, 256, seed=4)
-    qa, qb = QuantLinear.from_linear(a, "int4-g128"), QuantLinear.from_linear(b, "int4-g128")
+    qa, qb = (QuantLinear.from_linear(a, "int4-g128", fast=True),
+              QuantLinear.from_linear(b, "int4-g128", fast=True))
     x = torch.randn(4, 256, generator=g)
     qa(x)  # builds the cache for a's codes
     qa.load_state_dict(qb.state_dict())

@@ -4,8 +4,8 @@ Per scheme (keyed by its name, e.g. ``int4-g128``): ``bytes_per_param`` actually
 blocks' linear weights (scales and zero points included), ``layer_rel_error`` (mean relative
 output error of the quantized linear layers on real held-out activations), held-out
 ``perplexity`` and ``perplexity_delta`` from fp32, ``greedy_agreement`` with fp32, and the CPU
-time of one quantized linear (dequantize + matmul, or int8 matmul) against fp32, measured side by
-side. ``outlier_layer``: RTN / AWQ / GPTQ on a real layer with injected outlier channels.
+time of one quantized linear (PyTorch's int8 / int4 kernel with bf16 activations, dequantize +
+matmul, or int8 matmul) against fp32, measured side by side. ``outlier_layer``: RTN / AWQ / GPTQ on a real layer with injected outlier channels.
 ``kv_cache``: perplexity and bytes with the KV cache in int8 / fp8. ``gguf``: file sizes and
 round-trip error of the GGUF export. ``memory_rules``: the source texts' memory rules recomputed.
 """
@@ -51,7 +51,11 @@ def _quantized(model, scheme: str, calib):
 
 
 def _timing(scheme: str, quick: bool) -> dict:
-    """CPU time of ``x (M, 2048) @ W (2048, 2048)``: QuantLinear vs nn.Linear, same run."""
+    """CPU time of ``x (M, 2048) @ W (2048, 2048)``: QuantLinear vs nn.Linear in fp32, same run.
+
+    A layout with one of PyTorch's int8 / int4 kernels takes it with bf16 activations, the dtype
+    its vectorized code is written for (``environment.cpu_capability`` names the CPU's); the
+    others dequantize and multiply in fp32. ``path`` and ``activations`` say which."""
     from llminfra.quant import QuantLinear
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(2048, 2048, bias=False)
@@ -60,13 +64,16 @@ def _timing(scheme: str, quick: bool) -> dict:
     if scheme == "int8-dynamic":
         ql = QuantLinear.from_linear(lin, "int8-channel", act_quant="int8")
     else:
-        ql = QuantLinear.from_linear(lin, scheme)
-    out = {}
+        ql = QuantLinear.from_linear(lin, scheme, fast=True)
+    path = "w8a8" if ql.act_quant else ql.fast_path or "dequantize+matmul"
+    dtype = torch.bfloat16 if ql.fast_path else torch.float32
+    out = {"path": path, "activations": str(dtype).removeprefix("torch.")}
     for m in (1, 64):
         x = torch.randn(m, 2048, generator=g)
+        xq = x.to(dtype)
         with torch.no_grad():
             t_fp = best_time_s(lambda: lin(x), repeats=3 if quick else 7)
-            t_q = best_time_s(lambda: ql(x), repeats=3 if quick else 7)
+            t_q = best_time_s(lambda: ql(xq), repeats=3 if quick else 7)
         out[f"tokens_{m}"] = {"fp32_s": t_fp, "quant_s": t_q, "ratio": t_q / t_fp}
     return out
 

@@ -13,8 +13,10 @@
   either;
 * ``quantized_decode_tokens_per_s``: batch-1 decode of ``bench-100m`` with fp32, bf16, int8
   (per channel) and int4 (groups of 128) weights — the quantized ones through
-  :class:`llminfra.quant.QuantLinear`'s CPU kernels — stepped in turn so that load elsewhere
-  hits all formats alike, with the bytes each reads per step.
+  :class:`llminfra.quant.QuantLinear`'s CPU kernels (bf16 activations; vectorized on x86 with
+  AVX2 or AVX-512, ``environment.cpu_capability`` says which) —
+  stepped in turn so that load elsewhere hits all formats alike, with the bytes each reads per
+  step.
 
 Everything runs on ONE thread (``torch.set_num_threads(1)``, restored afterwards), so ratios
 measured side by side are stable on a shared machine. ``run_gpu()`` (called by ``bench gpu``)
@@ -134,7 +136,7 @@ def build_model(preset: str, weights: str = "fp32", shrunk: bool = False):
     from dataclasses import replace
 
     from llminfra.model import ModelConfig, Transformer
-    from llminfra.quant import quantize_model
+    from llminfra.quant import QuantLinear, quantize_model
     if weights not in WEIGHT_FORMATS:
         raise KeyError(f"unknown weight format {weights!r}; allowed: {', '.join(WEIGHT_FORMATS)}")
     config = ModelConfig.from_name(preset)
@@ -145,6 +147,9 @@ def build_model(preset: str, weights: str = "fp32", shrunk: bool = False):
         model = model.to(torch.bfloat16)
     if WEIGHT_FORMATS[weights]:
         model = quantize_model(model, WEIGHT_FORMATS[weights])
+        for m in model.modules():       # PyTorch's int8 / int4 kernels on any CPU
+            if isinstance(m, QuantLinear):
+                m.fast = True
     return model
 
 

@@ -40,6 +40,7 @@ def environment() -> dict:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda_available": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():

@@ -53,9 +53,10 @@ def step_flops(model: str | ModelSpec, batch) -> int:
     """
     spec = get_model(model)
     per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
+    per_token = 2 * active_param_count(spec)
     total = 0
     for n, c in _step_pairs(spec, batch):
-        total += 2 * active_param_count(spec) * n + per_pair * (n * c - n * (n - 1) // 2)
+        total += per_token * n + per_pair * (n * c - n * (n - 1) // 2)
     return total
 
 

@@ -31,15 +31,29 @@ from nbclient import NotebookClient
 MAP_NOTEBOOK = "00_start_here.ipynb"
 
 
+def cpu_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``"AMD EPYC"``), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_description() -> str:
-    """One line naming where a run time was measured, e.g. ``"x86_64, 2 CPU cores, CPU only"``."""
+    """One line naming where a run time was measured, e.g.
+    ``"AMD EPYC, x86_64, 2 CPU cores, CPU only"``; the CPU is named because two 2-core
+    machines of the course differed ~3× in fp32 matmul speed and copy bandwidth (chapter 08's
+    measurement: 90 vs 33 GFLOP/s, 30 vs 12 GB/s)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         import torch
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
     except ImportError:
         gpu = "CPU only"
-    return f"{platform.machine()}, {cores} CPU cores, {gpu}"
+    return f"{cpu_name()}, {platform.machine()}, {cores} CPU cores, {gpu}"
 
 
 def execute(path: Path, timeout_s: int = 300, kernel: str = "python3") -> float:

@@ -139,8 +139,8 @@ class Simulator:
                 now = min(events)
                 continue
             batch = self._batch(cache, out)
-            cache.prepare_step([s.cache_seq for s, _ in out.scheduled]
-                               + [s.cache_seq for s in out.padding], [n for n, _ in batch])
+            cache.reserve_slots([s.cache_seq for s, _ in out.scheduled]
+                                + [s.cache_seq for s in out.padding], [n for n, _ in batch])
             dt = float(self.step_time_fn(batch))
             result.steps.append((now, batch, dt))
             now += dt

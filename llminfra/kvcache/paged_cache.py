@@ -140,6 +140,18 @@ class PagedKVCache:
         metadata handed out before becomes stale (``update`` refuses it). Called once per step,
         before layer 0; :meth:`rollback_step` undoes it if the forward pass fails.
         """
+        slots = self.reserve_slots(seq_ids, query_lens)
+        tables = [self.tables[s] for s in seq_ids]
+        return StepMetadata.build(
+            seq_ids, query_lens, [t.num_tokens for t in tables], device=self.k.device,
+            is_prefill=is_prefill, kv_layout="paged", slot_mapping=slots,
+            block_tables=[t.blocks for t in tables], block_size=self.block_size,
+            step_id=self._step)
+
+    def reserve_slots(self, seq_ids: list[int], query_lens: list[int]) -> list[int]:
+        """The block bookkeeping of :meth:`prepare_step` without the step's metadata: reserve
+        the slots (all sequences or none) and return them in order. The serving simulator calls
+        it, as its steps run no forward pass."""
         if len(seq_ids) != len(query_lens):
             raise ValueError(f"{len(seq_ids)} seq_ids but {len(query_lens)} query_lens")
         self._step += 1                               # older metadata is stale from here on
@@ -159,12 +171,7 @@ class PagedKVCache:
                 self.v[:, dst] = self.v[:, src]
             slots.extend(new)
         self._undo = done
-        tables = [self.tables[s] for s in seq_ids]
-        return StepMetadata.build(
-            seq_ids, query_lens, [t.num_tokens for t in tables], device=self.k.device,
-            is_prefill=is_prefill, kv_layout="paged", slot_mapping=slots,
-            block_tables=[t.blocks for t in tables], block_size=self.block_size,
-            step_id=self._step)
+        return slots
 
     def rollback_step(self, meta: StepMetadata) -> None:
         """Undo the reservation of the step ``meta`` belongs to (if it is the latest): its new

@@ -7,6 +7,11 @@ agreement of greedy outputs — "evaluate on your own data" means passing your o
 * greedy agreement: the share of positions where greedy decoding of the two models picks the
   same token, over a few prompts.
 
+:func:`evaluate_scheme` measures the quantized model on its reference path
+(dequantize-then-matmul, :func:`~llminfra.quant.quant_linear.use_kernels`), so the numbers are
+those of the quantization whichever CPU kernels this machine has (the kernels are tested equal to
+the reference within float rounding).
+
 Chapter 03.
 """
 
@@ -80,13 +85,15 @@ def evaluate_scheme(model: nn.Module, qmodel: nn.Module, eval_tokens: torch.Tens
     "perplexity_delta", "greedy_agreement"}``.
     """
     from llminfra.model import perplexity
-    errs = layer_errors(model, qmodel, layer_tokens)
+    from llminfra.quant.quant_linear import use_kernels
     ppl_fp = fp_perplexity if fp_perplexity is not None else perplexity(model, eval_tokens)
-    ppl = perplexity(qmodel, eval_tokens)
+    with use_kernels(qmodel, False):
+        errs = layer_errors(model, qmodel, layer_tokens)
+        ppl = perplexity(qmodel, eval_tokens)
+        agreement = greedy_agreement(model, qmodel, prompts, max_new_tokens)
     return {"layer_rel_error": sum(errs.values()) / len(errs),
             "layer_rel_error_max": max(errs.values()), "perplexity": ppl,
-            "perplexity_delta": ppl - ppl_fp,
-            "greedy_agreement": greedy_agreement(model, qmodel, prompts, max_new_tokens)}
+            "perplexity_delta": ppl - ppl_fp, "greedy_agreement": agreement}
 
 
 def inject_outlier_channels(X: torch.Tensor, channels: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,16 @@ accumulation, and ``y = (x_q W_qᵀ) · s_x s_wᵀ``.
 Fast paths (weight-only, on CPU, activations in bf16 / fp16 / fp32): an int8 per-channel
 symmetric weight or a group-wise int4 weight is multiplied straight from its codes by PyTorch's
 own kernels (:mod:`llminfra.quant.cpu_kernels`), so decode reads 1 or ½ byte per weight instead
-of writing and reading a dequantized copy. :meth:`QuantLinear.forward_reference` is the
-dequantize-then-matmul path they are checked against. Chapters 03 and 08.
+of writing and reading a dequantized copy — taken by default only where PyTorch vectorizes them
+(bf16 activations on an x86 CPU with AVX2 / AVX-512; elsewhere its plain loop is slower than
+dequantizing).
+:meth:`QuantLinear.forward_reference` is the dequantize-then-matmul path they are checked
+against, and the one :func:`use_kernels` ``(model, False)`` selects. Chapters 03 and 08.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -53,13 +57,14 @@ class QuantLinear(nn.Module):
 
     Build it with :meth:`from_linear` (``QuantLinear.from_linear(linear, "int4-g128")``) or from a
     ready :class:`QuantizedTensor` (GPTQ / AWQ). ``act_quant`` is ``None`` (weight-only) or
-    ``"int8"`` (dynamic activations; needs an ``int8-channel`` weight). ``fast`` (default
-    ``True``) lets CPU inputs take the int8 / int4 kernels where the weight's layout allows
-    (:attr:`fast_path` names the one used, ``None`` if none).
+    ``"int8"`` (dynamic activations; needs an ``int8-channel`` weight). ``fast`` says when CPU
+    inputs take the int8 / int4 kernels where the weight's layout allows: ``None`` (default)
+    where they run vectorized for the input's dtype (:func:`cpu_kernels.vectorized`), ``True`` always,
+    ``False`` never (:attr:`fast_path` names the one used, ``None`` if none).
     """
 
     def __init__(self, qweight: QuantizedTensor, bias: torch.Tensor | None = None,
-                 act_quant: str | None = None, fast: bool = True):
+                 act_quant: str | None = None, fast: bool | None = None):
         super().__init__()
         if len(qweight.shape) != 2:
             raise ValueError(f"QuantLinear needs a 2-D weight, got shape {qweight.shape}")
@@ -70,6 +75,8 @@ class QuantLinear(nn.Module):
                                         and qweight.input_scale is None):
             raise ValueError(f"act_quant='int8' needs an int8-channel (symmetric, per output row) "
                              f"weight, got scheme {qweight.scheme!r}")
+        if fast not in (None, True, False):
+            raise ValueError(f"fast must be None (where vectorized), True or False, got {fast!r}")
         self.out_features, self.in_features = qweight.shape
         self.act_quant = act_quant
         self._meta = dataclasses.replace(qweight, codes=torch.empty(0), scale=torch.empty(0),
@@ -77,12 +84,12 @@ class QuantLinear(nn.Module):
         for name in _BUFFERS:
             self.register_buffer(name, getattr(qweight, name))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.fast = bool(fast)
+        self.fast = None if fast is None else bool(fast)
         self._kernel_cache = None  # (codes version, codes data_ptr, path, tensors); built lazily
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scheme: str, act_quant: str | None = None,
-                    fast: bool = True) -> "QuantLinear":
+                    fast: bool | None = None) -> "QuantLinear":
         """Quantize ``linear.weight`` with round-to-nearest ``scheme`` (see :func:`quantize`)."""
         from llminfra.quant import quantize
         return cls(quantize(linear.weight.detach(), scheme), linear.bias, act_quant, fast)
@@ -104,10 +111,13 @@ class QuantLinear(nn.Module):
 
     @property
     def fast_path(self) -> str | None:
-        """``"int8"`` or ``"int4"`` when CPU inputs take a kernel, else ``None``."""
-        if not self.fast or self.act_quant is not None:
-            return None
-        return self._kernel()[0]
+        """``"int8"`` or ``"int4"`` when bf16 CPU inputs take a kernel, else ``None``."""
+        return self._kernel()[0] if self._kernel_wanted(torch.bfloat16) else None
+
+    def _kernel_wanted(self, dtype: torch.dtype) -> bool:
+        if self.act_quant is not None or self.fast is False:
+            return False
+        return self.fast is True or cpu_kernels.vectorized(dtype)
 
     @property
     def qweight(self) -> QuantizedTensor:
@@ -123,8 +133,8 @@ class QuantLinear(nn.Module):
         """``x (..., in) -> (..., out)``."""
         if self.act_quant == "int8":
             return self._forward_w8a8(x)
-        if (self.fast and x.device.type == "cpu" and x.dtype in cpu_kernels.KERNEL_DTYPES
-                and x.shape[-1] == self.in_features):
+        if (x.device.type == "cpu" and x.dtype in cpu_kernels.KERNEL_DTYPES
+                and x.shape[-1] == self.in_features and self._kernel_wanted(x.dtype)):
             path, t = self._kernel()
             if path is not None:
                 x2 = x.reshape(-1, self.in_features)
@@ -156,3 +166,18 @@ class QuantLinear(nn.Module):
         """Sizes, scheme and activation mode, shown by ``print(model)``."""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"scheme={self._meta.scheme!r}, act_quant={self.act_quant!r}, fast={self.fast}")
+
+
+@contextlib.contextmanager
+def use_kernels(model: nn.Module, fast: bool | None):
+    """Within the block, every :class:`QuantLinear` of ``model`` has ``fast`` set to ``fast``
+    (``False``: the dequantize-then-matmul reference everywhere); restored afterwards."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    before = [m.fast for m in layers]
+    for m in layers:
+        m.fast = fast
+    try:
+        yield model
+    finally:
+        for m, f in zip(layers, before):
+            m.fast = f
