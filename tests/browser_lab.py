@@ -154,13 +154,11 @@ def wait_for_kernel(page, timeout_ms: int) -> None:
     """Wait for the notebook, click through a "Select Kernel" dialog if one shows, wait for idle."""
     page.locator(f"{PANEL} .jp-Notebook").first.wait_for(state="visible", timeout=timeout_ms)
     dialog = page.locator(".jp-Dialog .jp-mod-accept")
-    try:
-        dialog.first.wait_for(state="visible", timeout=3000)
+    idle = page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']")
+    dialog.or_(idle).first.wait_for(state="visible", timeout=timeout_ms)   # whichever comes first
+    if dialog.count():
         dialog.first.click()
-    except Exception:  # no dialog: nothing to do
-        pass
-    page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
-        timeout=timeout_ms)
+    idle.first.wait_for(timeout=timeout_ms)
 
 
 def _menu(page, menu: str, item: str) -> None:

@@ -274,7 +274,8 @@ def run(quick: bool = False) -> dict:
         gen = torch.Generator().manual_seed(SEED)
         t0 = time.perf_counter()
         roof = measure_cpu_roofline(None, repeats=3 if quick else 5)
-        bf16 = measure_matmul_flops_per_s(1024, torch.bfloat16, 3 if quick else 5)
+        # quick: 512 (a CPU without native bf16 took ~3 s per 1024 × 1024 bf16 matmul)
+        bf16 = measure_matmul_flops_per_s(512 if quick else 1024, torch.bfloat16, 3 if quick else 5)
         decode, prefill = _points(roof, quick, gen)
         quant = _quantized(roof, quick, gen)
         result = {
