@@ -39,7 +39,7 @@ def _data(quick: bool):
     layer = rest[: 4 * T].reshape(4, T)
     prompts = [rest[4 * T + i * 97: 4 * T + i * 97 + 24].tolist() for i in range(2 if quick else 6)]
     train = corpus_tokens("train")
-    n_cal = 8 if quick else 16
+    n_cal = 4 if quick else 16
     step = max(1, (train.numel() - T) // n_cal)
     calib = torch.stack([train[i * step: i * step + T] for i in range(n_cal)])
     return eval_ids, layer, calib, prompts
