@@ -7,8 +7,8 @@ shows an error, moves each widget's main control once (a slider's handle gets Ar
 ArrowLeft, a text box gets a number) and checks that the widget then shows the text the package
 computes for the control's new value; with ``$LLMINFRA_SCREENSHOT_DIR`` set, a screenshot of
 each widget is saved there (``make screenshots`` refreshes ``docs/screenshots/``; without it none
-is taken, which saves the ~2 s per widget of letting the kernel settle). Further tests: ``make course`` opens the start notebook with
-``exercises/`` in the file browser; opening a chapter does not rewrite it (the installed kernel
+is taken, which saves the ~2 s per widget of letting the kernel settle). Further tests:
+``make course`` opens the start notebook with ``exercises/`` in the file browser; opening a chapter does not rewrite it (the installed kernel
 is the one the notebooks name); a copy of a notebook whose callback is disconnected, and one with
 a raising cell, make the checks fail.
 

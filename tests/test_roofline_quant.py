@@ -53,10 +53,11 @@ def test_layouts_without_a_kernel_use_the_reference():
         assert torch.equal(q(x), q.forward_reference(x))
 
 
-def test_default_takes_the_kernels_only_where_vectorized(monkeypatch):
+def test_default_takes_the_kernels_only_where_vectorized(monkeypatch, request):
     """fast=None follows PyTorch's code: bf16 activations on AVX2 / AVX-512 take the kernel,
     fp32 activations (a plain loop there) and other CPUs dequantize; use_kernels sets and
     restores every layer's choice."""
+    request.addfinalizer(cpu_kernels.vectorized.cache_clear)   # no faked answer outlives the test
     lin, g = _layer(64, 256, seed=5)
     x = torch.randn(3, 256, generator=g)
     for capability, path in (("AVX512", "int4"), ("AVX2", "int4"), ("DEFAULT", None)):

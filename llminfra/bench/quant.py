@@ -5,7 +5,8 @@ blocks' linear weights (scales and zero points included), ``layer_rel_error`` (m
 output error of the quantized linear layers on real held-out activations), held-out
 ``perplexity`` and ``perplexity_delta`` from fp32, ``greedy_agreement`` with fp32, and the CPU
 time of one quantized linear (PyTorch's int8 / int4 kernel with bf16 activations, dequantize +
-matmul, or int8 matmul) against fp32, measured side by side. ``outlier_layer``: RTN / AWQ / GPTQ on a real layer with injected outlier channels.
+matmul, or int8 matmul) against fp32, measured side by side. ``outlier_layer``: RTN / AWQ / GPTQ
+on a real layer with injected outlier channels.
 ``kv_cache``: perplexity and bytes with the KV cache in int8 / fp8. ``gguf``: file sizes and
 round-trip error of the GGUF export. ``memory_rules``: the source texts' memory rules recomputed.
 """
