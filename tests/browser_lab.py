@@ -19,8 +19,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,7 +47,7 @@ class WidgetDidNotChange(AssertionError):
 
 
 class CellError(AssertionError):
-    """A cell showed an error (or run-all stopped before the last cell)."""
+    """A cell showed an error, or run-all stopped early, never started or never ended."""
 
 
 def course_lab_args() -> list[str]:
@@ -102,6 +104,15 @@ class Lab:
             req = urllib.request.Request(f"{api}/{s['id']}?token={self.token}", method="DELETE")
             urllib.request.urlopen(req, timeout=30).close()
 
+    def kernel_ready(self, path: str) -> bool:
+        """Whether the server holds a session for notebook ``path`` whose kernel is idle and has a
+        browser connected (its websocket open: the page's session then holds the kernel)."""
+        api = f"{self.base}/api/sessions?token={self.token}"
+        with urllib.request.urlopen(api, timeout=10) as r:
+            sessions = json.loads(r.read())
+        return any(s["path"] == path and s["kernel"].get("connections", 0) > 0
+                   and s["kernel"].get("execution_state") == "idle" for s in sessions)
+
     def start_page_file(self) -> Path:
         """The file ``make course`` hands the learner's browser (redirects to the start notebook)."""
         return self.runtime / f"jpserver-file-to-run-{self.proc.pid}-open.html"
@@ -150,15 +161,32 @@ def start_lab(home: Path, served: Path) -> Lab:
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 
-def wait_for_kernel(page, timeout_ms: int) -> None:
-    """Wait for the notebook, click through a "Select Kernel" dialog if one shows, wait for idle."""
-    page.locator(f"{PANEL} .jp-Notebook").first.wait_for(state="visible", timeout=timeout_ms)
-    dialog = page.locator(".jp-Dialog .jp-mod-accept")
-    idle = page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']")
-    dialog.or_(idle).first.wait_for(state="visible", timeout=timeout_ms)   # whichever comes first
-    if dialog.count():
-        dialog.first.click()
-    idle.first.wait_for(timeout=timeout_ms)
+def wait_for_kernel(page, lab: Lab, path: str, timeout_ms: int) -> None:
+    """Wait until notebook ``path``, opened in ``page``, has its kernel connected and idle;
+    click through a "Select Kernel" dialog if one shows.
+
+    The toolbar's execution indicator alone does not tell: JupyterLab 4 draws it with
+    ``data-status='idle'`` (its initial state) as soon as the notebook is drawn, before the
+    notebook has a session. "Run All" clicked in that window runs nothing: each cell is skipped
+    without a message (prompts stay ``[ ]``), or a "Select Kernel" dialog waits for a click, and
+    run-all never ends (issue 24: seconds between the drawn notebook and its session on a loaded
+    2-core CPU). So the server is asked too (:meth:`Lab.kernel_ready`).
+    """
+    with explained(page, f"{path}: waiting for its kernel"):
+        page.locator(f"{PANEL} .jp-Notebook").first.wait_for(state="visible", timeout=timeout_ms)
+        dialog = page.locator(".jp-Dialog .jp-mod-accept")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not lab.kernel_ready(path):
+            if dialog.count():
+                dialog.first.click()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no idle kernel connected to {path} within "
+                                     f"{timeout_ms / 1000:.0f} s")
+            time.sleep(0.25)
+        if dialog.count():
+            dialog.first.click()
+        page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
+            timeout=timeout_ms)
 
 
 def _menu(page, menu: str, item: str) -> None:
@@ -166,31 +194,141 @@ def _menu(page, menu: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{re.escape(item)}$")).click()
 
 
+_PROMPTS = """(panelSelector) => {
+  const panel = document.querySelector(panelSelector);
+  return panel ? [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+      .map(p => p.textContent.trim()) : [];  // innerText is '' off screen
+}"""
+#: JavaScript: run-all has ended. Either the last code cell shows its execution count, or
+#: run-all stopped at an error (an error output; a warning on stderr is not one); and no cell is
+#: running or queued. Only meaningful once the run has started on cleared cells.
 _RUN_FINISHED = """(panelSelector) => {
   const panel = document.querySelector(panelSelector);
   if (!panel) return false;
   const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-      .map(p => p.textContent.trim());  // innerText is '' off screen
+      .map(p => p.textContent.trim());
   if (prompts.length === 0 || prompts.some(p => p.includes('*'))) return false;
-  const errors = [...panel.querySelectorAll(
-      ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")];
-  return /\\[\\d+\\]/.test(prompts[prompts.length - 1]) || errors.length > 0;
-}"""
+  if (/\\[\\d+\\]/.test(prompts[prompts.length - 1])) return true;
+  const error = /ERROR_MARK/m;
+  return [...panel.querySelectorAll(
+      ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+      .some(e => error.test(e.textContent));
+}""".replace("ERROR_MARK", ERROR_MARK.pattern)
+#: how long the kernel may take to start the first cell after "Run All" (it is idle by then)
+RUN_START_TIMEOUT_MS = 60_000
 
 
 def run_all_cells(page, timeout_ms: int) -> None:
-    """Clear the stored outputs, run all cells from the Run menu, wait until the last code cell
-    has run (or run-all stopped), and raise :class:`CellError` if any cell shows an error."""
-    _menu(page, "Edit", "Clear Outputs of All Cells")
-    _menu(page, "Run", "Run All Cells")
-    page.wait_for_function(_RUN_FINISHED, arg=PANEL, timeout=timeout_ms, polling=250)
-    stderr = page.locator(f"{PANEL} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    errors = [t for t in stderr.all_text_contents() if ERROR_MARK.search(t)]
-    prompts = page.locator(f"{PANEL} .jp-CodeCell .jp-InputPrompt").all_text_contents()
-    not_run = [i for i, p in enumerate(prompts) if not re.search(r"\[\d+\]", p)]
-    if errors or not_run:
-        raise CellError(f"{len(errors)} cell(s) show an error, code cells {not_run} did not run; "
-                        f"first error:\n{errors[0][-2000:] if errors else '(none)'}")
+    """Clear the stored outputs, run all cells from the Run menu and wait until run-all ends; raise
+    :class:`CellError` if any cell shows an error, a code cell did not run, or the run did not
+    start (within :data:`RUN_START_TIMEOUT_MS`) or end (within ``timeout_ms``).
+
+    Three waits, so that neither a stale prompt nor a run that never began passes for a finished
+    run: every prompt cleared (``[ ]``), then some cell running or run (``[*]`` or ``[n]``), then
+    :data:`_RUN_FINISHED`. Each failure says what the page showed (:func:`describe_page`).
+    """
+    with explained(page, "run all", CellError):
+        _menu(page, "Edit", "Clear Outputs of All Cells")
+        _wait(page, f"""(s) => ({_PROMPTS})(s).every(p => !/[\\d*]/.test(p))""", 30_000,
+              "Clear Outputs of All Cells left execution counts")
+        _menu(page, "Run", "Run All Cells")
+        _wait(page, f"""(s) => ({_PROMPTS})(s).some(p => /[\\d*]/.test(p))""", RUN_START_TIMEOUT_MS,
+              "Run All started no cell")
+        _wait(page, _RUN_FINISHED, timeout_ms, "run-all did not end")
+        stderr = page.locator(f"{PANEL} .jp-OutputArea-output"
+                              "[data-mime-type='application/vnd.jupyter.stderr']")
+        errors = [t for t in stderr.all_text_contents() if ERROR_MARK.search(t)]
+        prompts = page.evaluate(_PROMPTS, PANEL)
+        not_run = [i for i, p in enumerate(prompts) if not re.search(r"\[\d+\]", p)]
+        if errors or not_run:
+            raise CellError(f"{len(errors)} cell(s) show an error, code cells {not_run} did not "
+                            f"run; first error:\n{errors[0][-2000:] if errors else '(none)'}")
+
+
+def _wait(page, predicate: str, timeout_ms: int, what: str) -> None:
+    """``page.wait_for_function(predicate)`` on the notebook panel; on timeout a
+    :class:`CellError` saying ``what`` and how long was waited."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
+        page.wait_for_function(predicate, arg=PANEL, timeout=timeout_ms, polling=250)
+    except PlaywrightTimeout:
+        raise CellError(f"{what} within {timeout_ms / 1000:.0f} s") from None
+
+
+_PAGE_STATE = """(panelSelector) => {
+  const text = (e, n) => e ? e.textContent.replace(/\\s+/g, ' ').trim().slice(-n) : '';
+  const state = {dialogs: [...document.querySelectorAll('.jp-Dialog')].map(d => text(d, 300)),
+                 kernel: [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-Item')]
+                     .map(e => text(e, 80)).filter(t => t.includes('|')).join('; ')};
+  const panel = document.querySelector(panelSelector);
+  if (!panel) return state;
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
+  state.indicator = indicator ? indicator.getAttribute('data-status') : null;
+  const cells = [...panel.querySelectorAll('.jp-CodeCell')];
+  const prompt = c => text(c.querySelector('.jp-InputPrompt'), 20);
+  state.prompts = cells.map(prompt);
+  const cell = i => i < 0 ? null : {index: i, prompt: prompt(cells[i]),
+      source: text(cells[i].querySelector('.cm-line'), 100),
+      output: text(cells[i].querySelector('.jp-Cell-outputArea'), 300)};
+  const running = state.prompts.findIndex(p => p.includes('*'));
+  const numbered = state.prompts.map((p, i) => /\\[\\d+\\]/.test(p) ? i : -1).filter(i => i >= 0);
+  state.running = cell(running);
+  state.lastRun = cell(numbered.length ? numbered[numbered.length - 1] : -1);
+  state.last = cell(cells.length - 1);
+  return state;
+}"""
+
+
+def describe_page(page) -> str:
+    """What the page shows, for a failure message: a screenshot (saved to a temporary file, its
+    path given), open dialogs, the kernel status, how many code cells ran, and the running, the
+    last run and the last code cell, each with its prompt (``[*]``, ``[n]``, ``[ ]``), first
+    line and output text."""
+    lines = []
+    try:
+        shot = Path(tempfile.mkdtemp(prefix="llminfra-browser-")) / "page.png"
+        page.screenshot(path=str(shot))
+        lines.append(f"screenshot of the page: {shot}")
+    except Exception as e:  # the page may be gone: say so, and go on with what can be read
+        lines.append(f"no screenshot: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    try:
+        s = page.evaluate(_PAGE_STATE, PANEL)
+    except Exception as e:
+        return "\n".join(lines + [f"page state unreadable: {type(e).__name__}: {e}"])
+    lines += [f"dialog: {d!r}" for d in s["dialogs"]]
+    lines.append(f"kernel in the status bar: {s['kernel']!r}; "
+                 f"execution indicator: {s.get('indicator')}")
+    prompts = s.get("prompts") or []
+    ran = sum(bool(re.search(r"\[\d+\]", p)) for p in prompts)
+    lines.append(f"code cells: {len(prompts)}, {ran} run, "
+                 f"{sum('*' in p for p in prompts)} running or queued [*], "
+                 f"{len(prompts) - ran - sum('*' in p for p in prompts)} not run [ ]")
+    for key, label in (("running", "running cell"), ("lastRun", "last cell run"),
+                       ("last", "last cell")):
+        c = s.get(key)
+        if c:
+            lines.append(f"{label}: code cell {c['index']} {c['prompt']} {c['source']!r} "
+                         f"-> output {c['output']!r}")
+    return "\n".join(lines)
+
+
+_PAGE_MARK = "\n--- the page ---\n"
+
+
+@contextmanager
+def explained(page, what: str, error: type[AssertionError] = AssertionError):
+    """Add :func:`describe_page` to a failure inside the block (once, if blocks nest): an
+    assertion keeps its class, a Playwright error (a timeout) becomes ``error``; both say
+    ``what`` was being done."""
+    from playwright.sync_api import Error as PlaywrightError
+    try:
+        yield
+    except AssertionError as e:
+        if _PAGE_MARK in str(e):
+            raise
+        raise type(e)(f"{what}: {e}{_PAGE_MARK}{describe_page(page)}") from None
+    except PlaywrightError as e:
+        raise error(f"{what}: {e.message.splitlines()[0]}{_PAGE_MARK}{describe_page(page)}") from e
 
 
 @dataclass(frozen=True)
@@ -236,8 +374,14 @@ def move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: in
     """Move ``row``'s control once; wait until the widget shows ``row.expected(new value)``.
 
     Raises :class:`WidgetDidNotChange` naming the missing text if it does not within
-    ``timeout_ms``. Saves a screenshot of the widget to ``screenshot``. Returns the widget's text.
+    ``timeout_ms``, with what the page showed (:func:`describe_page`). Saves a screenshot of the
+    widget to ``screenshot``. Returns the widget's text.
     """
+    with explained(page, f"moving the {row.chapter} widget ({row.move})"):
+        return _move_and_check(page, row, screenshot, timeout_ms)
+
+
+def _move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: int) -> str:
     control = page.locator(f"{PANEL} {row.control}").first
     control.wait_for(state="visible", timeout=timeout_ms)
     box = _box(control)

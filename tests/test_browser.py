@@ -2,15 +2,21 @@
 
 One private JupyterLab per session serves a copy of the repository, started with the arguments
 ``make course`` uses (``tests/browser_lab.py``). For each chapter in :data:`ROWS` the test opens
-the notebook, clears the stored outputs, runs all cells from the Run menu, checks that no cell
-shows an error, moves each widget's main control once (a slider's handle gets ArrowRight /
+the notebook, waits until the server lists its kernel as connected and idle (JupyterLab's own
+indicator reads "idle" before the notebook has a kernel, and "Run All" clicked then runs
+nothing: issue 24), clears the stored outputs, runs all cells from the Run menu, checks that no
+cell shows an error, moves each widget's main control once (a slider's handle gets ArrowRight /
 ArrowLeft, a text box gets a number) and checks that the widget then shows the text the package
 computes for the control's new value; with ``$LLMINFRA_SCREENSHOT_DIR`` set, a screenshot of
 each widget is saved there (``make screenshots`` refreshes ``docs/screenshots/``; without it none
 is taken, which saves the ~2 s per widget of letting the kernel settle). Further tests:
-``make course`` opens the start notebook with ``exercises/`` in the file browser; opening a chapter does not rewrite it (the installed kernel
-is the one the notebooks name); a copy of a notebook whose callback is disconnected, and one with
-a raising cell, make the checks fail.
+``make course`` opens the start notebook with ``exercises/`` in the file browser; opening a
+chapter does not rewrite it (the installed kernel is the one the notebooks name); a copy of a
+notebook whose callback is disconnected, and one with a raising cell, make the checks fail.
+
+A failure says what the page showed (``browser_lab.describe_page``): the path of a screenshot
+saved to a temporary folder, any dialog, the kernel status, and the running, last-run and last
+code cells with their prompts (``[*]``, ``[n]``, ``[ ]``) and output text.
 
 Needs Debian's ``chromium`` and pip's ``playwright`` (no ``playwright install``); skipped, saying
 which is missing, when either is absent — except under ``LLMINFRA_REQUIRE_BROWSER=1`` (.ci/run),
@@ -37,8 +43,8 @@ from pathlib import Path
 import pytest
 
 from browser_lab import (CHROMIUM, CHROMIUM_ARGS, ROOT, CellError, WidgetDidNotChange,
-                         WidgetRow, copy_repository, move_and_check, run_all_cells, start_lab,
-                         wait_for_kernel)
+                         WidgetRow, copy_repository, explained, move_and_check, run_all_cells,
+                         start_lab, wait_for_kernel)
 
 pytestmark = pytest.mark.browser
 
@@ -234,8 +240,10 @@ def page(lab, browser):
 
 
 def _open(page, lab, path: str) -> None:
-    page.goto(lab.url(path))
-    wait_for_kernel(page, 120_000)
+    """Open ``path`` in a fresh workspace; return once its kernel is connected and idle."""
+    with explained(page, f"opening {path}"):
+        page.goto(lab.url(path))
+    wait_for_kernel(page, lab, path, 120_000)
 
 
 def test_make_course_opens_the_start_notebook_with_exercises_reachable(lab, page):
@@ -243,16 +251,18 @@ def test_make_course_opens_the_start_notebook_with_exercises_reachable(lab, page
     browser at the repository root (exercises/ and solutions/ listed)."""
     start = lab.start_page_file()
     assert start.exists(), f"jupyter lab wrote no start page {start.name}: is a notebook named?"
-    page.goto(start.as_uri())
-    page.locator(".lm-TabBar-tabLabel:text-is('00_start_here.ipynb')").wait_for(timeout=60_000)
-    crumbs = page.locator(".jp-BreadCrumbs").first
-    if "notebooks" in crumbs.inner_text():  # the browser follows the opened file: go to the
-        crumbs.locator(".jp-BreadCrumbs-home").click()  # server's root (notebooks/ if misconfigured)
-    listing = page.locator(".jp-DirListing-content .jp-DirListing-itemText")
-    page.wait_for_function("() => [...document.querySelectorAll('.jp-DirListing-itemText')]"
-                           ".some(e => e.innerText.trim() === 'exercises')", timeout=30_000)
-    names = {n.strip() for n in listing.all_inner_texts()}
-    assert {"exercises", "solutions", "notebooks"} <= names, names
+    with explained(page, "make course's start page"):
+        page.goto(start.as_uri())
+        page.locator(".lm-TabBar-tabLabel:text-is('00_start_here.ipynb')").wait_for(timeout=60_000)
+        crumbs = page.locator(".jp-BreadCrumbs").first
+        # the browser follows the opened file: go to the server's root (notebooks/ if misconfigured)
+        if "notebooks" in crumbs.inner_text():
+            crumbs.locator(".jp-BreadCrumbs-home").click()
+        listing = page.locator(".jp-DirListing-content .jp-DirListing-itemText")
+        page.wait_for_function("() => [...document.querySelectorAll('.jp-DirListing-itemText')]"
+                               ".some(e => e.innerText.trim() === 'exercises')", timeout=30_000)
+        names = {n.strip() for n in listing.all_inner_texts()}
+        assert {"exercises", "solutions", "notebooks"} <= names, names
 
 
 @pytest.mark.parametrize("path", ["notebooks/01_training_vs_inference.ipynb",
@@ -263,9 +273,11 @@ def test_opening_a_chapter_does_not_rewrite_it(lab, page, path):
     before = (lab.served / path).read_bytes()
     _open(page, lab, path)
     time.sleep(4)
-    assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0, \
-        f"JupyterLab changed {path} on opening it: kernel {json.loads(before)['metadata'].get('kernelspec')}"
-    assert (lab.served / path).read_bytes() == before, f"JupyterLab rewrote {path} on opening it"
+    with explained(page, f"opening {path}"):
+        kernelspec = json.loads(before)["metadata"].get("kernelspec")
+        assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0, \
+            f"JupyterLab changed {path} on opening it: kernel {kernelspec}"
+        assert (lab.served / path).read_bytes() == before, f"JupyterLab rewrote {path} on opening it"
 
 
 def test_the_rewrite_check_can_fail(lab, page):
@@ -344,11 +356,13 @@ def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
     subprocess.run([sys.executable, "-m", "jupyter", "trust", str(trusted)], check=True,
                    capture_output=True)
     _open(page, lab, "notebooks/" + trusted.name)
-    summary = page.locator(".llminfra-memory-calculator .llminfra-memory-summary")
-    summary.first.wait_for(state="visible", timeout=60_000)
-    assert "largest batch" in summary.first.text_content()
+    with explained(page, f"{trusted.name}: the saved widget"):
+        summary = page.locator(".llminfra-memory-calculator .llminfra-memory-summary")
+        summary.first.wait_for(state="visible", timeout=60_000)
+        assert "largest batch" in summary.first.text_content()
     _open(page, lab, "notebooks/" + fresh.name)
-    notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first
-    notebook.locator(".llminfra-memory-calculator").or_(
-        notebook.get_by_text("[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
-    assert "VBox(children" not in notebook.text_content()
+    with explained(page, f"{fresh.name}: the untrusted widget's text"):
+        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first
+        notebook.locator(".llminfra-memory-calculator").or_(notebook.get_by_text(
+            "[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
+        assert "VBox(children" not in notebook.text_content()

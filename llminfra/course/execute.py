@@ -12,7 +12,9 @@ widgets keep stable (:class:`llminfra.widgets.panel.Panel`).
 Each notebook's wall time is measured and stored in its ``metadata.llminfra``
 (``run_time_s`` and the machine it was measured on); chapter 00's course map reads it
 (:func:`llminfra.course.chapters.course_map`). So ``00_start_here`` runs last when it is one of
-several notebooks given.
+several notebooks given. ``--keep-run-time`` refreshes the outputs only and leaves the stored
+time and machine as they were (chapter 00's stored map then still holds): for a change that does
+not move the run time, made on another machine than the one measured.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def machine_description() -> str:
     return f"{cpu_name()}, {platform.machine()}, {cores} CPU cores, {gpu}"
 
 
-def execute(path: Path, timeout_s: int = 300, kernel: str = "python3") -> float:
-    """Execute ``path`` in place, keeping widget state; store and return its wall time (s)."""
+def execute(path: Path, timeout_s: int = 300, kernel: str = "python3",
+            keep_run_time: bool = False) -> float:
+    """Execute ``path`` in place, keeping widget state; store (unless ``keep_run_time`` and a time
+    is stored already) and return its wall time (s)."""
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
     NotebookClient(nb, timeout=timeout_s, kernel_name=kernel, store_widget_state=True,
@@ -65,7 +69,9 @@ def execute(path: Path, timeout_s: int = 300, kernel: str = "python3") -> float:
     elapsed = time.perf_counter() - t0
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
-    nb.metadata["llminfra"] = {"run_time_s": round(elapsed, 1), "measured_on": machine_description()}
+    if not (keep_run_time and "run_time_s" in nb.metadata.get("llminfra", {})):
+        nb.metadata["llminfra"] = {"run_time_s": round(elapsed, 1),
+                                   "measured_on": machine_description()}
     nbformat.write(nb, path)
     return elapsed
 
@@ -79,13 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    p.add_argument("--keep-run-time", action="store_true",
+                   help="keep each notebook's stored run time and machine (outputs only)")
     args = p.parse_args(argv)
     missing = [path for path in args.notebooks if not path.exists()]
     if missing:
         print(f"no such notebook: {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
     for path in run_order(args.notebooks):
-        print(f"{path}: {execute(path, args.timeout):.1f} s", flush=True)
+        print(f"{path}: {execute(path, args.timeout, keep_run_time=args.keep_run_time):.1f} s",
+              flush=True)
     return 0
 
 
