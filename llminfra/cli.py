@@ -176,7 +176,8 @@ def _cost(args) -> str:
     return json.dumps(r, indent=2) if args.json else text
 def _serve(args) -> int:
     from llminfra.engine.serve import run_server
-    run_server(args.host, args.port, log_level=args.log_level, num_blocks=args.num_blocks,
+    run_server(args.host, args.port, log_level=args.log_level, model=args.model,
+               num_blocks=args.num_blocks,
                max_num_seqs=args.max_num_seqs, policy=args.policy,
                num_threads=args.threads, engine_process=not args.engine_in_thread)
     return 0
@@ -200,9 +201,13 @@ def _loadtest(args) -> int:
 
 
 def _add_serving_parsers(sub) -> None:
-    s = sub.add_parser("serve", help="the OpenAI-compatible server on the tiny model")
+    s = sub.add_parser("serve", help="the OpenAI-compatible server on a model")
+    s.add_argument("--model", default="tiny",
+                   help="tiny (default: the trained byte-level model, starts in a second), "
+                        "smollm2-135m (the real SmolLM2-135M-Instruct), a .gguf file or a "
+                        "Hugging Face folder")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     s.add_argument("--policy", default="continuous", help="continuous | static | dynamic")
     s.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
     s.add_argument("--max-num-seqs", type=int, default=64, help="largest running batch")

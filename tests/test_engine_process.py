@@ -18,7 +18,7 @@ import pytest
 
 from llminfra.engine.background import ServerProcess, ServerThread, free_port
 from llminfra.engine.engine_process import EngineProcess
-from llminfra.engine.serve import build_tiny_engine
+from llminfra.engine.serve import build_engine
 from llminfra.engine.server import create_app
 from llminfra.model import ByteTokenizer
 
@@ -27,7 +27,7 @@ MODEL = "llminfra-tiny"
 
 def crashing_engine(after_steps: int):
     """A tiny-model engine whose step raises after ``after_steps`` steps (runs in the child)."""
-    engine = build_tiny_engine(num_threads=1, num_blocks=64)
+    engine = build_engine(num_threads=1, num_blocks=64)
     step, calls = engine.step, []
 
     def failing_step():
@@ -67,7 +67,7 @@ def test_a_bad_setting_fails_before_listening():
 
 
 def test_factory_errors_are_reported():
-    loop = EngineProcess(partial(build_tiny_engine, max_num_seqs=0))
+    loop = EngineProcess(partial(build_engine, max_num_seqs=0))
     with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1"):
         loop.start()
     assert not loop.is_running

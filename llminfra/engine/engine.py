@@ -81,6 +81,10 @@ class LLMEngine:
             raise ValueError("model must be a llminfra Transformer (with .config), got "
                              f"{type(model).__name__}")
         self.model, self.tokenizer, self.clock = model, tokenizer, clock
+        #: tokens that end a sequence (the tokenizer's EOS and the chat end-of-turn)
+        self.stop_token_ids = frozenset(getattr(tokenizer, "stop_token_ids", ()) or ()) | (
+            {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None
+            else set())
         cfg = model.config
         self.config = SchedulerConfig(
             max_seq_len=cfg.max_seq_len, policy=policy, max_num_seqs=max_num_seqs,
@@ -297,8 +301,7 @@ class LLMEngine:
             hits = [i for i in (text.find(s) for s in stops) if i >= 0]
             if hits:
                 seq.stop_text, status = text[:min(hits)], SequenceStatus.FINISHED_STOPPED
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        if status is None and eos is not None and token == eos:
+        if status is None and not seq.params.ignore_eos and token in self.stop_token_ids:
             status = SequenceStatus.FINISHED_STOPPED
         if status is None and (len(seq.output_token_ids) >= seq.max_tokens
                                or seq.num_tokens > self.model.config.max_seq_len):
@@ -306,10 +309,17 @@ class LLMEngine:
         if status is not None:
             self.scheduler.finish(seq, status)
 
+    def _text(self, seq: Sequence) -> str:
+        """The text of a sequence's output, without the stop token that ended it (its id stays
+        in ``token_ids``, as vLLM reports it)."""
+        ids = seq.output_token_ids
+        if ids and ids[-1] in self.stop_token_ids and not seq.params.ignore_eos:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids)
+
     def _output(self, req: Request) -> RequestOutput:
         comps = [CompletionOutput(s.index,
-                                  s.stop_text if s.stop_text is not None
-                                  else self.tokenizer.decode(s.output_token_ids),
+                                  s.stop_text if s.stop_text is not None else self._text(s),
                                   list(s.output_token_ids), s.status.finish_reason)
                  for s in req.seqs]
         return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps,

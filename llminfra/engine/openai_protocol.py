@@ -9,9 +9,9 @@ OpenAI API reference (platform.openai.com/docs/api-reference: *Completions*, *Ch
 ``stop`` holds at most 4 sequences; errors are ``{"error": {"message", "type", "param",
 "code"}}``. ``top_k``, ``seed`` and ``ignore_eos`` are the extensions vLLM also accepts.
 
-The chat template of the byte-level tiny model (it has no special tokens) is plain text::
-
-    <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n
+Chat messages become a prompt through the served tokenizer's ``apply_chat_template``: the real
+model's own Jinja template (ChatML for SmolLM2), or the tiny model's plain-text one
+(:meth:`llminfra.model.ByteTokenizer.apply_chat_template`).
 
 Taught in chapter 05.
 """
@@ -40,6 +40,7 @@ class _Request(BaseModel):
     stream_options: Optional[dict] = None
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[StrictInt] = None
+    ignore_eos: StrictBool = False
 
     @field_validator("stop")
     @classmethod
@@ -105,17 +106,6 @@ class ChatCompletionRequest(_Request):
     @property
     def wants_logprobs(self) -> bool:
         return bool(self.logprobs) or self.top_logprobs is not None
-
-
-def apply_chat_template(messages: list[ChatMessage]) -> str:
-    """Messages -> one prompt string for the byte-level model (see the module docstring).
-
-    ``[system "Be brief", user "Hi"]`` ->
-    ``"<|system|>\\nBe brief\\n<|user|>\\nHi\\n<|assistant|>\\n"``.
-    """
-    role = {"developer": "system"}
-    out = [f"<|{role.get(m.role, m.role)}|>\n{m.text()}\n" for m in messages]
-    return "".join(out) + "<|assistant|>\n"
 
 
 # ---------------------------------------------------------------------- responses

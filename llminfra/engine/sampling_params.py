@@ -9,7 +9,9 @@ the object is made:
   (Holtzman et al. 2020, arXiv:1904.09751, §3.1);
 * ``n`` completions per prompt, ``seed`` for reproducible sampling (completion j draws from a
   ``torch.Generator`` seeded ``seed + j``), ``stop`` strings that end a completion (the stop
-  string itself is not returned), ``max_tokens`` new tokens at most.
+  string itself is not returned), ``max_tokens`` new tokens at most; ``ignore_eos`` keeps
+  generating past the model's end-of-sequence tokens (vLLM's extension, for load tests that
+  want outputs of a set length).
 
 Taught in chapter 05.
 """
@@ -37,6 +39,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | tuple[str, ...] | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self):
         def positive_int(name, value):
@@ -64,6 +67,8 @@ class SamplingParams:
                 raise ValueError(f"stop must be a non-empty string or a list of them, got "
                                  f"{self.stop!r}")
         object.__setattr__(self, "stop", stop)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

@@ -1,13 +1,16 @@
-"""``python -m llminfra serve``: the tiny model behind the OpenAI-compatible server.
+"""``python -m llminfra serve [--model NAME]``: a model behind the OpenAI-compatible server.
 
-Builds ``LLMEngine(load_tiny())`` with the given scheduler settings — in a process of its own
-by default (:mod:`llminfra.engine.engine_process`: the web layer and the engine then do not
-share one GIL), or in a thread of the server's process with ``--engine-in-thread`` — wraps it
-in :func:`llminfra.engine.server.create_app` and runs uvicorn until SIGINT (Ctrl-C) or SIGTERM,
+Builds ``LLMEngine(load_model(NAME))`` with the given scheduler settings — ``tiny`` (the default:
+the trained byte-level model, which starts in a second) or the real ``smollm2-135m`` (or a
+``.gguf`` file, or a Hugging Face folder) — in a process of its own by default
+(:mod:`llminfra.engine.engine_process`: the web layer and the engine then do not share one GIL),
+or in a thread of the server's process with ``--engine-in-thread``; wraps it in
+:func:`llminfra.engine.server.create_app` and runs uvicorn until SIGINT (Ctrl-C) or SIGTERM,
 which uvicorn turns into a graceful shutdown: open responses get ``timeout_graceful_shutdown``
 seconds, then the app's shutdown stops the engine loop and the process exits with status 0.
 
-Taught in chapter 05.
+The web process holds only the tokenizer (:func:`llminfra.model.load_tokenizer`); the weights
+live in the engine's process. Taught in chapter 05.
 """
 
 from __future__ import annotations
@@ -20,57 +23,71 @@ log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 5
 
 
-def build_tiny_engine(*, num_blocks: int | None = None, block_size: int = 16,
-                      max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
-                      policy: str = "continuous", enable_chunked_prefill: bool = True,
-                      enable_prefix_caching: bool = False, num_threads: int | None = None):
-    """A fresh ``LLMEngine`` on the trained tiny model (``load_tiny()``); ``num_threads`` sets
-    torch's threads in the process that calls it (the engine's)."""
+def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_size: int = 16,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 policy: str = "continuous", enable_chunked_prefill: bool = True,
+                 enable_prefix_caching: bool = False, num_threads: int | None = None):
+    """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
+    ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
+    threads in the process that calls it (the engine's)."""
     import torch
 
     from llminfra.engine import LLMEngine
-    from llminfra.model import load_tiny
+    from llminfra.model import load_model
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    model, tokenizer = load_tiny()
-    return LLMEngine(model, tokenizer, num_blocks=num_blocks, block_size=block_size,
+    net, tokenizer = load_model(model)
+    return LLMEngine(net, tokenizer, num_blocks=num_blocks, block_size=block_size,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
                      enable_prefix_caching=enable_prefix_caching)
 
 
-def build_tiny_app(*, model_name: str | None = None, engine_process: bool = True,
-                   **engine_kwargs):
-    """The app serving the tiny model. ``engine_process``: the engine runs in a process of its
-    own (:class:`~llminfra.engine.engine_process.EngineProcess`, built there from
-    :func:`build_tiny_engine`), else in a thread of this one. ``engine_kwargs`` go to
-    :func:`build_tiny_engine` (in process mode a bad setting is reported when the engine
-    process starts: :func:`run_server` starts it before listening)."""
+def served_name(model: str) -> str:
+    """The id ``/v1/models`` gives ``model``: ``llminfra-tiny`` for the tiny model, the preset
+    name or the file / folder name otherwise."""
+    from pathlib import Path
+
+    from llminfra.engine.server import DEFAULT_MODEL_NAME
+
+    key = str(model).strip().lower()
+    if key == "tiny":
+        return DEFAULT_MODEL_NAME
+    return key if "/" not in key and not key.endswith(".gguf") else Path(model).stem
+
+
+def build_app(model: str = "tiny", *, model_name: str | None = None,
+              engine_process: bool = True, **engine_kwargs):
+    """The app serving ``model``. ``engine_process``: the engine runs in a process of its own
+    (:class:`~llminfra.engine.engine_process.EngineProcess`, built there from
+    :func:`build_engine`), else in a thread of this one. ``engine_kwargs`` go to
+    :func:`build_engine` (in process mode a bad setting is reported when the engine process
+    starts: :func:`run_server` starts it before listening)."""
     from functools import partial
 
     from llminfra.engine.engine_process import EngineProcess
-    from llminfra.engine.server import DEFAULT_MODEL_NAME, create_app
-    from llminfra.model import ByteTokenizer, ModelConfig
+    from llminfra.engine.server import create_app
+    from llminfra.model import load_tokenizer
 
-    name = model_name or DEFAULT_MODEL_NAME
+    name = model_name or served_name(model)
     if not engine_process:
-        engine = build_tiny_engine(**engine_kwargs)
+        engine = build_engine(model, **engine_kwargs)
         return create_app(engine, engine.tokenizer, model_name=name)
-    max_len = ModelConfig.from_name("tiny").max_seq_len
-    return create_app(EngineProcess(partial(build_tiny_engine, **engine_kwargs)),
-                      ByteTokenizer(), model_name=name, max_model_len=max_len)
+    tokenizer, config = load_tokenizer(model)
+    return create_app(EngineProcess(partial(build_engine, model, **engine_kwargs)),
+                      tokenizer, model_name=name, max_model_len=config.max_seq_len)
 
 
 def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-               **engine_kwargs) -> None:
-    """Serve until interrupted (blocks). ``engine_kwargs`` go to :func:`build_tiny_app`."""
+               model: str = "tiny", **engine_kwargs) -> None:
+    """Serve until interrupted (blocks). ``engine_kwargs`` go to :func:`build_app`."""
     import uvicorn
 
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
-    app = build_tiny_app(**engine_kwargs)
+    app = build_app(model, **engine_kwargs)
     app.state.service.loop.start()  # before listening: a bad setting fails here, plainly
-    log.info("serving the tiny model at http://%s:%d/v1 (Ctrl-C to stop)", host, port)
+    log.info("serving %s at http://%s:%d/v1 (Ctrl-C to stop)", model, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

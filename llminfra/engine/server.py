@@ -14,8 +14,9 @@ or a background thread (:class:`~llminfra.engine.async_engine.AsyncEngine`, for 
 notebooks); handlers only validate, queue and relay. Every malformed request gets a 4xx with OpenAI's
 error body; a client that disconnects mid-stream aborts its request (blocks freed).
 
-Streaming and bytes: the tokenizer is byte-level, so one token can be half of a UTF-8
-character; ``CompletionOutput.text`` then ends in U+FFFD until the next byte arrives. Deltas
+Streaming and bytes: a token can be half of a UTF-8 character (every token of the byte-level
+tiny model is one byte; a BPE token of the real model can end inside a Korean syllable or an
+emoji); ``CompletionOutput.text`` then ends in U+FFFD until the next byte arrives. Deltas
 therefore hold back trailing U+FFFD until the request finishes (:func:`stable_delta`).
 
 Taught in chapter 05.
@@ -126,7 +127,7 @@ class _Service:
                 max_tokens=max_tokens,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, n=req.n,
-                seed=req.seed, stop=req.stop)
+                seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
         except ValueError as e:
             raise APIError(400, str(e)) from None
 
@@ -283,7 +284,8 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
     async def chat(req: api.ChatCompletionRequest, request: Request):
         svc.check_model(req)
         try:
-            prompt = api.apply_chat_template(req.messages)
+            prompt = svc.tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.text()} for m in req.messages])
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
         ids = svc.prompt_ids(prompt, "messages")

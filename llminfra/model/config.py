@@ -36,7 +36,12 @@ class ModelConfig:
     * ``max_seq_len`` — longest sequence the model is used on (rotary tables are this long);
     * ``rope_theta`` — rotary base θ (Su et al. 2021, arXiv:2104.09864, eq. 15: θ_i =
       base^(-2i/d));
-    * ``norm_eps`` — ε of RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467, eq. 4).
+    * ``norm_eps`` — ε of RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467, eq. 4);
+    * ``tie_embeddings`` — the output projection reuses the token embedding (SmolLM2, Qwen2-0.5B);
+    * ``qkv_bias`` — q, k, v projections carry a bias (Qwen2);
+    * ``rope_scaling`` — ``None``, or sorted ``(key, value)`` pairs of a Hugging Face
+      ``rope_scaling`` dict of type ``"linear"`` or ``"llama3"`` (see
+      :func:`llminfra.model.transformer.rope_inv_freq`).
 
     Parameters (no biases, untied embeddings, RMSNorm weights only)::
 
@@ -55,6 +60,9 @@ class ModelConfig:
     max_seq_len: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    rope_scaling: tuple | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
@@ -70,6 +78,13 @@ class ModelConfig:
         if (self.dim // self.n_heads) % 2:
             raise ValueError(f"head_dim {self.dim // self.n_heads} must be even for rotary "
                              f"positions (dim {self.dim}, n_heads {self.n_heads})")
+        if isinstance(self.rope_scaling, dict):  # a config.json / checkpoint dict: freeze it
+            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        if self.rope_scaling is not None:
+            kind = dict(self.rope_scaling).get("rope_type")
+            if kind not in ("linear", "llama3"):
+                raise ValueError(f"rope_scaling type {kind!r} is not supported; allowed: "
+                                 f"'linear', 'llama3' (or None)")
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ValueError(f"rope_theta ({self.rope_theta}) and norm_eps ({self.norm_eps}) "
                              f"must be > 0")
@@ -100,7 +115,7 @@ class ModelConfig:
 
     def to_spec(self, name: str = "llminfra-custom") -> ModelSpec:
         """This architecture as a :class:`llminfra.specs.ModelSpec` (``family="llama"``, gated
-        MLP, rotary, RMSNorm, untied embeddings, no biases), so that
+        MLP, rotary, RMSNorm, embeddings and q/k/v biases as configured), so that
         ``llminfra.calc.params.param_count(config.to_spec())`` equals the number of
         parameters of ``Transformer(config)``."""
         return ModelSpec(name=name, display_name=f"llminfra {name}", family="llama",
@@ -108,12 +123,16 @@ class ModelConfig:
                          num_kv_heads=self.n_kv_heads, intermediate_size=self.ffn_dim,
                          vocab_size=self.vocab_size, max_positions=self.max_seq_len,
                          mlp="gated", positions="rotary", norm="rmsnorm",
-                         tied_embeddings=False, qkv_bias=False, linear_bias=False,
+                         tied_embeddings=self.tie_embeddings, qkv_bias=self.qkv_bias,
+                         linear_bias=False,
                          sources=("llminfra.model.config",))
 
     def to_dict(self) -> dict:
         """Plain dict of the fields (stored inside checkpoints)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if d["rope_scaling"] is not None:
+            d["rope_scaling"] = dict(d["rope_scaling"])
+        return d
 
 
 def _presets() -> dict[str, ModelConfig]:

@@ -24,6 +24,9 @@ class ByteTokenizer:
     """
 
     vocab_size: int = BYTE_VOCAB_SIZE
+    #: no end-of-sequence token: generation ends on length or a stop string
+    eos_token_id = None
+    stop_token_ids: frozenset = frozenset()
 
     def encode(self, text: str) -> list[int]:
         """The UTF-8 bytes of ``text`` as ids in [0, 256)."""
@@ -38,3 +41,12 @@ class ByteTokenizer:
         if bad:
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
         return bytes(ids).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        """Chat ``messages`` (``[{"role", "content"}, …]``) as one prompt: a ``<|role|>`` line
+        before each message, then ``<|assistant|>`` (the tiny model was never trained on chat;
+        this only gives the server a prompt). ``[system "Be brief", user "Hi"]`` ->
+        ``"<|system|>\\nBe brief\\n<|user|>\\nHi\\n<|assistant|>\\n"``."""
+        role = {"developer": "system"}
+        out = [f"<|{role.get(m['role'], m['role'])}|>\n{m['content']}\n" for m in messages]
+        return "".join(out) + ("<|assistant|>\n" if add_generation_prompt else "")

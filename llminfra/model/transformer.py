@@ -48,26 +48,52 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-def rotary_angles(head_dim: int, start_pos: int, n_tokens: int, theta: float,
-                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles m·θ_i for positions m = start_pos .. start_pos+T-1.
+def rope_inv_freq(head_dim: int, theta: float, scaling=None,
+                  device: torch.device | None = None) -> torch.Tensor:
+    """The rotary frequencies θ_i = theta^(-2i/d), i = 0 .. d/2-1 (Su et al. 2021,
+    arXiv:2104.09864, eq. 15), float32 ``(d/2,)``, rescaled for long contexts when ``scaling``
+    (a :attr:`ModelConfig.rope_scaling`) says so:
 
-    θ_i = theta^(-2i/d), i = 0 .. d/2-1 (Su et al. 2021, arXiv:2104.09864, eq. 15).
-    Returns two float32 tensors of shape ``(T, d/2)``.
+    * ``linear`` (position interpolation, Chen et al. 2023, arXiv:2306.15595): θ_i / factor;
+    * ``llama3`` (Meta's Llama 3.1 release): wavelengths 2π/θ_i longer than
+      original_max_position_embeddings / low_freq_factor are divided by ``factor``, those
+      shorter than … / high_freq_factor kept, the band between interpolated linearly.
     """
     i = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
     inv_freq = theta ** (-i / head_dim)  # (d/2,)
+    if scaling is None:
+        return inv_freq
+    s = dict(scaling)
+    factor = float(s["factor"])
+    if s["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s["original_max_position_embeddings"])
+    wavelen = 2 * torch.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)  # 0 at the low edge, 1 at the high edge
+    between = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(between, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+
+
+def rotary_angles(head_dim: int, start_pos: int, n_tokens: int, theta: float,
+                  device: torch.device | None = None,
+                  scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles m·θ_i for positions m = start_pos .. start_pos+T-1.
+
+    θ_i from :func:`rope_inv_freq`. Returns two float32 tensors of shape ``(T, d/2)``.
+    """
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)  # (d/2,)
     m = torch.arange(start_pos, start_pos + n_tokens, device=device, dtype=torch.float32)
     angles = torch.outer(m, inv_freq)  # (T, d/2)
     return angles.cos(), angles.sin()
 
 
-def rotary_angles_at(head_dim: int, positions: torch.Tensor,
-                     theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_angles_at(head_dim: int, positions: torch.Tensor, theta: float,
+                     scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rotary_angles` at arbitrary positions ``(N,)`` (a ragged step's tokens), ``(N, d/2)``
     each; equal to ``rotary_angles(head_dim, p, 1, theta)`` row by row."""
-    i = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
-    inv_freq = theta ** (-i / head_dim)  # (d/2,)
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, positions.device)  # (d/2,)
     angles = torch.outer(positions.to(torch.float32), inv_freq)  # (N, d/2)
     return angles.cos(), angles.sin()
 
@@ -100,9 +126,10 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = (config.n_heads, config.n_kv_heads,
                                                         config.head_dim)
         kv_dim = config.n_kv_heads * config.head_dim
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, kv_dim, bias=False)
-        self.wv = nn.Linear(config.dim, kv_dim, bias=False)
+        bias = config.qkv_bias  # Qwen2 has biases on q, k, v (and nowhere else)
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=bias)
+        self.wk = nn.Linear(config.dim, kv_dim, bias=bias)
+        self.wv = nn.Linear(config.dim, kv_dim, bias=bias)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
         self.attn_fn = attn_fn
 
@@ -174,7 +201,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder: token embedding -> L blocks -> RMSNorm -> untied output projection.
+    """The decoder: token embedding -> L blocks -> RMSNorm -> output projection (its own matrix,
+    or the embedding's when ``config.tie_embeddings``).
 
     Two ways to call it:
 
@@ -200,6 +228,8 @@ class Transformer(nn.Module):
                                     for i in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:  # one (V, dim) matrix reads tokens in and logits out
+            self.output.weight = self.tok_embeddings.weight
         self.reset_parameters(generator)
 
     @torch.no_grad()
@@ -213,6 +243,9 @@ class Transformer(nn.Module):
                 continue
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+                continue
+            if name.endswith(".bias"):
+                p.zero_()
                 continue
             std = std_residual if name.endswith(("wo.weight", "w2.weight")) else 0.02
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
@@ -240,7 +273,8 @@ class Transformer(nn.Module):
             return self.forward_step(tokens.reshape(-1), cache, step).view(B, T, -1)
         T = tokens.shape[1]
         cos, sin = rotary_angles(self.config.head_dim, start_pos, T, self.config.rope_theta,
-                                 device=tokens.device)  # (T, d/2) each
+                                 device=tokens.device,
+                                 scaling=self.config.rope_scaling)  # (T, d/2) each
         h = self.tok_embeddings(tokens)  # (B, T, dim)
         for layer in self.layers:
             h = layer(h, cos, sin, cache)
@@ -252,7 +286,8 @@ class Transformer(nn.Module):
         try:
             self._check_step(tokens, meta)
             cos, sin = rotary_angles_at(self.config.head_dim, meta.positions,
-                                        self.config.rope_theta)  # (N, d/2) each
+                                        self.config.rope_theta,
+                                        self.config.rope_scaling)  # (N, d/2) each
             h = self.tok_embeddings(tokens)  # (N, dim)
             for layer in self.layers:
                 h = layer.forward_step(h, cos, sin, cache, meta)

@@ -168,7 +168,8 @@ class ModelStage(nn.Module):
         from llminfra.model.transformer import rotary_angles
         m, cfg = self.model, self.model.config
         h = m.tok_embeddings(x) if self.stage == 0 else x
-        cos, sin = rotary_angles(cfg.head_dim, 0, h.shape[1], cfg.rope_theta, device=h.device)
+        cos, sin = rotary_angles(cfg.head_dim, 0, h.shape[1], cfg.rope_theta, device=h.device,
+                                 scaling=cfg.rope_scaling)
         for i in self.layer_ids:
             h = m.layers[i](h, cos, sin)
         return m.output(m.norm(h)) if self.stage == self.n_stages - 1 else h

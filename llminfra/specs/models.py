@@ -40,6 +40,7 @@ _RELEASES = {
     "opt-13b": "OPT-13B",
     "qwen2.5-7b": "Qwen2.5-7B",
     "megatron-8.3b": "Megatron-LM 8.3B (GPT-2-style, paper Table 1)",
+    "smollm2-135m": "SmolLM2-135M-Instruct",
 }
 
 #: other names that mean the same architecture

@@ -1,0 +1,175 @@
+"""The real model's tokenizer: byte-level BPE built with Hugging Face ``tokenizers``, and its chat
+template rendered with jinja2.
+
+Byte-level BPE (Radford et al. 2019, GPT-2; Sennrich et al. 2016, arXiv:1508.07909) maps every
+byte to a printable character (so ``Ġ`` is a space), splits the text into words with a regular
+expression, and merges adjacent symbols in the order of the learned merge list. SmolLM2's 49,152
+tokens and 48,900 merges come from the GGUF file's ``tokenizer.ggml.*`` fields (or from a Hugging
+Face ``tokenizer.json``); the library, not this module, does the merging. The split before BPE is
+the one the file's ``tokenizer.ggml.pre`` names: ``smollm`` isolates every digit (llama.cpp's
+``LLAMA_VOCAB_PRE_TYPE_SMOLLM`` and the released ``tokenizer.json`` both do), then GPT-2's
+pattern. Tokens of type CONTROL (``<|im_start|>``, ``<|im_end|>`` …) are special: matched whole
+in the text, never split.
+
+The chat template is the Jinja text stored in the file (``tokenizer.chat_template``), rendered in
+a sandbox with ``trim_blocks`` and ``lstrip_blocks``, as ``transformers`` renders it.
+
+Taught in chapter 05 (and met in 02 and 04).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+#: GGUF ``tokenizer.ggml.token_type`` of a control (special) token
+CONTROL = 3
+#: pre-tokenizer names (``tokenizer.ggml.pre``) -> whether digits are split one by one first
+_DIGIT_SPLIT = {"smollm": True, "starcoder": True, "refact": True, "gpt2": False,
+                "default": False}
+
+
+class BPETokenizer:
+    """``encode`` / ``decode`` / ``apply_chat_template`` over a ``tokenizers.Tokenizer``.
+
+    The same interface as :class:`llminfra.model.ByteTokenizer`: ``vocab_size``,
+    ``eos_token_id`` and ``stop_token_ids`` (generation ends on any of them). ``encode`` never
+    adds a BOS token (SmolLM2's ``add_bos_token`` is false; the chat template writes what the
+    model expects). Special tokens written in the text (``<|im_end|>``) encode to their id.
+    """
+
+    def __init__(self, backend, *, eos_token_id: int | None, bos_token_id: int | None = None,
+                 stop_token_ids: Iterable[int] = (), chat_template: str | None = None,
+                 name: str = "bpe"):
+        self.backend = backend
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self.eos_token_id, self.bos_token_id = eos_token_id, bos_token_id
+        stops = {int(t) for t in stop_token_ids}
+        if eos_token_id is not None:
+            stops.add(int(eos_token_id))
+        self.stop_token_ids = frozenset(stops)
+        self.chat_template = chat_template
+        self.name = name
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict, name: str = "gguf") -> "BPETokenizer":
+        """Build from a GGUF file's metadata (``tokenizer.ggml.model == "gpt2"``: byte-level BPE).
+        ``ValueError`` naming the field for another tokenizer model or a missing field."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(f"{name}: tokenizer.ggml.model is {kind!r}; only byte-level BPE "
+                             f"('gpt2') is supported")
+        for field in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            if not meta.get(field):
+                raise ValueError(f"{name}: metadata field {field!r} is missing")
+        tokens = meta["tokenizer.ggml.tokens"]
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
+        pre = str(meta.get("tokenizer.ggml.pre", "default"))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if _DIGIT_SPLIT.get(pre, False):
+            backend.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Digits(individual_digits=True), byte_level])
+        else:
+            backend.pre_tokenizer = byte_level
+        backend.decoder = decoders.ByteLevel()
+        types = meta.get("tokenizer.ggml.token_type") or []
+        specials = [AddedToken(tok, special=True, normalized=False)
+                    for tok, kind in zip(tokens, types) if kind == CONTROL]
+        backend.add_special_tokens(specials)
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        stops = [i for i, tok in enumerate(tokens) if tok in ("<|endoftext|>", "<|im_end|>",
+                                                              "<|eot_id|>", "<|end_of_text|>")]
+        return cls(backend, eos_token_id=eos, bos_token_id=bos, stop_token_ids=stops,
+                   chat_template=meta.get("tokenizer.chat_template"), name=name)
+
+    @classmethod
+    def from_hf_folder(cls, folder: str | Path) -> "BPETokenizer":
+        """Build from a Hugging Face folder: ``tokenizer.json`` as it is, ``tokenizer_config.json``
+        (chat template, EOS token) and ``generation_config.json`` (EOS ids) where present."""
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"{folder}: tokenizer.json is missing")
+        backend = Tokenizer.from_file(str(path))
+        conf = _read_json(folder / "tokenizer_config.json")
+        gen = _read_json(folder / "generation_config.json")
+        template = conf.get("chat_template")
+        if template is None and (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        eos_tok = conf.get("eos_token")
+        if isinstance(eos_tok, dict):
+            eos_tok = eos_tok.get("content")
+        eos = backend.token_to_id(eos_tok) if eos_tok else None
+        gen_eos = gen.get("eos_token_id")
+        stops = gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
+        bos_tok = conf.get("bos_token")
+        if isinstance(bos_tok, dict):
+            bos_tok = bos_tok.get("content")
+        return cls(backend, eos_token_id=eos if eos is not None else (stops or [None])[0],
+                   bos_token_id=backend.token_to_id(bos_tok) if bos_tok else None,
+                   stop_token_ids=stops, chat_template=template, name=str(folder))
+
+    # ------------------------------------------------------------------ the interface
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (special tokens in it kept whole; no BOS added)."""
+        if not isinstance(text, str):
+            raise ValueError(f"encode wants a str, got {type(text).__name__}")
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``; bytes that do not complete a UTF-8 character become U+FFFD (a
+        stream holds those back: :func:`llminfra.engine.server.stable_delta`)."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True
+                            ) -> str:
+        """The prompt text for chat ``messages`` (``[{"role", "content"}, …]``), rendered from the
+        model's own template. ``ValueError`` when the model has none."""
+        if not self.chat_template:
+            raise ValueError(f"{self.name} has no chat template (tokenizer.chat_template)")
+        return render_chat_template(self.chat_template, messages, add_generation_prompt,
+                                    bos_token=self._token(self.bos_token_id),
+                                    eos_token=self._token(self.eos_token_id))
+
+    def _token(self, i: int | None) -> str:
+        return "" if i is None else (self.backend.id_to_token(int(i)) or "")
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+
+def render_chat_template(template: str, messages: Sequence[dict], add_generation_prompt: bool,
+                         **extra) -> str:
+    """Render a Hugging Face chat template with jinja2 in a sandbox, ``trim_blocks`` and
+    ``lstrip_blocks`` on and ``raise_exception`` defined, as ``transformers`` does."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    msgs = [dict(m) for m in messages]
+    for m in msgs:
+        if "role" not in m or "content" not in m:
+            raise ValueError(f"a chat message needs 'role' and 'content', got keys {sorted(m)}")
+    return env.from_string(template).render(messages=msgs,
+                                            add_generation_prompt=add_generation_prompt, **extra)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
