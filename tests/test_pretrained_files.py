@@ -264,3 +264,27 @@ def test_missing_wheel_gives_the_install_command(monkeypatch):
         pretrained.pretrained_path("smollm2-135m")
     with pytest.raises(KeyError, match="smollm2-135m"):
         pretrained.pretrained_path("gpt-5")
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_exported_tiny_model_loads_back_with_its_byte_tokenizer(tmp_path, qtype):
+    """export_gguf writes what llama.cpp needs to run the file (the 256 byte tokens, type BYTE,
+    no BOS / EOS / space prefix) and no q/k permutation: load_pretrained reads it back into the
+    same model (F32: the same greedy tokens; Q8_0: logits within the 8-bit rounding)."""
+    from llminfra.model import ByteTokenizer, GGUFFile, generate, load_tiny
+    from llminfra.quant.gguf_export import export_gguf
+    tiny, _ = load_tiny()
+    path = export_gguf(tiny, tmp_path / f"tiny-{qtype}.gguf", qtype)
+    meta = GGUFFile(path).metadata
+    assert meta["tokenizer.ggml.model"] == "llama"
+    assert meta["tokenizer.ggml.tokens"][65] == "<0x41>" and set(
+        meta["tokenizer.ggml.token_type"]) == {6}
+    assert meta["tokenizer.ggml.add_bos_token"] is False
+    model, tok = load_pretrained(path)
+    assert isinstance(tok, ByteTokenizer) and model.config == tiny.config
+    ids = tok.encode("def json.dumps(obj)\n\nReturn ")
+    with torch.no_grad():
+        diff = (model(torch.tensor([ids])) - tiny(torch.tensor([ids]))).abs().max().item()
+    if qtype == "F32":
+        assert generate(model, ids, 16) == generate(tiny, ids, 16)
+    assert diff < (1e-2 if qtype == "F32" else 0.5), diff

@@ -39,6 +39,8 @@ GGUF_BLOCK_NAMES = {"attention.wq": "attn_q", "attention.wk": "attn_k", "attenti
                     "attention_norm": "attn_norm", "ffn_norm": "ffn_norm"}
 #: architectures (``general.architecture``) this loader builds; ``qwen2`` adds q/k/v biases
 ARCHITECTURES = ("llama", "mistral", "qwen2")
+#: ``tokenizer.ggml.token_type`` of a byte token (``<0x41>``) in llama.cpp's vocabularies
+BYTE_TOKEN = 6
 #: block types dequantized here, in PyTorch
 OWN_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
@@ -155,6 +157,11 @@ class _Cursor:
         return self.scalar(kind)
 
 
+def _f32(value) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-05, not 9.99999975e-06)."""
+    return float(str(np.float32(value)))
+
+
 class GGUFFile:
     """One GGUF file: ``metadata`` (key -> value, arrays as lists), ``tensor_info`` (name ->
     ``(type, shape)``), :meth:`config`, :meth:`tensor` and :meth:`state_dict`.
@@ -247,8 +254,8 @@ class GGUFFile:
             n_heads=n_heads, n_kv_heads=int(self._key("attention.head_count_kv", n_heads)),
             ffn_dim=int(self._key("feed_forward_length")),
             max_seq_len=int(self._key("context_length")),
-            rope_theta=float(self._key("rope.freq_base", 10000.0)),
-            norm_eps=float(self._key("attention.layer_norm_rms_epsilon")),
+            rope_theta=_f32(self._key("rope.freq_base", 10000.0)),
+            norm_eps=_f32(self._key("attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in self.tensor_info,
             qkv_bias="blk.0.attn_q.bias" in self.tensor_info)
 

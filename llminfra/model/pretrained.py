@@ -83,7 +83,7 @@ def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32
         f = GGUFFile(path)
         config = f.config()
         state = f.state_dict(config, _param_shapes(config))
-        tokenizer = BPETokenizer.from_gguf_metadata(f.metadata, name=path.name)
+        tokenizer = gguf_tokenizer(f.metadata, name=path.name)
     elif path.exists():
         raise ValueError(f"{path} is neither a .gguf file nor a Hugging Face model folder")
     else:
@@ -91,6 +91,18 @@ def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32
                                 f"({', '.join(PRETRAINED)}), a .gguf file or a folder")
     model = _build(config, state, path)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def gguf_tokenizer(meta: dict, name: str = "gguf"):
+    """The tokenizer a GGUF file's metadata describes: :class:`ByteTokenizer` for the byte
+    vocabulary :func:`llminfra.quant.gguf_export.export_gguf` writes (256 ``<0xNN>`` tokens),
+    else the byte-level BPE of :meth:`BPETokenizer.from_gguf_metadata`."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    if meta.get("tokenizer.ggml.model") == "llama" and list(tokens) == [
+            f"<0x{i:02X}>" for i in range(256)]:
+        from llminfra.model.tokenizer import ByteTokenizer
+        return ByteTokenizer()
+    return BPETokenizer.from_gguf_metadata(meta, name=name)
 
 
 def _param_shapes(config: ModelConfig) -> dict[str, tuple]:
@@ -239,4 +251,4 @@ def load_tokenizer(name_or_path: str | Path = "tiny"):
         raise FileNotFoundError(f"{name_or_path!r} is not a known model "
                                 f"(tiny, {', '.join(PRETRAINED)}), a .gguf file or a folder")
     f = GGUFFile(path)
-    return BPETokenizer.from_gguf_metadata(f.metadata, name=path.name), f.config()
+    return gguf_tokenizer(f.metadata, name=path.name), f.config()

@@ -7,9 +7,13 @@ and one fp16 scale (18 bytes per 32 = 0.5625 bytes/weight) — the same absmax-p
 :mod:`llminfra.quant.rtn`, encoded by the ``gguf`` package (``gguf.quants``). Tensors whose rows
 are not a whole number of 32-blocks (the tiny model's ``w2`` has 688 inputs) and 1-D norms are
 written as F16 / F32, as llama.cpp's converter does. Names follow llama.cpp (``blk.N.attn_q``…).
-Not written: a tokenizer, and the row permutation llama.cpp's converter applies to ``wq``/``wk``
-for its rotary layout — the file shows what the format holds; it is not meant to be run by
-llama.cpp as is. Chapter 03.
+The tokenizer goes in too, so llama.cpp runs the file: the byte vocabulary of
+:class:`llminfra.model.ByteTokenizer` as llama.cpp's ``llama`` (SentencePiece-style) model with
+the 256 byte tokens ``<0x00>`` … ``<0xFF>`` of type BYTE, zero scores, no BOS / EOS and no space
+prefix. No row permutation of ``wq`` / ``wk`` is needed: llama.cpp's converter permutes Hugging
+Face checkpoints into the interleaved rotary layout (pairs (x_2i, x_2i+1)) that
+:func:`llminfra.model.apply_rotary` already uses. :func:`llminfra.model.load_pretrained` reads the
+file back (chapter 03).
 """
 
 from __future__ import annotations
@@ -19,25 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llminfra.model.gguf_file import BYTE_TOKEN, gguf_name
+
 QTYPES = ("Q8_0", "Q4_0", "F16", "F32")
-
-_NAMES = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-          "output.weight": "output.weight"}
-_BLOCK = {"attention.wq": "attn_q", "attention.wk": "attn_k", "attention.wv": "attn_v",
-          "attention.wo": "attn_output", "feed_forward.w1": "ffn_gate",
-          "feed_forward.w2": "ffn_down", "feed_forward.w3": "ffn_up",
-          "attention_norm": "attn_norm", "ffn_norm": "ffn_norm"}
-
-
-def gguf_name(name: str) -> str:
-    """llama.cpp's tensor name for a parameter name of :class:`llminfra.model.Transformer`."""
-    if name in _NAMES:
-        return _NAMES[name]
-    parts = name.split(".")
-    if parts[0] == "layers":
-        stem = ".".join(parts[2:-1])
-        return f"blk.{parts[1]}.{_BLOCK.get(stem, stem)}.{parts[-1]}"
-    return name
 
 
 def export_gguf(model, path: str | Path, qtype: str = "Q8_0") -> Path:
@@ -58,6 +46,7 @@ def export_gguf(model, path: str | Path, qtype: str = "Q8_0") -> Path:
     w.add_rope_freq_base(float(c.rope_theta))
     w.add_layer_norm_rms_eps(float(c.norm_eps))
     w.add_vocab_size(c.vocab_size)
+    _add_byte_vocabulary(w, c.vocab_size)
     for name, p in model.state_dict().items():
         _add_tensor(w, gguf_name(name), p, qtype if name.startswith("layers.") else "F16")
     w.write_header_to_file()
@@ -65,6 +54,21 @@ def export_gguf(model, path: str | Path, qtype: str = "Q8_0") -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def _add_byte_vocabulary(writer, vocab_size: int) -> None:
+    """The byte tokenizer as llama.cpp reads it: token i is ``<0xII>``, type BYTE."""
+    if vocab_size != 256:
+        raise ValueError(f"export_gguf writes the byte tokenizer's 256 tokens; this model has a "
+                         f"vocabulary of {vocab_size}")
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([f"<0x{i:02X}>" for i in range(256)])
+    writer.add_token_scores([0.0] * 256)
+    writer.add_token_types([BYTE_TOKEN] * 256)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
 
 
 def _add_tensor(writer, name: str, p: torch.Tensor, qtype: str) -> None:
