@@ -170,12 +170,16 @@ def test_logits_equal_transformers(ours, hf, prompt_ids):
 
 # ------------------------------------------------------------------------- greedy tokens
 def test_generate_equals_transformers(ours, prompt_ids, hf_greedy):
-    from llminfra.model import DenseKVCache, generate
+    """The readable ``generate`` (dense cache) and the fast decode path (fused projections,
+    preallocated cache) both give transformers' greedy tokens."""
+    from llminfra.model import DenseKVCache, FastDecoder, generate
     model, tok = ours
+    fast = FastDecoder(model, max_len=256)
     for ids, want in zip(prompt_ids, hf_greedy):
         got = generate(model, ids, max_new_tokens=NEW_TOKENS,
                        cache=DenseKVCache(model.config.n_layers))
         assert _until_stop(got, tok.stop_token_ids) == want, tok.decode(ids)
+        assert _until_stop(fast.generate(ids, NEW_TOKENS), tok.stop_token_ids) == want
 
 
 ENGINE_SETTINGS = {

@@ -288,3 +288,24 @@ def test_exported_tiny_model_loads_back_with_its_byte_tokenizer(tmp_path, qtype)
     if qtype == "F32":
         assert generate(model, ids, 16) == generate(tiny, ids, 16)
     assert diff < (1e-2 if qtype == "F32" else 0.5), diff
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fast_decoder_gives_the_readable_models_tokens(tmp_path, arch):
+    """FastDecoder (fused q/k/v and gate/up, preallocated cache, complex rotary): the same greedy
+    tokens as ``generate`` and the same last logits, with GQA, q/k/v biases and llama3 rope
+    scaling; bad arguments are refused by name."""
+    from llminfra.model import FastDecoder, generate
+    _, folder = _hf_folder(tmp_path, arch)
+    model, _ = load_pretrained(folder)
+    fast = FastDecoder(model, max_len=64)
+    assert fast.generate(IDS[0], 24) == generate(model, IDS[0], 24)
+    with torch.no_grad():
+        torch.testing.assert_close(fast.forward(torch.tensor(IDS[0]), 0),
+                                   model(torch.tensor(IDS))[0, -1], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="exceed max_len 64"):
+        fast.generate(IDS[0], 60)
+    with pytest.raises(ValueError, match="outside"):
+        fast.generate([VOCAB], 1)
+    with pytest.raises(ValueError, match="max_len must be in"):
+        FastDecoder(model, max_len=0)

@@ -215,7 +215,8 @@ class Transformer(nn.Module):
       :class:`llminfra.attention.StepMetadata` that ``cache.prepare_step(seq_ids, query_lens)``
       built (or ``StepMetadata.build(...)`` without a cache). If a layer fails, the cache's
       ``rollback_step(meta)`` undoes the step's reservation.
- Weights are drawn from
+
+    Weights are drawn from
     ``generator`` (seed 0 when omitted, so ``Transformer(config)`` is reproducible): normal with
     std 0.02, the residual projections wo and w2 with 0.02/√(2L) (GPT-2's scaling).
     """

@@ -1,0 +1,128 @@
+"""A fast batch-1 decode path beside the readable model: the same weights, fewer torch calls.
+
+On a CPU a 135 M-parameter model's decode step should cost what reading its weights costs (the
+floor of chapter 08's roofline: weight bytes / memory bandwidth). The readable
+:class:`llminfra.model.Transformer` spends about as long again in Python and in small torch
+calls: three q/k/v projections, two gate/up projections, a rotary of a dozen element-wise
+operations, a growing ``torch.cat`` cache, per layer. :class:`FastDecoder` keeps the arithmetic
+and removes the calls:
+
+* q, k and v come from one matrix (their weights stacked, ``(H·d + 2·H_kv·d, dim)``), gate and
+  up from another (``(2·I, dim)``): one matrix-vector product each instead of three and two;
+* the K/V cache is one preallocated tensor per layer, written in place at the step's position;
+* rotary positions are a complex multiplication by precomputed ``cos + i·sin`` (the pairs
+  (x_2i, x_2i+1) of :func:`llminfra.model.apply_rotary` read as complex numbers);
+* RMSNorm and attention are PyTorch's fused ``rms_norm`` and ``scaled_dot_product_attention``;
+* only the last position's logits are computed.
+
+Greedy tokens equal the readable model's (``tests/test_pretrained.py`` checks both against
+Hugging Face ``transformers``); ``python -m llminfra bench real`` measures both against the
+floor. Chapter 08.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from llminfra.model.transformer import Transformer, rope_inv_freq
+
+
+class FastDecoder:
+    """``FastDecoder(model, max_len=None).generate(prompt_ids, max_new_tokens) -> list[int]``:
+    greedy decoding of one sequence with fused projections and a preallocated cache.
+
+    ``max_len`` (default ``model.config.max_seq_len``) bounds prompt + new tokens; the cache
+    holds ``2 · L · H_kv · max_len · d`` values. The fused matrices are copies: the decoder costs
+    the projections' memory again (the embedding / output matrix is shared).
+    """
+
+    def __init__(self, model: Transformer, max_len: int | None = None):
+        c = model.config
+        self.config = c
+        self.max_len = c.max_seq_len if max_len is None else int(max_len)
+        if not 1 <= self.max_len <= c.max_seq_len:
+            raise ValueError(f"max_len must be in [1, {c.max_seq_len}], got {max_len!r}")
+        p = next(model.parameters())
+        dtype, device = p.dtype, p.device
+        with torch.no_grad():
+            self.layers = []
+            for block in model.layers:
+                a, f = block.attention, block.feed_forward
+                bias = (torch.cat([a.wq.bias, a.wk.bias, a.wv.bias])
+                        if a.wq.bias is not None else None)
+                self.layers.append((
+                    block.attention_norm.weight.detach(),
+                    torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]).contiguous(), bias,
+                    a.wo.weight.detach(), block.ffn_norm.weight.detach(),
+                    torch.cat([f.w1.weight, f.w3.weight]).contiguous(), f.w2.weight.detach()))
+        self.embedding = model.tok_embeddings.weight.detach()
+        self.norm = model.norm.weight.detach()
+        self.output = model.output.weight.detach()
+        d = c.head_dim
+        self.split = (c.n_heads * d, c.n_kv_heads * d, c.n_kv_heads * d)
+        shape = (c.n_layers, 1, c.n_kv_heads, self.max_len, d)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        inv_freq = rope_inv_freq(d, c.rope_theta, c.rope_scaling, device)
+        angles = torch.outer(torch.arange(self.max_len, device=device, dtype=torch.float32),
+                             inv_freq)  # (max_len, d/2)
+        self.rotation = torch.polar(torch.ones_like(angles), angles)  # cos + i·sin
+
+    def _rotate(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """x ``(1, T, heads, d)`` -> rotated, each pair (x_2i, x_2i+1) times e^{i·m·θ_i}."""
+        xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (1, T, heads, d/2)
+        return torch.view_as_real(xc * rot[:, None]).flatten(-2).to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        """Logits ``(V,)`` of the last of ``tokens`` ``(T,)`` at positions pos .. pos+T-1; their
+        K/V are written to the cache. A prompt starts at pos 0; later calls feed one token."""
+        c, (nq, nkv, _) = self.config, self.split
+        T, d, dim = tokens.shape[0], c.head_dim, c.dim
+        if T > 1 and pos != 0:
+            raise ValueError(f"several tokens ({T}) only at pos 0 (a prompt), got pos {pos}")
+        end = pos + T
+        if end > self.max_len:
+            raise ValueError(f"positions up to {end - 1} do not fit max_len {self.max_len}")
+        rot = self.rotation[pos:end]
+        x = F.embedding(tokens, self.embedding)[None]  # (1, T, dim)
+        for i, (attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2) in enumerate(self.layers):
+            h = F.rms_norm(x, (dim,), attn_norm, c.norm_eps)
+            q, k, v = F.linear(h, wqkv, bqkv).split(self.split, dim=-1)
+            q = self._rotate(q.view(1, T, c.n_heads, d), rot).transpose(1, 2)  # (1, H, T, d)
+            k = self._rotate(k.view(1, T, c.n_kv_heads, d), rot).transpose(1, 2)
+            self.k[i, :, :, pos:end] = k
+            self.v[i, :, :, pos:end] = v.view(1, T, c.n_kv_heads, d).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end],
+                                                 is_causal=T > 1, enable_gqa=True)
+            x = x + F.linear(out.transpose(1, 2).reshape(1, T, nq), wo)
+            gate, up = F.linear(F.rms_norm(x, (dim,), ffn_norm, c.norm_eps), w13).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, w2)
+        return F.linear(F.rms_norm(x[0, -1], (dim,), self.norm, c.norm_eps), self.output)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """The ``max_new_tokens`` greedy tokens after ``prompt_ids`` (prompt not included)."""
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("prompt_ids is empty: give at least one token")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if len(ids) + max_new_tokens - 1 > self.max_len:
+            raise ValueError(f"{len(ids)} prompt + {max_new_tokens} new tokens exceed max_len "
+                             f"{self.max_len}")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:3]} outside [0, {self.config.vocab_size})")
+        new: list[int] = []
+        if max_new_tokens == 0:
+            return new
+        device = self.embedding.device
+        logits = self.forward(torch.tensor(ids, device=device), 0)
+        for step in range(max_new_tokens):
+            new.append(int(logits.argmax()))
+            if step < max_new_tokens - 1:
+                logits = self.forward(torch.tensor(new[-1:], device=device), len(ids) + step)
+        return new
