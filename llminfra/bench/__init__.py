@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "gpu": "llminfra.bench.gpu",
     "serving": "llminfra.bench.serving",
     "roofline": "llminfra.bench.roofline",
+    "real": "llminfra.bench.real",
 }
 
 

@@ -1,0 +1,74 @@
+"""bench real: the suite is registered, runs end to end on a tiny workload against transformers,
+returns every key with positive finite numbers, and the engine's greedy tokens equal
+transformers' on that workload (correctness only: timings are judged in the bench run)."""
+
+import math
+
+import pytest
+
+from llminfra.bench import SUITES, load_suite
+from llminfra.bench import real
+
+pytestmark = pytest.mark.slow
+
+HF_MODES = tuple(real.HF_STATIC)
+
+
+def test_registered():
+    assert SUITES["real"] == "llminfra.bench.real"
+    assert load_suite("real") is real
+
+
+def test_missing_transformers_says_how_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "transformers", None)   # import now raises ImportError
+    with pytest.raises(ImportError, match="pip install transformers accelerate"):
+        real.run(quick=True)
+
+
+@pytest.fixture(scope="module")
+def result():
+    pytest.importorskip("transformers")  # a test extra: `make test` installs it
+    return real.run(quick=True, n_requests=4, max_output=8, repeats=1)
+
+
+def _numbers(x):
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _numbers(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _numbers(v)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield x
+
+
+def test_keys_and_positive_finite_numbers(result):
+    sides = set(result["throughput_tokens_per_s"])
+    assert {"engine", *HF_MODES} <= sides <= set(real.SIDES)
+    if "hf_continuous" not in sides:
+        assert any("hf_continuous" in n for n in result["notes"])
+    for key in ("ttft_p50_s", "ttft_p99_s", "throughput_tokens_per_s_runs"):
+        assert set(result[key]) == sides, key
+    assert set(result["decode_ms_per_token"]) == {"eager", "fast"}
+    assert set(result["decode_floor_ms"]) == {"fp32", "int4"}
+    assert result["decode_floor_ms"]["int4"] < result["decode_floor_ms"]["fp32"]
+    assert result["threads"] == 1 and result["environment"]["transformers"]
+    assert result["best_hf_mode"] in sides - {"engine"}
+    for key in ("engine_vs_best_hf", "eager_vs_floor", "fast_vs_floor",
+                "copy_bandwidth_bytes_per_s"):
+        assert result[key] > 0
+    assert all(isinstance(v, bool) for v in result["targets_met"].values())
+    numbers = [v for k, v in result.items() if k not in ("seed", "quick")]
+    assert all(math.isfinite(v) and v > 0 for v in _numbers(numbers))
+    assert result["workload"]["num_requests"] == 4
+    table = real.format_table(result)
+    assert "engine" in table and "targets" in table
+
+
+def test_engine_and_transformers_give_the_same_greedy_tokens(result):
+    """Every HF mode (batch 1, left-padded batches, its continuous batching) generated exactly
+    the engine's tokens for every request of the workload."""
+    assert result["greedy_tokens_equal_engine"]
+    for side, share in result["greedy_tokens_equal_engine"].items():
+        assert share == 1.0, side
