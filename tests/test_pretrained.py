@@ -18,7 +18,12 @@ import torch
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import GGUFFile, load_pretrained, load_tokenizer, pretrained_path
 
-pytestmark = pytest.mark.slow
+# one torch thread: two OpenMP threads stall each other on a shared 2-core CPU (under the CI's
+# second worker, batch-1 decode with 2 threads ran 10x slower)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+#: the readable generate() is checked on these prompts (English, Korean, a chat); the fast path,
+#: the engine and the server on all of them
+EAGER_PROMPTS = (0, 2, 6)
 
 NEW_TOKENS = 64
 SYSTEM = "You are a concise assistant for a course on serving LLMs."
@@ -175,11 +180,13 @@ def test_generate_equals_transformers(ours, prompt_ids, hf_greedy):
     from llminfra.model import DenseKVCache, FastDecoder, generate
     model, tok = ours
     fast = FastDecoder(model, max_len=256)
-    for ids, want in zip(prompt_ids, hf_greedy):
-        got = generate(model, ids, max_new_tokens=NEW_TOKENS,
-                       cache=DenseKVCache(model.config.n_layers))
-        assert _until_stop(got, tok.stop_token_ids) == want, tok.decode(ids)
-        assert _until_stop(fast.generate(ids, NEW_TOKENS), tok.stop_token_ids) == want
+    for i, (ids, want) in enumerate(zip(prompt_ids, hf_greedy)):
+        assert _until_stop(fast.generate(ids, NEW_TOKENS), tok.stop_token_ids) == want, \
+            tok.decode(ids)
+        if i in EAGER_PROMPTS:
+            got = generate(model, ids, max_new_tokens=NEW_TOKENS,
+                           cache=DenseKVCache(model.config.n_layers))
+            assert _until_stop(got, tok.stop_token_ids) == want, tok.decode(ids)
 
 
 ENGINE_SETTINGS = {

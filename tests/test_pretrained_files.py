@@ -21,6 +21,7 @@ import torch
 from llminfra.model import load_pretrained, load_tokenizer
 
 transformers = pytest.importorskip("transformers")  # a test extra: `make test` installs it
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 VOCAB = 300
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
