@@ -52,17 +52,24 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 course: $(BIN)/.course-installed
 	$(BIN)/jupyter lab $(LAB_ARGS) $(COURSE_LAB_ARGS)
 
-# the longest file first (the browser tests: ~9.5 of ~25 worker-minutes on a slow 2-core CPU),
-# then the notebooks, so that the two workers finish together (pytest drops the repeated path)
+# One torch thread per worker (and per notebook kernel): two workers on two cores, and OpenMP
+# threads that wait on each other cost more than they give. The notebooks' stored outputs were
+# computed with torch's default thread count, so nbval here also shows that they do not depend
+# on it. --dist loadscope with conftest.py's scopes: a file is one unit, except each browser
+# test; the longest units go first (no reordering by size), so that the workers finish together.
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
 test: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.exercises --check
 	$(BIN)/python -m llminfra.course.colab --check
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
 		--nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 300 \
 		tests/test_browser.py notebooks tests solutions
 
+# the inner loop: unit tests only (no notebooks, no browser, nothing marked slow)
 test-fast: $(BIN)/.test-installed
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope \
+		--no-loadscope-reorder -m "not slow and not browser" tests
 
 # maintainers: re-run the notebooks and store their outputs, then regenerate exercises/
 notebooks: $(BIN)/.test-installed

@@ -194,10 +194,17 @@ def _menu(page, menu: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{re.escape(item)}$")).click()
 
 
+#: JavaScript: each code cell's input prompt (``[ ]``, ``[*]``, ``[3]``). A cell whose source is
+#: collapsed (the Colab cell: ``source_hidden``) shows a placeholder without a count instead:
+#: it reads ``[ran]`` once it has an output (outputs are cleared before the run), else ``[ ]``.
 _PROMPTS = """(panelSelector) => {
   const panel = document.querySelector(panelSelector);
-  return panel ? [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-      .map(p => p.textContent.trim()) : [];  // innerText is '' off screen
+  return panel ? [...panel.querySelectorAll('.jp-CodeCell')].map(c => {
+      if (c.querySelector('.jp-InputPlaceholder'))
+        return c.querySelector('.jp-OutputArea-child') ? '[ran]' : '[ ]';
+      const p = c.querySelector('.jp-InputPrompt');
+      return p ? p.textContent.trim() : '';  // innerText is '' off screen
+  }) : [];
 }"""
 #: JavaScript: run-all has ended. Either the last code cell shows its execution count, or
 #: run-all stopped at an error (an error output; a warning on stderr is not one); and no cell is
@@ -205,15 +212,14 @@ _PROMPTS = """(panelSelector) => {
 _RUN_FINISHED = """(panelSelector) => {
   const panel = document.querySelector(panelSelector);
   if (!panel) return false;
-  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-      .map(p => p.textContent.trim());
+  const prompts = (PROMPTS)(panelSelector);
   if (prompts.length === 0 || prompts.some(p => p.includes('*'))) return false;
   if (/\\[\\d+\\]/.test(prompts[prompts.length - 1])) return true;
   const error = /ERROR_MARK/m;
   return [...panel.querySelectorAll(
       ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
       .some(e => error.test(e.textContent));
-}""".replace("ERROR_MARK", ERROR_MARK.pattern)
+}""".replace("ERROR_MARK", ERROR_MARK.pattern).replace("(PROMPTS)", f"({_PROMPTS})")
 #: how long the kernel may take to start the first cell after "Run All" (it is idle by then)
 RUN_START_TIMEOUT_MS = 60_000
 
@@ -239,7 +245,7 @@ def run_all_cells(page, timeout_ms: int) -> None:
                               "[data-mime-type='application/vnd.jupyter.stderr']")
         errors = [t for t in stderr.all_text_contents() if ERROR_MARK.search(t)]
         prompts = page.evaluate(_PROMPTS, PANEL)
-        not_run = [i for i, p in enumerate(prompts) if not re.search(r"\[\d+\]", p)]
+        not_run = [i for i, p in enumerate(prompts) if not re.search(r"\[(\d+|ran)\]", p)]
         if errors or not_run:
             raise CellError(f"{len(errors)} cell(s) show an error, code cells {not_run} did not "
                             f"run; first error:\n{errors[0][-2000:] if errors else '(none)'}")
@@ -366,6 +372,23 @@ def _value(row: WidgetRow, control) -> float | int | str:
     return int(value) if value == int(value) else value
 
 
+def _press_slider(page, row: WidgetRow, control, attempts: int = 3) -> None:
+    """Focus the slider's handle and press ``row.move``; until its readout changes, focus and
+    press again (on a loaded machine a key press sent while JupyterLab is still moving focus
+    after "Run All" can land elsewhere). A readout that never changes fails here, by name."""
+    start = _value(row, control)
+    for _ in range(attempts):
+        control.locator(".noUi-handle").focus()
+        page.keyboard.press(row.move)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if _value(row, control) != start:
+                return
+            time.sleep(0.2)
+    raise WidgetDidNotChange(f"{row.chapter}: the slider's readout stayed at {start} after "
+                             f"{attempts} presses of {row.move} on its focused handle")
+
+
 def _normal(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
@@ -394,8 +417,7 @@ def _move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: i
     elif row.move.startswith("select:"):
         control.locator("select").select_option(label=row.move[len("select:"):])
     else:
-        control.locator(".noUi-handle").focus()
-        page.keyboard.press(row.move)
+        _press_slider(page, row, control)
     value = _value(row, control)
     want = [_normal(s) for s in row.expected(value)]
     deadline = time.monotonic() + timeout_ms / 1000

@@ -1,5 +1,7 @@
 """Shared test fixtures."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -21,3 +23,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real model and its tokenizer, loaded by the package (``load_pretrained``)."""
+    from llminfra.model import load_pretrained
+    torch.manual_seed(0)
+    return load_pretrained("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """transformers' model and tokenizer, loaded by its own GGUF code from the same file (about
+    30 s: its reader parses the file's metadata once per object). Session-wide: the files that use
+    it share one worker (``SHARED_WORKER`` in the root conftest.py)."""
+    transformers = pytest.importorskip("transformers")  # a test extra: `make test` installs it
+    from llminfra.bench.real import load_hf_model
+    from llminfra.model import pretrained_path
+    path = pretrained_path("smollm2-135m")
+    model = load_hf_model(transformers, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model, tok

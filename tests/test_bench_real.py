@@ -9,7 +9,7 @@ import pytest
 from llminfra.bench import SUITES, load_suite
 from llminfra.bench import real
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow   # one worker with test_pretrained.py (conftest.py): one transformers load
 
 HF_MODES = tuple(real.HF_STATIC)
 
@@ -27,9 +27,9 @@ def test_missing_transformers_says_how_to_install(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def result():
-    pytest.importorskip("transformers")  # a test extra: `make test` installs it
-    return real.run(quick=True, n_requests=4, max_output=8, repeats=1)
+def result(smollm2, smollm2_hf):
+    return real.run(quick=True, n_requests=4, max_output=8, repeats=1,
+                    models=(*smollm2, smollm2_hf[0]))
 
 
 def _numbers(x):

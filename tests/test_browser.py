@@ -1,6 +1,6 @@
 """Every chapter's widgets in real JupyterLab, driven by headless Chromium (issue 12, §1 and §6).
 
-One private JupyterLab per session serves a copy of the repository, started with the arguments
+One private JupyterLab per worker serves a copy of the repository, started with the arguments
 ``make course`` uses (``tests/browser_lab.py``). For each chapter in :data:`ROWS` the test opens
 the notebook, waits until the server lists its kernel as connected and idle (JupyterLab's own
 indicator reads "idle" before the notebook has a kernel, and "Run All" clicked then runs
@@ -204,9 +204,12 @@ def _require_browser() -> None:
                  "(no `playwright install` needed, the system chromium is used)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """One JupyterLab for the session, serving a copy of the repository as `make course` does."""
+    """One JupyterLab for this module's tests on a worker, serving a copy of the repository as
+    `make course` does. Module-scoped, not session-scoped: under xdist a worker goes on to
+    other files after its browser tests, and playwright's sync API keeps an asyncio loop
+    running in the main thread while it is open (``asyncio.run`` in a later test would fail)."""
     _require_browser()
     home = tmp_path_factory.mktemp("lab")
     server = start_lab(home, copy_repository(home / "repo"))
@@ -216,7 +219,7 @@ def lab(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(lab):
     from playwright.sync_api import sync_playwright
 

@@ -158,3 +158,24 @@ def test_a_wrapped_stub_still_reads_as_not_attempted():
     assert wrapper.__code__.co_filename.endswith("ch07.py")
     with pytest.raises(NotAttempted):
         run_checks("stub", lambda x: stub(x), lambda x: x, [Case("c", (1,))], owner=wrapper)
+
+
+def test_jupyter_shows_the_verdict_not_a_traceback_through_the_checker(tmp_path):
+    """IPython prints ``_render_traceback_()`` instead of the traceback: the message alone for a
+    wrong answer; for an answer whose own code raised, the frames of that code (the learner's
+    file), none of the package's or torch's."""
+    with pytest.raises(CheckFailed) as wrong:
+        run_checks("f", lambda n: n + 1, lambda n: n, [((1,), {})], seed=3, replay="ch00.check_f")
+    lines = wrong.value._render_traceback_()
+    assert len(lines) == 1 and "CheckFailed" in lines[0] and "seed=3" in lines[0]
+
+    learner = tmp_path / "learner_cell.py"
+    learner.write_text("import torch\n\ndef answer(n):\n    return torch.ones(3) @ torch.ones(4)\n")
+    namespace = {}
+    exec(compile(learner.read_text(), str(learner), "exec"), namespace)
+    with pytest.raises(CheckFailed) as raised:
+        run_checks("f", namespace["answer"], lambda n: n, [((1,), {})])
+    text = "\n".join(raised.value._render_traceback_())
+    assert "raised RuntimeError" in text and "where your code raised it" in text
+    assert str(learner) in text and "torch.ones(3) @ torch.ones(4)" in text
+    assert "checking.py" not in text and "site-packages" not in text

@@ -1,5 +1,6 @@
 """Exercises: generated from solutions, in sync, and every checker fails on the stubs."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -74,15 +75,20 @@ def test_stubs_fail_every_checker(path):
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
-    errors, passed = [], []
+    errors, passed, long = [], [], []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             if out.output_type == "error":
                 errors.append(out.ename)
+                # a checker's verdict is its message alone (CheckFailed._render_traceback_)
+                if out.ename == "NotAttempted" and (len(out.traceback) != 1 or any(
+                        "checking.py" in t or "/checks/" in t for t in out.traceback)):
+                    long.append(out.traceback)
             text = out.get("text", "") if out.output_type == "stream" else ""
             if "random cases passed" in text:
                 passed.append(cell.source[:80])
     assert not passed, f"a checker passed on a stub: {passed}"
+    assert not long, f"a checker's message came with a traceback: {long[0]}"
     assert "NotAttempted" in errors, "no checker ran against a stub"
     unexpected = [e for e in errors if e not in ("NotImplementedError", "NotAttempted")]
     assert not unexpected, f"errors other than the stubs': {unexpected}"
@@ -160,3 +166,23 @@ def test_one_check_per_cell():
     annotate(nb, "01")
     assert nb.cells[0].metadata["nbgrader"]["grade_id"] == "01-f-answer"
     assert nb.cells[1].metadata["nbgrader"]["grade_id"] == "01-f"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_a_checker_cells_example_prints_any_answer_the_checker_accepts(path):
+    """The checker accepts a float for an int, a ``Fraction``, a NumPy or 0-d tensor scalar; the
+    example print after it must too: a learner's value is formatted through ``int(...)`` or
+    ``float(...)`` (``f"{x:,d}"`` raises for 2.0, ``f"{Fraction(1, 3):.4g}"`` before Python 3.12)."""
+    nb = nbformat.read(path, as_version=4)
+    bare = re.compile(r"\{(?!int\(|float\()([A-Za-z_][\w.]*\([^{}]*\))[^{}]*:[^{}]*[dgf,]\}")
+    found = [m.group(0) for c in nb.cells if c.cell_type == "code" and checked_names(c.source)
+             for line in c.source.splitlines() if "check_" not in line
+             for m in bare.finditer(line)
+             if m.group(1).split("(")[0] in _learner_functions(nb)]
+    assert not found, f"{path.name}: a learner's value printed without int() / float(): {found}"
+
+
+def _learner_functions(nb) -> set[str]:
+    """Names the notebook's answer cells define (``def name(``)."""
+    return {m.group(1) for c in nb.cells if c.cell_type == "code" and BEGIN in c.source
+            for m in re.finditer(r"^def (\w+)\(", c.source, re.M)}

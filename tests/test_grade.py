@@ -128,6 +128,10 @@ def test_status_of_a_checker_cell():
 
     def err(ename):
         return [nbformat.v4.new_output("error", ename=ename, evalue="why", traceback=[])]
+    assert grade.status_of(cell)[0] == "errored"            # no error, but no ✓ line either
+    assert grade.status_of(cell, checker=False) == ("passed", "")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="✓ f: 5 random cases "
+                                           "passed\n")]
     assert grade.status_of(cell) == ("passed", "")
     cell.outputs = err("CheckFailed")
     assert grade.status_of(cell) == ("failed", "why")
@@ -156,3 +160,92 @@ def test_report_totals():
     text = grade.report(results)
     assert "a: 1 of 2 exercises passed" in text and "b: 0 of 1 exercises passed" in text
     assert text.splitlines()[-1].startswith("total: 1 passed, 1 failed, 1 not attempted, 0 errored")
+
+
+def _solution_07_with(answer_edit: tuple[str, str] | None = None,
+                      extra_cell: str | None = None) -> nbformat.NotebookNode:
+    """The chapter-07 solution, one answer cell edited, or a cell added before the first
+    checker cell."""
+    nb = nbformat.read(ROOT / "solutions" / NB07, as_version=4)
+    annotate(nb, "07")
+    if answer_edit is not None:
+        (cell,) = [c for c in nb.cells if answer_edit[0] in c.source]
+        cell.source = cell.source.replace(*answer_edit)
+    if extra_cell is not None:
+        first = grade.exercise_cells(nb)[0][0]
+        nb.cells.insert(first, nbformat.v4.new_code_cell(extra_cell))
+    return nb
+
+
+def test_a_hang_inside_a_bare_except_is_never_a_pass(tmp_path):
+    """The answer loops inside ``except:``, which swallows the time limit's interrupt: that cell
+    and every checker after it are errored, none passed (before: all graded passed)."""
+    hang = "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except:\n        pass\n"
+    nbformat.write(_solution_07_with(extra_cell=hang), tmp_path / NB07)
+    results = grade.grade(tmp_path, timeout_s=4, reference_dir=ROOT / "exercises")
+    assert len(results) == 3
+    assert all(r.status == "errored" for r in results), results
+    assert all("interrupted" in r.message for r in results), results
+
+
+def test_a_monkeypatched_checker_does_not_pass(tmp_path):
+    """An answer cell that replaces the checker (and run_checks) with one that prints the pass
+    line: the grader's fresh import of the checkers still finds the wrong answers."""
+    patch = ("from llminfra.course import checking\nfrom llminfra.course.checks import ch07\n"
+             "fake = lambda *a, **k: print('✓ faked: 5 random cases passed')\n"
+             "checking.run_checks = fake\n"
+             "for name in dir(ch07):\n    if name.startswith('check_'):\n"
+             "        setattr(ch07, name, fake)\n"
+             "check_column_shard = check_row_shard = check_bubble = fake\n")
+    nb = _wrong_07()
+    annotate(nb, "07")
+    first = grade.exercise_cells(nb)[0][0]
+    nb.cells.insert(first, nbformat.v4.new_code_cell(patch))
+    nbformat.write(nb, tmp_path / NB07)
+    results = {r.exercise: r.status for r in grade.grade(tmp_path, timeout_s=120,
+                                                         reference_dir=ROOT / "exercises")}
+    assert results["07-column_shard"] == "failed" and results["07-row_shard"] == "failed"
+    assert "passed" not in results.values()
+
+
+def test_only_the_course_notebooks_are_graded_and_missing_ones_reported(tmp_path):
+    """Untitled.ipynb and a -Copy1 are ignored (not counted); a notebook another student handed
+    in gives its exercises 'not attempted' for the one who did not. (No kernel runs: ada's
+    notebook is unreadable.)"""
+    (tmp_path / "ada").mkdir()
+    (tmp_path / "bo").mkdir()
+    (tmp_path / "ada" / NB07).write_text("{ not json")
+    for name in ("Untitled.ipynb", NB07.replace(".ipynb", "-Copy1.ipynb")):
+        (tmp_path / "bo" / name).write_text((ROOT / "solutions" / NB07).read_text())
+    ignored = []
+    results = grade.grade(tmp_path, reference_dir=ROOT / "exercises", ignored=ignored)
+    assert sorted(p.name for _, p in ignored) == ["07_tensor_and_pipeline_parallelism-Copy1.ipynb",
+                                                  "Untitled.ipynb"]
+    assert {r.notebook for r in results} == {NB07}
+    ada = [r for r in results if r.student == "ada"]
+    assert [r.status for r in ada] == ["errored"] and "cannot read" in ada[0].message
+    bo = [r for r in results if r.student == "bo"]
+    assert sorted(r.exercise for r in bo) == ["07-bubble", "07-column_shard", "07-row_shard"]
+    assert all(r.status == "not attempted" and r.message == "notebook missing from the student's "
+               "folder" for r in bo)
+
+
+def test_run_from_another_directory_still_restores_the_checkers(tmp_path, monkeypatch, capsys):
+    """Without --reference, from a folder with no exercises/: the course's own exercise
+    notebooks are the reference, so a checker cell replaced by a print is restored and the
+    wrong answers are found."""
+    nb = _wrong_07()
+    annotate(nb, "07")
+    for i, _ in grade.exercise_cells(nb):
+        nb.cells[i].source = "print('✓ all good: 5 random cases passed')"
+    (tmp_path / "class" / "bo").mkdir(parents=True)
+    nbformat.write(nb, tmp_path / "class" / "bo" / NB07)
+    (tmp_path / "class" / "bo" / "Untitled.ipynb").write_text(nbformat.writes(nb))
+    monkeypatch.chdir(tmp_path)
+    csv_path = tmp_path / "r.csv"
+    assert grade.main(["class", "--csv", str(csv_path), "--timeout", "300"]) == 0
+    with open(csv_path) as f:
+        rows = [r for r in csv.DictReader(f) if r["notebook"] == NB07]
+    assert len(rows) == 3 and "passed" not in {r["status"] for r in rows}, rows
+    out = capsys.readouterr().out
+    assert "ignored (not a course exercise notebook): bo: Untitled.ipynb" in out

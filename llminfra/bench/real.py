@@ -252,17 +252,19 @@ def cpu_name() -> str:
 
 
 def run(quick: bool = False, n_requests: int | None = None, max_output: int | None = None,
-        repeats: int | None = None) -> dict:
+        repeats: int | None = None, models: tuple | None = None) -> dict:
     """Everything in the module docstring on one thread (restored afterwards). ``quick``: the
     smaller sizes of :data:`SIZES`; ``n_requests``, ``max_output`` (a cap on each request's
     output tokens and on the decode measurement's) and ``repeats`` override them (the tests
-    run a tiny workload). ``ImportError`` without transformers."""
+    run a tiny workload). ``models``: ``(model, tokenizer, hf_model)`` already loaded from the
+    same file (the tests load transformers' once for all their checks), else both are loaded
+    here. ``ImportError`` without transformers."""
     transformers = import_transformers()
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         return _run(transformers, dict(SIZES[bool(quick)]), quick, n_requests, max_output,
-                    repeats)
+                    repeats, models)
     finally:
         torch.set_num_threads(before)
 
@@ -298,14 +300,18 @@ def _compare(transformers, model, tok, hf, work, prompts, repeats: int, notes: l
     return {"best": best, "runs": runs}
 
 
-def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats) -> dict:
+def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
+         models) -> dict:
     t_start = time.perf_counter()
     size.update({k: v for k, v in dict(n_requests=n_requests, repeats=repeats).items()
                  if v is not None})
     if max_output is not None:
         size["decode_tokens"] = min(size["decode_tokens"], max_output)
-    model, tok = load_pretrained(MODEL)
-    hf = load_hf_model(transformers, pretrained_path(MODEL))
+    if models is None:
+        model, tok = load_pretrained(MODEL)
+        hf = load_hf_model(transformers, pretrained_path(MODEL))
+    else:
+        model, tok, hf = models
     work = real_workload(size["n_requests"], torch.Generator().manual_seed(SEED),
                          scale=size["scale"], max_seq_len=size["max_seq_len"],
                          max_output=max_output)

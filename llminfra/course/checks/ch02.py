@@ -73,12 +73,17 @@ def _spec_name(spec: ModelSpec) -> str:
             f"H_kv={spec.num_kv_heads}, d={spec.head_dim})")
 
 
+def _bytes(n: float) -> str:
+    """``1 byte``, ``0.5 bytes``, ``2 bytes``."""
+    return f"{n:g} byte" + ("" if n == 1 else "s")
+
+
 def _kv_hint(args, kwargs, expected, got) -> str:
     spec, kv_dtype = args
     L, Hkv, H, d = spec.num_layers, spec.num_kv_heads, spec.num_heads, spec.head_dim
     b = dtype_bytes(kv_dtype)
     wrong = {
-        f"you ignored kv_dtype: {kv_dtype} takes {b:g} bytes per element, not 2 (use "
+        f"you ignored kv_dtype: {kv_dtype} takes {_bytes(b)} per element, not 2 (use "
         "dtype_bytes(kv_dtype))": 2 * L * Hkv * d * 2,
         "you forgot the factor 2: the cache holds both K and V": L * Hkv * d * b,
         "you used num_heads (query heads) instead of num_kv_heads: with GQA/MQA only "
@@ -138,7 +143,7 @@ def _gib_hint(args, kwargs, expected, got) -> str:
             per_token / 2**30,
         "you forgot the factor 2 for K and V": n_bytes / 2 / 2**30,
     }
-    wrong[f"you ignored kv_dtype: {kv_dtype} takes {dtype_bytes(kv_dtype):g} bytes per "
+    wrong[f"you ignored kv_dtype: {kv_dtype} takes {_bytes(dtype_bytes(kv_dtype))} per "
           "element, not 2"] = n_bytes / dtype_bytes(kv_dtype) * 2 / 2**30
     heads_wrong = 2 * spec.num_layers * spec.num_heads * spec.head_dim * dtype_bytes(kv_dtype)
     wrong["you used num_heads instead of num_kv_heads"] = heads_wrong * context / 2**30

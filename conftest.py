@@ -1,0 +1,56 @@
+"""How ``make test`` shares the tests out among its workers (``pytest -n 2 --dist loadscope
+--no-loadscope-reorder``, with the scopes defined here).
+
+A test file is one unit of work: its module fixtures are built once, and a notebook's cells
+(nbval) run in order in one kernel. Two exceptions:
+
+* each real-browser test (``tests/test_browser.py``) is a unit of its own, so that its chapters,
+  which take most of the run, are shared by the workers (each starts its own JupyterLab);
+* the files of :data:`SHARED_WORKER` are one unit, so that they share session fixtures: the
+  real-model tests load transformers' model once for both files.
+
+The longest units are handed out first (browser tests, then the real-model tests), so that the
+workers finish together. Without xdist, or under another ``--dist``, nothing changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+BROWSER = "tests/test_browser.py"
+#: file -> the unit it shares with other files
+SHARED_WORKER = {"tests/test_pretrained.py": "smollm2", "tests/test_bench_real.py": "smollm2"}
+
+
+def _path(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test belongs to."""
+    path = _path(nodeid)
+    if path == BROWSER:
+        return nodeid
+    return SHARED_WORKER.get(path, path)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = _path(item.nodeid)
+    return 0 if path == BROWSER else 1 if path in SHARED_WORKER else 2
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)                # stable: each file keeps its order, files theirs
+
+
+@pytest.hookimpl(optionalhook=True)      # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CourseScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return CourseScheduling(config, log)
