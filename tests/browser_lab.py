@@ -33,8 +33,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 START_TIMEOUT_S = 90
-#: autosave interval of the test's JupyterLab (default 120 s): a rewrite on open shows quickly
-AUTOSAVE_S = 1
+#: autosave interval of the test's JupyterLab (default 120 s): a rewrite on open shows quickly.
+#: Not 1 s: with two browser tests at once on two cores, a chapter's save took longer than that,
+#: saves of one notebook overlapped, and JupyterLab showed "File Changed" (which then took the
+#: key press meant for a slider)
+AUTOSAVE_S = 5
 #: not copied into the served repository
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache",
                                      ".hypothesis", ".jupyter-test", "docs", "*.egg-info",

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import pytest
 
-from browser_lab import (CHROMIUM, CHROMIUM_ARGS, ROOT, CellError, WidgetDidNotChange,
-                         WidgetRow, copy_repository, explained, move_and_check, run_all_cells,
-                         start_lab, wait_for_kernel)
+from browser_lab import (AUTOSAVE_S, CHROMIUM, CHROMIUM_ARGS, ROOT, CellError,
+                         WidgetDidNotChange, WidgetRow, copy_repository, explained, move_and_check,
+                         run_all_cells, start_lab, wait_for_kernel)
 
 pytestmark = pytest.mark.browser
 
@@ -272,10 +272,10 @@ def test_make_course_opens_the_start_notebook_with_exercises_reachable(lab, page
                                   "exercises/02_gpu_memory.ipynb"])
 def test_opening_a_chapter_does_not_rewrite_it(lab, page, path):
     """The installed kernel is the one the notebooks name, so JupyterLab leaves the file alone
-    (autosave is 1 s in the test's settings)."""
+    (autosave is AUTOSAVE_S in the test's settings)."""
     before = (lab.served / path).read_bytes()
     _open(page, lab, path)
-    time.sleep(4)
+    time.sleep(AUTOSAVE_S + 3)
     with explained(page, f"opening {path}"):
         kernelspec = json.loads(before)["metadata"].get("kernelspec")
         assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0, \

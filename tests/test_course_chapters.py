@@ -69,3 +69,11 @@ def test_natural_size_reads_the_png_header():
     assert (img.layout.width, img.layout.height) == ("560px", "192px")
     with pytest.raises(ValueError, match="PNG"):
         png_size(b"GIF89a" + bytes(30))
+
+
+def test_a_notebook_that_stays_broken_is_named(tmp_path):
+    """A chapter mid-save reads again (JupyterLab rewrites the file in place); one that stays
+    broken gives a ValueError naming it, not a bare JSONDecodeError."""
+    (tmp_path / "03_broken.ipynb").write_text('{"cells": []}{"cells": []}')
+    with pytest.raises(ValueError, match="03_broken.ipynb: not a readable notebook"):
+        course_map(tmp_path)

@@ -17,17 +17,32 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 _GPU_USE = re.compile(r"\.cuda\(|device\s*=\s*[\"']cuda|\.to\([\"']cuda")
 _CHAPTER_FILE = re.compile(r"^(\d\d|A\d)_.+\.ipynb$")
 
 
+def _read_json(path: Path, attempts: int = 5) -> dict:
+    """The notebook's JSON. JupyterLab saves a notebook by rewriting the file in place, so a
+    chapter being saved (autosave) can read as broken for a moment: read again, then say which
+    file is broken."""
+    for attempt in range(attempts):
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            if attempt == attempts - 1:
+                raise ValueError(f"{path}: not a readable notebook ({e})") from None
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def chapter_info(path: Path) -> dict:
     """``{"chapter", "notebook", "title", "gpu_cells", "code_cells", "run_time_s",
     "measured_on"}`` for one chapter notebook (see the module docstring)."""
     path = Path(path)
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = _read_json(path)
     cells = nb.get("cells", [])
     source = lambda c: "".join(c.get("source", []))  # noqa: E731
     title = next((line.lstrip("# ").strip() for c in cells if c["cell_type"] == "markdown"
