@@ -44,6 +44,7 @@ def test_model_with_plugged_attention(gen, fn):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_model_with_triton_kernel_under_interpreter():
     pytest.importorskip("triton")
     code = textwrap.dedent("""

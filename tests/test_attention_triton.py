@@ -55,6 +55,7 @@ def run_interpreted(code: str, *args: str, interpret: bool = True) -> subprocess
                           text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_kernel_matches_naive_under_interpreter():
     proc = run_interpreted(SCRIPT, json.dumps(CASES))
     assert proc.returncode == 0, proc.stderr[-3000:]

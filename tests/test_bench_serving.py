@@ -1,6 +1,7 @@
 """bench serving: the suite is registered, serves a workload through the real engine, and its
 table and targets read the result (timings are not checked here: only in the bench run)."""
 
+import pytest
 import torch
 
 from llminfra.bench import SUITES, load_suite
@@ -60,6 +61,7 @@ def test_http_vs_engine_target_read_from_the_result():
     assert t["http_vs_engine"] == 0.65 and not t["http_vs_engine_met"]
 
 
+@pytest.mark.slow
 def test_http_vs_engine_runs_the_server_both_ways(one_thread):
     """The real measurement, small: the same requests in process and over HTTP, with the
     server's engine in a process of its own and in a thread; every run returns every token."""

@@ -22,6 +22,8 @@ from llminfra.engine.serve import build_engine
 from llminfra.engine.server import create_app
 from llminfra.model import ByteTokenizer
 
+pytestmark = pytest.mark.slow   # each test starts server processes
+
 MODEL = "llminfra-tiny"
 
 

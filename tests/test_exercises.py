@@ -66,6 +66,7 @@ def test_chapters_01_and_02_have_three_exercises_each():
         assert text.count(BEGIN) >= 3, f"{paths[0].name}: fewer than 3 exercises"
 
 
+@pytest.mark.slow   # a kernel per notebook
 @pytest.mark.parametrize("path", EXERCISES, ids=[p.name for p in EXERCISES])
 def test_stubs_fail_every_checker(path):
     """Run the exercise notebook: every error must be the stub's NotImplementedError or a

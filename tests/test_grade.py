@@ -13,6 +13,8 @@ import pytest
 from llminfra.course import grade
 from llminfra.course.exercises import annotate
 
+pytestmark = pytest.mark.slow   # kernels run the notebooks
+
 ROOT = Path(__file__).resolve().parents[1]
 NB07 = "07_tensor_and_pipeline_parallelism.ipynb"
 

@@ -89,6 +89,7 @@ TRITON_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_triton_kernel_under_interpreter(gen):
     """The real @triton.jit kernel, run on CPU tensors by Triton's interpreter in a subprocess
     (TRITON_INTERPRET must be set before triton is imported)."""
@@ -112,6 +113,7 @@ BENCH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_bench_kernel_comparison_under_interpreter():
     """The code path of ``bench gpu``'s kvcache check, run on the CPU by the interpreter."""
     pytest.importorskip("triton")

@@ -17,6 +17,8 @@ from llminfra.parallel.workers import (distributed_selfcheck, exit_on_rank, fail
                                        pipeline_logits, selfcheck, sleep_for, tiny_model)
 from llminfra.parallel.world import run_simulated
 
+pytestmark = pytest.mark.slow   # each test starts torch.distributed ranks
+
 SEED = 1234
 PROMPT = list(b"def main(")
 NEW_TOKENS = 8

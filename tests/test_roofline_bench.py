@@ -64,6 +64,7 @@ def test_interleaved_timer_steps_every_model_alike():
     assert set(t) == set(models) and all(v > 0 for v in t.values())
 
 
+@pytest.mark.slow
 def test_quick_run_has_the_keys():
     before = torch.get_num_threads()
     r = load_suite("roofline").run(quick=True)
