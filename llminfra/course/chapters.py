@@ -28,14 +28,15 @@ def _read_json(path: Path, attempts: int = 5) -> dict:
     """The notebook's JSON. JupyterLab saves a notebook by rewriting the file in place, so a
     chapter being saved (autosave) can read as broken for a moment: read again, then say which
     file is broken."""
-    for attempt in range(attempts):
+    for attempt in range(1, attempts):
         try:
             return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            if attempt == attempts - 1:
-                raise ValueError(f"{path}: not a readable notebook ({e})") from None
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+        except json.JSONDecodeError:
+            time.sleep(0.2 * attempt)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a readable notebook ({e})") from None
 
 
 def chapter_info(path: Path) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -81,21 +82,21 @@ def render_check_failure(exc: CheckFailed) -> list[str]:
     cause = exc.__cause__
     if cause is not None and not isinstance(cause, CheckFailed):
         import traceback
+        roots = _library_roots()
         frames = [f for f in traceback.extract_tb(cause.__traceback__)
-                  if not _in_package_file(f.filename) and not _in_library(f.filename)]
+                  if not _in_package_file(f.filename)
+                  and not os.path.abspath(f.filename).startswith(roots)]
         if frames:
             lines.append("where your code raised it:")
             lines.extend(s.rstrip("\n") for s in traceback.format_list(frames))
     return lines
 
 
-def _in_library(filename: str) -> bool:
-    """A file of Python's standard library or of an installed package (torch, NumPy …)."""
-    import os
+def _library_roots() -> tuple[str, ...]:
+    """The folders of Python's standard library and installed packages (torch, NumPy …)."""
     import sysconfig
-    roots = {os.path.abspath(sysconfig.get_paths()[k]) + os.sep
-             for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(os.path.abspath(filename).startswith(r) for r in roots)
+    return tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                  for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 # ------------------------------------------------------------------------- seeds
@@ -143,7 +144,6 @@ def _in_package(code) -> bool:
 
 
 def _in_package_file(filename: str) -> bool:
-    import os
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.abspath(filename).startswith(package + os.sep)
 

@@ -173,8 +173,8 @@ def run_notebook(nb, cwd: Path, timeout_s: int, kernel: str = "python3"):
     def on_cell_executed(cell, cell_index, execute_reply):
         # a cell that swallows the interrupt (a bare ``except:``) sends no error output: the
         # time-out is only in nbclient's stand-in reply, so it is written into the cell here
-        if (execute_reply or {}).get("content", {}).get("ename") == TIMEOUT_ENAME and not any(
-                out.get("ename") in (TIMEOUT_ENAME, "KeyboardInterrupt") for out in cell.outputs):
+        if ((execute_reply or {}).get("content", {}).get("ename") == TIMEOUT_ENAME
+                and not _interrupted(cell)):
             cell.outputs.append(nbformat.v4.new_output("error", **error))
 
     client = NotebookClient(
