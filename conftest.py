@@ -11,6 +11,11 @@ A test file is one unit of work: its module fixtures are built once, and a noteb
 
 The longest units are handed out first (browser tests, then the real-model tests), so that the
 workers finish together. Without xdist, or under another ``--dist``, nothing changes.
+
+A chapter is run once, not twice: when the real-browser test of a chapter runs (it is selected
+and a browser is there), it checks the chapter's outputs against the stored ones as nbval does
+(``tests/browser_lab.py::output_mismatches``), and nbval's own cells of that chapter are
+deselected. Without a browser, nbval checks every chapter as before.
 """
 
 from __future__ import annotations
@@ -39,7 +44,25 @@ def _rank(item: pytest.Item) -> int:
     return 0 if path == BROWSER else 1 if path in SHARED_WORKER else 2
 
 
+#: the browser test that runs a whole chapter (parametrized by the chapter's path)
+CHAPTER_RUN = BROWSER + "::test_every_widget_moves_in_a_real_browser["
+
+
+def _browser_present() -> bool:
+    import importlib.util
+    from pathlib import Path
+    return Path("/usr/bin/chromium").exists() and importlib.util.find_spec("playwright") is not None
+
+
+@pytest.hookimpl(trylast=True)           # after -m / -k have deselected what they deselect
 def pytest_collection_modifyitems(config, items):
+    in_browser = {item.callspec.params["notebook"] for item in items
+                  if item.nodeid.startswith(CHAPTER_RUN)}
+    if in_browser and _browser_present():
+        twice = [item for item in items if _path(item.nodeid) in in_browser]
+        if twice:
+            config.hook.pytest_deselected(items=twice)
+            items[:] = [item for item in items if _path(item.nodeid) not in in_browser]
     items.sort(key=_rank)                # stable: each file keeps its order, files theirs
 
 

@@ -1,7 +1,11 @@
-"""Command line: ``python -m llminfra memory | models | gpus | bench`` (also ``llminfra …``).
+"""Command line: ``python -m llminfra memory | models | gpus | bench | cost | serve | loadtest``
+(also ``llminfra …``).
 
 Every command prints a table for people and, with ``--json``, the same numbers for programs.
-Bad input exits with status 2 and one line naming the bad value and what is allowed.
+Bad input exits with status 2 and one line naming the bad value and what is allowed: every
+number is checked against its range when the options are parsed (:mod:`llminfra.cli_numbers`),
+before anything runs, and a result too large for a float says so instead of printing ``inf``.
+Output into a pipe that closes early (``llminfra models --json | head -c 100``) ends quietly.
 """
 
 from __future__ import annotations
@@ -9,11 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
 
 from llminfra.calc import memory as mem
+from llminfra.cli_numbers import integer, number
 from llminfra.specs import get_gpu, get_model, gpu_names, model_names
 
 
@@ -21,6 +27,19 @@ from llminfra.specs import get_gpu, get_model, gpu_names, model_names
 #: almost surely a typo (its figures would be meaningless); a model's own limit comes first
 MAX_BATCH = 1_000_000        # sequences
 MAX_CONTEXT = 10_000_000     # tokens, for models that list no maximum context
+#: the same kind of bound for ``serve`` (a CPU course server; vLLM's default is 256 sequences)
+#: and for the GPU count of ``cost selfhost``
+MAX_NUM_SEQS = 100_000
+MAX_NUM_BLOCKS = 10_000_000
+MAX_THREADS = 1024
+MAX_GPUS = 1_000_000
+#: names the parser offers, copied so that building it does not import torch (3 s on every
+#: command); tests/test_cli_hardening.py ties each to its source
+POLICIES = ("static", "dynamic", "continuous")       # llminfra.engine.scheduler.POLICIES
+WORKLOADS = ("alpaca", "sharegpt")                    # llminfra.kvcache.trace.WORKLOADS
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+MAX_REQUESTS = 1_000_000                # llminfra.engine.loadtest.MAX_REQUESTS
+MAX_CHARS_PER_TOKEN = 100.0             # llminfra.engine.loadtest.MAX_CHARS_PER_TOKEN
 
 
 def _check_memory_args(args) -> None:
@@ -28,9 +47,6 @@ def _check_memory_args(args) -> None:
     if args.reserve is not None and not args.gpu:
         raise ValueError("--reserve needs --gpu: it is the share of that GPU's memory held "
                          "back for the runtime")
-    if args.batch > MAX_BATCH:
-        raise ValueError(f"--batch {args.batch} is beyond the {MAX_BATCH:,} sequences this "
-                         "calculator accepts (a batch that large is almost surely a typo)")
     if get_model(args.model).max_positions is None and args.context > MAX_CONTEXT:
         raise ValueError(f"--context {args.context}: {args.model} lists no maximum context, and "
                          f"this calculator accepts up to {MAX_CONTEXT:,} tokens")
@@ -132,7 +148,7 @@ def _bench(args) -> int:
         result = suite.run(quick=args.quick)
     print(suite.format_table(result))
     if path is not None:
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        path.write_text(_json_text(result))
         print(f"wrote {path}")
     return 0
 
@@ -142,19 +158,35 @@ def _add_cost_parser(sub) -> None:
     c = sub.add_parser("cost", help="monthly API cost, or self-hosted cost per token")
     csub = c.add_subparsers(dest="cost_kind", required=True)
     a = csub.add_parser("api", help="monthly bill of a hosted API (prices per million tokens)")
-    a.add_argument("--requests-per-day", type=float, required=True)
-    a.add_argument("--input-tokens", type=float, required=True, help="per request")
-    a.add_argument("--output-tokens", type=float, required=True, help="per request")
-    a.add_argument("--input-price", type=float, required=True, help="USD per million tokens")
-    a.add_argument("--output-price", type=float, required=True, help="USD per million tokens")
-    a.add_argument("--days", type=float, default=30, help="days in the month")
+    at_least_0 = number(0)
+    a.add_argument("--requests-per-day", type=at_least_0, required=True)
+    a.add_argument("--input-tokens", type=at_least_0, required=True, help="per request")
+    a.add_argument("--output-tokens", type=at_least_0, required=True, help="per request")
+    a.add_argument("--input-price", type=number(0, unit="USD"), required=True,
+                   help="USD per million tokens")
+    a.add_argument("--output-price", type=number(0, unit="USD"), required=True,
+                   help="USD per million tokens")
+    a.add_argument("--days", type=number(0, low_open=True, unit="days"), default=30,
+                   help="days in the month")
     a.add_argument("--json", action="store_true", help="print JSON")
     h = csub.add_parser("selfhost", help="USD per million tokens on GPUs paid by the hour")
-    h.add_argument("--gpu-hour-price", type=float, required=True, help="USD per GPU hour")
-    h.add_argument("--tokens-per-s", type=float, required=True, help="throughput while busy")
-    h.add_argument("--utilization", type=float, default=1.0, help="share of hours busy, (0, 1]")
-    h.add_argument("--n-gpus", type=float, default=1, help="GPUs serving that throughput")
+    h.add_argument("--gpu-hour-price", type=number(0, unit="USD"), required=True,
+                   help="USD per GPU hour")
+    h.add_argument("--tokens-per-s", type=number(0, low_open=True, unit="tokens per second"),
+                   required=True, help="throughput while busy")
+    h.add_argument("--utilization", type=number(0, 1, low_open=True), default=1.0,
+                   help="share of hours busy, (0, 1]")
+    h.add_argument("--n-gpus", type=integer(1, MAX_GPUS, unit="GPUs"), default=1,
+                   help="GPUs serving that throughput")
     h.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _check_finite(result: dict, advice: str) -> None:
+    """``ValueError`` when a figure of ``result`` overflowed a float (it would print ``inf``)."""
+    for key, value in result.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} overflows: it passes the largest float (about 1.8e308); "
+                             f"{advice}")
 
 
 def _cost(args) -> str:
@@ -162,6 +194,8 @@ def _cost(args) -> str:
     if args.cost_kind == "api":
         r = cost.api_monthly_cost(args.requests_per_day, args.input_tokens, args.output_tokens,
                                   args.input_price, args.output_price, args.days).to_dict()
+        _check_finite(r, "give smaller --requests-per-day, --input-tokens, --output-tokens, "
+                         "prices or --days")
         text = (f"{r['monthly_input_tokens']:,.0f} input + {r['monthly_output_tokens']:,.0f} "
                 f"output tokens in {r['days']:g} days: {r['monthly_input_cost']:,.2f} + "
                 f"{r['monthly_output_cost']:,.2f} = {r['monthly_cost']:,.2f} USD")
@@ -170,10 +204,28 @@ def _cost(args) -> str:
              "utilization": args.utilization, "n_gpus": args.n_gpus,
              "cost_per_million_tokens": cost.selfhost_cost_per_million_tokens(
                  args.gpu_hour_price, args.tokens_per_s, args.utilization, args.n_gpus)}
+        _check_finite(r, "give a larger --tokens-per-s or --utilization, or a smaller "
+                         "--gpu-hour-price or --n-gpus")
         text = (f"{r['n_gpus']:g} GPU(s) at {r['gpu_hour_price']:g} USD/h, "
                 f"{r['tokens_per_s']:g} tokens/s, busy {r['utilization']:.0%}: "
                 f"{r['cost_per_million_tokens']:.4g} USD per million tokens")
     return json.dumps(r, indent=2) if args.json else text
+
+
+def _json_text(obj) -> str:
+    """``json.dumps`` with NaN and infinities written as ``null`` (strict JSON: a summary with
+    no successful request has no latency, and ``NaN`` is not JSON outside Python)."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), indent=2, allow_nan=False) + "\n"
+
+
 def _serve(args) -> int:
     from llminfra.engine.serve import run_server
     run_server(args.host, args.port, log_level=args.log_level, model=args.model,
@@ -185,6 +237,7 @@ def _serve(args) -> int:
 
 def _loadtest(args) -> int:
     from llminfra.engine.loadtest import format_summary, run_loadtest
+    path = _json_path(args.json) if args.json else None      # before the run, not after it
     r = run_loadtest(args.base_url, rate=args.rate, concurrency=args.concurrency,
                      num_requests=args.requests, model=args.model, workload_name=args.workload,
                      arrivals=args.arrivals, seed=args.seed, max_model_len=args.max_model_len,
@@ -192,10 +245,8 @@ def _loadtest(args) -> int:
                      chars_per_token=args.chars_per_token, ignore_eos=args.ignore_eos,
                      progress=not args.no_progress)
     print(format_summary(r))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(r, indent=2) + "\n")
+    if path is not None:
+        path.write_text(_json_text(r))
         print(f"wrote {path}")
     return 0 if r["num_ok"] else 1
 
@@ -208,11 +259,16 @@ def _add_serving_parsers(sub) -> None:
                         "Hugging Face folder")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    s.add_argument("--policy", default="continuous", help="continuous | static | dynamic")
-    s.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool")
-    s.add_argument("--max-num-seqs", type=int, default=64, help="largest running batch")
-    s.add_argument("--threads", type=int, default=None, help="torch threads")
-    s.add_argument("--log-level", default="info", help="uvicorn log level")
+    s.add_argument("--policy", default="continuous", choices=POLICIES,
+                   help=" | ".join(POLICIES))
+    s.add_argument("--num-blocks", type=integer(1, MAX_NUM_BLOCKS, unit="blocks"), default=None,
+                   help="KV blocks in the pool")
+    s.add_argument("--max-num-seqs", type=integer(1, MAX_NUM_SEQS, unit="sequences"),
+                   default=64, help="largest running batch")
+    s.add_argument("--threads", type=integer(1, MAX_THREADS, unit="threads"), default=None,
+                   help="torch threads")
+    s.add_argument("--log-level", default="info", choices=UVICORN_LOG_LEVELS,
+                   help="uvicorn log level")
     s.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (they then share one GIL)")
@@ -220,35 +276,51 @@ def _add_serving_parsers(sub) -> None:
     t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
     t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
     mode = t.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--rate", type=float, help="requests per second (open loop)")
-    mode.add_argument("--concurrency", type=int, help="clients in a closed loop")
-    t.add_argument("--requests", type=int, default=100, help="number of requests")
-    t.add_argument("--arrivals", default="poisson", help="poisson | fixed (with --rate)")
+    mode.add_argument("--rate", type=number(0, low_open=True, unit="requests per second"),
+                      help="requests per second (open loop)")
+    mode.add_argument("--concurrency", type=integer(1, MAX_REQUESTS, unit="clients"),
+                      help="clients in a closed loop")
+    t.add_argument("--requests", type=integer(1, MAX_REQUESTS, unit="requests"), default=100,
+                   help="number of requests")
+    t.add_argument("--arrivals", default="poisson", choices=("poisson", "fixed"),
+                   help="poisson | fixed (with --rate)")
     t.add_argument("--model", default=None, help="model id (default: the first served)")
-    t.add_argument("--workload", default="sharegpt", help="sharegpt | alpaca length trace")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--max-model-len", type=int, default=None,
+    t.add_argument("--workload", default="sharegpt", choices=WORKLOADS,
+                   help=" | ".join(WORKLOADS) + " length trace")
+    t.add_argument("--seed", type=integer(0, 2**64 - 1), default=0)
+    t.add_argument("--max-model-len", type=integer(2, unit="tokens"), default=None,
                    help="cap prompt + output (default: the server's max_model_len or 2048)")
-    t.add_argument("--max-output-tokens", type=int, default=None)
-    t.add_argument("--chars-per-token", type=float, default=1.0,
+    t.add_argument("--max-output-tokens", type=integer(1, unit="tokens"), default=None)
+    t.add_argument("--chars-per-token",
+                   type=number(0, MAX_CHARS_PER_TOKEN, low_open=True, unit="characters"),
+                   default=1.0,
                    help="prompt characters per token (1 for the byte model, ~4 for BPE)")
     t.add_argument("--ignore-eos", action="store_true", help="send vLLM's ignore_eos")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like the others (no usage block above them)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llminfra", description=__doc__.splitlines()[0])
+    p = _Parser(prog="llminfra", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("memory", help="weights + KV cache + activations for serving a model")
     m.add_argument("--model", required=True, help="preset name (see `llminfra models`)")
     m.add_argument("--dtype", default="bf16", help="weight dtype: fp32 bf16 fp16 fp8 int8 int4 nf4")
     m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the compute dtype)")
-    m.add_argument("--context", type=int, default=2048, help="tokens per sequence")
-    m.add_argument("--batch", type=int, default=1, help="sequences served at once")
+    m.add_argument("--context", type=integer(1, unit="tokens"), default=2048,
+                   help="tokens per sequence")
+    m.add_argument("--batch", type=integer(1, MAX_BATCH, unit="sequences"), default=1,
+                   help="sequences served at once")
     m.add_argument("--gpu", default=None, help="GPU preset (see `llminfra gpus`)")
-    m.add_argument("--reserve", type=float, default=None,
+    m.add_argument("--reserve", type=number(0, 1, high_open=True), default=None,
                    help="share of GPU memory held back for the runtime (with --gpu; default "
                         f"{mem.DEFAULT_RESERVE_FRACTION})")
     m.add_argument("--json", action="store_true", help="print JSON")
@@ -268,7 +340,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; return its exit status (2 for bad input, argparse's own errors too).
+
+    A reader that closes the pipe early (``llminfra gpus | head -1``) ends the command quietly,
+    as the Python documentation's recipe for ``SIGPIPE`` does: stdout is pointed at
+    ``os.devnull`` so that the interpreter's last flush cannot fail again, and the status is 1.
+    """
+    try:
+        code = _main(argv)
+        sys.stdout.flush()                 # a closed pipe shows here rather than at exit
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:                # --help, or a usage error already printed
+        return int(e.code or 0)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # else one line per HTTP request
     try:
@@ -289,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         elif args.command == "loadtest":
             return _loadtest(args)
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, FileNotFoundError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"llminfra {args.command}: {msg}", file=sys.stderr)
         return 2

@@ -445,3 +445,89 @@ def _move_and_check(page, row: WidgetRow, screenshot: Path | None, timeout_ms: i
         raise WidgetDidNotChange(f"{row.chapter}: after {row.move} the control reads {value}, but "
                                  f"the widget does not show {missing[0]!r}; it shows {text[:400]!r}")
     return text
+
+
+# ------------------------------------------------------------------ stored outputs, as nbval checks
+#: what nbval leaves out of its comparison (nbval.plugin.IPyNbFile.skip_compare, images included)
+NBVAL_SKIP = ("metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+              "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
+NBVAL_SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
+
+
+def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 60_000):
+    """Save the notebook on show (File ▸ Save Notebook) and return it as JupyterLab wrote it
+    (an ``nbformat`` node), once every code cell on disk has run."""
+    import nbformat
+
+    file = lab.served / path
+    with explained(page, f"saving {path}"):
+        _menu(page, "File", "Save Notebook")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            try:
+                nb = nbformat.reads(file.read_text(), as_version=4)
+                ran = all(c.execution_count is not None for c in nb.cells
+                          if c.cell_type == "code" and c.source.strip())
+            except (ValueError, OSError):  # caught mid-write: read again
+                ran = False
+            if ran and page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0:
+                return nb
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path} was not saved with every cell run within "
+                                     f"{timeout_ms / 1000:.0f} s")
+            time.sleep(0.5)
+
+
+def _compared(outputs: list, patterns: list[tuple[str, str]]) -> dict:
+    """nbval's view of a cell's outputs: streams merged, each remaining key (MIME types flattened
+    out of ``data``) -> its sanitized values, without the keys nbval skips."""
+    from nbval.plugin import coalesce_streams, transform_streams_for_comparison
+
+    def clean(value):
+        if isinstance(value, str):
+            for regex, replace in patterns:
+                value = re.sub(regex, replace, value)
+        return value
+
+    import copy
+    flat: dict[str, list] = {}
+    for out in transform_streams_for_comparison(coalesce_streams(copy.deepcopy(outputs))):
+        for key, value in out.items():
+            if key in NBVAL_SKIP:
+                continue
+            items = value.items() if key == "data" else [(key, value)]
+            for k, v in items:
+                if k not in NBVAL_SKIP:
+                    flat.setdefault(k, []).append(clean(v))
+    return flat
+
+
+def _nbval_ignores(cell) -> bool:
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    first = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
+    return bool(tags & {"nbval-ignore-output", "nbval-skip"}) or \
+        first.strip() in ("# NBVAL_IGNORE_OUTPUT", "# NBVAL_SKIP")
+
+
+def output_mismatches(ran, stored) -> list[str]:
+    """Where the notebook ``ran`` (as saved after a run) shows other outputs than the ``stored``
+    one, compared as ``pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg`` compares
+    them (cells tagged ``nbval-ignore-output`` left out). Empty when they agree."""
+    from nbval.plugin import get_sanitize_patterns
+
+    patterns = get_sanitize_patterns(NBVAL_SANITIZE.read_text())
+    ran_cells = [c for c in ran.cells if c.cell_type == "code"]
+    stored_cells = [c for c in stored.cells if c.cell_type == "code"]
+    if [c.source for c in ran_cells] != [c.source for c in stored_cells]:
+        return ["the code cells differ from the stored notebook's"]
+    problems = []
+    for i, (a, b) in enumerate(zip(ran_cells, stored_cells)):
+        if _nbval_ignores(b):
+            continue
+        got, want = _compared(a.outputs, patterns), _compared(b.outputs, patterns)
+        if got != want:
+            key = next(k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
+            problems.append(f"code cell {i} ({b.source.splitlines()[0][:60]!r}), {key}:\n"
+                            f"  stored: {str(want.get(key))[:600]}\n"
+                            f"  ran:    {str(got.get(key))[:600]}")
+    return problems

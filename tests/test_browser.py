@@ -40,11 +40,13 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from browser_lab import (AUTOSAVE_S, CHROMIUM, CHROMIUM_ARGS, ROOT, CellError,
                          WidgetDidNotChange, WidgetRow, copy_repository, explained, move_and_check,
-                         run_all_cells, start_lab, wait_for_kernel)
+                         output_mismatches, run_all_cells, save_notebook, start_lab,
+                         wait_for_kernel)
 
 pytestmark = pytest.mark.browser
 
@@ -308,6 +310,12 @@ def test_every_widget_moves_in_a_real_browser(lab, page, notebook):
                     f"{unwritten} a control selector, a move and the expected text")
     _open(page, lab, notebook)
     run_all_cells(page, RUN_TIMEOUT_MS)
+    # the run in the browser is also the chapter's nbval run (conftest.py deselects nbval's own
+    # cells of this chapter when this test runs): the saved outputs must be the stored ones
+    mismatches = output_mismatches(save_notebook(page, lab, notebook),
+                                   nbformat.read(ROOT / notebook, as_version=4))
+    assert not mismatches, (f"{notebook}: {len(mismatches)} cell(s) differ from the stored "
+                            f"outputs (as nbval compares them):\n" + "\n".join(mismatches))
     for row in rows:
         move_and_check(page, row, SCREENSHOTS / f"{row.chapter}.png" if SCREENSHOTS else None)
 

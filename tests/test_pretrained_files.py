@@ -310,3 +310,39 @@ def test_fast_decoder_gives_the_readable_models_tokens(tmp_path, arch):
         fast.generate([VOCAB], 1)
     with pytest.raises(ValueError, match="max_len must be in"):
         FastDecoder(model, max_len=0)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_exported_folder_gives_transformers_the_same_model(tmp_path, arch):
+    """export_hf_folder writes what transformers reads: its logits from the exported folder are
+    ours (q/k rows back in the rotate-half layout, biases, tied embeddings, rope scaling), its
+    tokenizer encodes as ours, and load_pretrained reads the folder back to the same model."""
+    from llminfra.model.hf_export import export_hf_folder
+    _, folder = _hf_folder(tmp_path, arch)
+    model, tok = load_pretrained(folder)
+    out = export_hf_folder(model, tok, tmp_path / "exported")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+        their_tok = transformers.AutoTokenizer.from_pretrained(out)
+    x = torch.tensor(IDS)
+    again, tok2 = load_pretrained(out)
+    with torch.no_grad():
+        ours = model(x)
+        torch.testing.assert_close(theirs(x).logits, ours, atol=1e-4, rtol=0)
+        torch.testing.assert_close(again(x), ours, atol=0, rtol=0)
+    text = "hello world <|im_end|> or"
+    assert their_tok.encode(text, add_special_tokens=False) == tok.encode(text)
+    assert their_tok.eos_token == "<|im_end|>"
+    msgs = [{"role": "user", "content": "hi"}]
+    assert their_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        tok2.apply_chat_template(msgs)
+    assert again.config == model.config
+
+
+def test_export_refuses_the_byte_tokenizer(tmp_path):
+    from llminfra.model import load_tiny
+    from llminfra.model.hf_export import export_hf_folder
+    model, tok = load_tiny()
+    with pytest.raises(ValueError, match="needs a BPETokenizer, got ByteTokenizer"):
+        export_hf_folder(model, tok, tmp_path / "x")

@@ -283,3 +283,22 @@ def test_float64_beyond_float32_range_is_refused(scheme):
         absmax_quantize(w)
     ok = torch.tensor([[1e30, 1.0, -2.0, 3.0]], dtype=torch.float64)  # in range: still fine
     assert torch.isfinite(quantize(ok, scheme).dequantize()).all()
+
+
+def test_fake_quantized_weights_are_the_quantized_layers_values():
+    """fake_quantize_model stores exactly what QuantLinear holds, and leaves the head alone."""
+    import copy
+
+    from llminfra.model import load_tiny
+    from llminfra.quant import fake_quantize_model, quantize_model
+    model, _ = load_tiny()
+    fake = fake_quantize_model(copy.deepcopy(model), "int4-g128")
+    real = quantize_model(copy.deepcopy(model), "int4-g128")
+    name = "layers.2.feed_forward.w2"
+    torch.testing.assert_close(fake.get_submodule(name).weight,
+                               real.get_submodule(name).qweight.dequantize(torch.float32),
+                               rtol=0, atol=0)
+    assert not torch.equal(fake.get_submodule(name).weight, model.get_submodule(name).weight)
+    assert torch.equal(fake.output.weight, model.output.weight)
+    with pytest.raises(KeyError, match="unknown quantization scheme 'int9-g7'"):
+        fake_quantize_model(model, "int9-g7")

@@ -155,10 +155,12 @@ def test_abort_frees_at_once_and_ends_the_batch(model64):
     assert outs[a].finished and outs[a].outputs[0].finish_reason == "abort"
     assert len(engine.step_log[-1][0]) == 2                     # B and C's padding
     assert engine.abort_request(b)
-    assert seq_b.cache_seq is None and not engine.has_unfinished_requests()
+    assert seq_b.cache_seq is None and engine.scheduler.has_unfinished() is False
     assert engine.stats()["kv_blocks_used"] == 0 and not engine.cache.tables
+    assert engine.has_unfinished_requests()             # B's final output is still to be handed over
     outs = {o.request_id: o for o in engine.step()}
     assert outs[b].outputs[0].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
 
 
 def test_forked_completions_pad_too(model64):

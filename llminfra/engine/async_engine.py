@@ -11,7 +11,11 @@ is kept in its simplest form:
 * callers queue commands to it and get their outputs on an ``asyncio.Queue`` fed with
   ``loop.call_soon_threadsafe`` — one call per step for all of the step's outputs;
 * after every step the loop publishes a fresh ``stats()`` snapshot and observes the finished
-  requests' TTFT / time per output token (``on_finished``), so ``/metrics`` never waits for it.
+  requests' TTFT / time per output token (``on_finished``), so ``/metrics`` never waits for it;
+* every turn of the loop (a step, or an idle wait of at most ``idle_wait_s``) is a sign of
+  progress: :attr:`EngineLoop.seconds_since_progress` grows only while a step does not end or
+  the engine's process is stopped — what ``/health`` reads to tell a wedged engine from an idle
+  one.
 
 :class:`EngineLoop` is the caller side; :class:`AsyncEngine` runs the engine in a thread of
 this process (drain commands → if work is left, ``step()`` and deliver → else block on the
@@ -28,6 +32,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -75,6 +80,7 @@ class EngineLoop:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()   # streams are touched by callers and the delivering side
         self._error: BaseException | None = None
+        self._last_progress = time.monotonic()
 
     # ----------------------------------------------------------- to implement
     def start(self) -> "EngineLoop":
@@ -93,6 +99,14 @@ class EngineLoop:
 
     def _send_abort(self, request_id: str) -> None:
         raise NotImplementedError
+
+    @property
+    def seconds_since_progress(self) -> float:
+        """Seconds since the engine loop last finished a turn (a step, or an idle wait)."""
+        return time.monotonic() - self._last_progress
+
+    def _progressed(self) -> None:
+        self._last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ caller side
     async def generate(self, prompt, params, request_id: str) -> AsyncIterator:
@@ -197,6 +211,7 @@ class AsyncEngine(EngineLoop):
     def start(self) -> "AsyncEngine":
         """Start the loop thread (idempotent)."""
         if self._thread is None:
+            self._progressed()
             self._thread = threading.Thread(target=self._run, name="llminfra-engine",
                                             daemon=True)
             self._thread.start()
@@ -235,6 +250,7 @@ class AsyncEngine(EngineLoop):
                 if self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
                 self.stats = dict(self.engine.stats())
+                self._progressed()
         except BaseException as e:  # noqa: BLE001 - reported to every waiting caller
             log.exception("engine loop crashed")
             self._error = e

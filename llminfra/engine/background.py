@@ -52,15 +52,20 @@ class ServerThread:
     """uvicorn serving ``app`` in a daemon thread on ``127.0.0.1:port`` (a free one by default).
 
     ``with ServerThread(app) as srv: …srv.base_url…`` — started and healthy inside, stopped
-    on exit.
+    on exit. uvicorn runs with the bounds ``python -m llminfra serve`` uses
+    (:data:`~llminfra.engine.http_limits.UVICORN_LIMITS`); ``uvicorn_options`` override them.
     """
 
-    def __init__(self, app, port: int | None = None, start_timeout_s: float = 30.0):
+    def __init__(self, app, port: int | None = None, start_timeout_s: float = 30.0,
+                 **uvicorn_options):
         import uvicorn
+
+        from llminfra.engine.http_limits import UVICORN_LIMITS
         self.port = port or free_port()
         self.base_url = f"http://{LOOPBACK}:{self.port}"
         config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=5, lifespan="on")
+                                timeout_graceful_shutdown=5, lifespan="on",
+                                **{**UVICORN_LIMITS, **uvicorn_options})
         self.server = uvicorn.Server(config)
         self.start_timeout_s = start_timeout_s
         self._thread: threading.Thread | None = None

@@ -13,7 +13,11 @@ model runs every token of the step in one flat batch; the sampler draws one toke
 sequence whose known tokens are now all in the cache. Under static and dynamic batching the
 flat batch also holds the *padding rows* of finished batch members (one pad token each, computed
 and thrown away: :mod:`.scheduler`), so a step has the shape a fixed-batch baseline would run. Timestamps of every request are kept
-(:mod:`.metrics`). The engine runs whatever model it is given — the tiny model, a
+(:mod:`.metrics`). One request cannot stop the others: a step whose sampling (or stop-string
+check) fails for a sequence fails that sequence's request — finish reason ``"error"``, the
+reason in ``RequestOutput.error``, its blocks freed — and serves the rest; a forward pass that
+raises fails the requests of that step (whose row broke it cannot be told) and the engine goes
+on with the next. The engine runs whatever model it is given — the tiny model, a
 ``quantize_model`` copy of it, the ``bench-100m`` preset — on the device and dtype of its
 weights. Taught in chapter 05.
 """
@@ -21,6 +25,8 @@ weights. Taught in chapter 05.
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import time
 from collections.abc import Callable, Sequence as Seq
 
@@ -29,12 +35,15 @@ import torch
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampler import sample_tokens
-from llminfra.engine.sampling_params import SamplingParams
+from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, held_back,
+                                             stop_at)
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
+
+log = logging.getLogger(__name__)
 
 #: the token a padding row reads (any id will do: its K/V and logits are thrown away)
 PAD_TOKEN_ID = 0
@@ -121,34 +130,45 @@ class LLMEngine:
         try:
             ids = [int(t) for t in prompt]
         except (TypeError, ValueError) as err:
-            raise ValueError(f"prompt must be a str or a list of token ids, got "
-                             f"{type(prompt).__name__}") from err
+            raise InvalidParameter("prompt", f"prompt must be a str or a list of token ids, "
+                                             f"got {type(prompt).__name__}") from err
         V = self.model.config.vocab_size
         bad = [t for t in ids if not 0 <= t < V]
         if bad:
-            raise ValueError(f"token ids must lie in [0, {V}), got {bad[:5]}")
+            raise InvalidParameter("prompt", f"token ids must lie in [0, {V}), got {bad[:5]}")
         return None, ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request; returns its id. ``ValueError`` for an empty prompt, one longer than
-        the model's context, one whose worst case needs more blocks than the pool, bad
-        parameters, or a request id already in use."""
+        """Queue a request; returns its id. ``ValueError`` (an :class:`InvalidParameter` naming
+        the field) for an empty prompt, one longer than the model's context, one whose worst
+        case needs more blocks than the pool, ``n`` above ``max_num_seqs`` (it could never run),
+        bad parameters, a non-finite ``arrival_time``, or a request id already in use."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+            raise InvalidParameter("params", f"params must be a SamplingParams, got "
+                                             f"{type(params).__name__}")
         text, ids = self._encode(prompt)
         max_len = self.model.config.max_seq_len
         if not ids:
-            raise ValueError("the prompt is empty; give at least one token")
+            raise InvalidParameter("prompt", "the prompt is empty; give at least one token")
         if len(ids) > max_len:
-            raise ValueError(f"prompt of {len(ids)} tokens is longer than the model's context "
-                             f"max_seq_len = {max_len}")
+            raise InvalidParameter("prompt", f"prompt of {len(ids)} tokens is longer than the "
+                                             f"model's context max_seq_len = {max_len}")
         worst = blocks_needed(min(len(ids) + params.max_tokens, max_len), self.cache.block_size)
         if worst > self.cache.allocator.num_blocks:
-            raise ValueError(f"the request may need {worst} KV blocks (prompt {len(ids)} + "
-                             f"max_tokens {params.max_tokens}) but the pool has only "
-                             f"{self.cache.allocator.num_blocks}; lower max_tokens or add blocks")
+            raise InvalidParameter(
+                "max_tokens", f"the request may need {worst} KV blocks (prompt {len(ids)} + "
+                              f"max_tokens {params.max_tokens}) but the pool has only "
+                              f"{self.cache.allocator.num_blocks}; lower max_tokens or add blocks")
+        if params.n > self.config.max_num_seqs:
+            raise InvalidParameter("n", f"n = {params.n} completions would never fit the running "
+                                        f"batch: max_num_seqs = {self.config.max_num_seqs} "
+                                        f"sequences")
+        if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(
+                arrival_time, (int, float)) or not math.isfinite(arrival_time)):
+            raise InvalidParameter("arrival_time", f"arrival_time must be None or a finite "
+                                                   f"number (seconds), got {arrival_time!r}")
         rid = str(next(self._ids)) if request_id is None else str(request_id)
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -165,7 +185,7 @@ class LLMEngine:
     def _generator(self, params: SamplingParams, j: int) -> torch.Generator | None:
         if params.greedy:
             return None
-        seed = params.seed + j if params.seed is not None else int(
+        seed = params.seed_of(j) if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._seeds))
         return torch.Generator(device=self.device).manual_seed(seed)
 
@@ -175,17 +195,32 @@ class LLMEngine:
         req = self.requests.get(str(request_id))
         if req is None or req.finished:
             return False
-        req.forks_pending = []
-        for seq in req.seqs:
-            if not seq.status.is_finished:
-                self.scheduler.abort(seq)
-        req.metrics.finished_time = self.clock()
+        self._end_request(req, SequenceStatus.FINISHED_ABORTED)
         self._pending.append(req)
         return True
 
+    def _end_request(self, req: Request, status: SequenceStatus) -> None:
+        """Finish every unfinished sequence of ``req`` with ``status``; free their blocks."""
+        req.forks_pending = []
+        for seq in req.seqs:
+            if not seq.status.is_finished:
+                self.scheduler.abort(seq, status)
+        req.metrics.finished_time = self.clock()
+
+    def _fail(self, req: Request, err: Exception, touched: dict) -> None:
+        """A step failed for ``req``: finish it with ``"error"`` and the reason, free its blocks;
+        the other requests go on."""
+        if req.finished:
+            return
+        req.error = f"{type(err).__name__}: {err}"
+        log.error("request %s failed: %s", req.request_id, req.error)
+        self._end_request(req, SequenceStatus.FINISHED_ERROR)
+        touched[req.request_id] = req
+
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits, runs or is swapped out."""
-        return self.scheduler.has_unfinished()
+        """True while any request waits, runs or is swapped out, or an aborted one has still
+        to report its final output (so a serving loop steps once more to hand it over)."""
+        return self.scheduler.has_unfinished() or bool(self._pending)
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -194,7 +229,12 @@ class LLMEngine:
         self._pending = []
         sched = self.last_scheduled = self.scheduler.schedule(self.clock())
         if sched.scheduled:
-            self._run(sched, touched)
+            try:
+                self._run(sched, touched)
+            except Exception as err:  # noqa: BLE001 - the forward pass: fail this step's requests
+                log.exception("a step of %d sequences failed", len(sched.scheduled))
+                for seq, _ in sched.scheduled:
+                    self._fail(seq.request, err, touched)
         outputs = [self._output(r) for r in touched.values()]
         for r in touched.values():
             if r.finished:
@@ -223,16 +263,30 @@ class LLMEngine:
             picked += forks
             logit_rows += [r] * len(forks)
         tokens = sample_tokens(logits[logit_rows], [s.params for s in picked],
-                               [s.generator for s in picked])
+                               [s.generator for s in picked], errors="return")
         now = self.clock()
         if self.step_log is not None:
             self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled]
                                   + [(1, self.cache.tables[s.cache_seq].num_tokens)
                                      for s in padding], now - start))
         for seq, token in zip(picked, tokens):
-            self._append(seq, token)
+            if seq.status.is_finished:             # a sibling failed earlier in this step
+                continue
+            err = token if isinstance(token, Exception) else self._take(seq, token)
+            if err is not None:                    # this request fails, the others go on
+                self._fail(seq.request, err, touched)
+                continue
             self._record(seq.request, now)
             touched[seq.request.request_id] = seq.request
+
+    def _take(self, seq: Sequence, token: int) -> Exception | None:
+        """:meth:`_append` the token; the exception it raised (a stop-string check that
+        cannot decode, say), or None."""
+        try:
+            self._append(seq, token)
+        except Exception as err:  # noqa: BLE001 - handed to _fail by the caller
+            return err
+        return None
 
     def _forward(self, scheduled: list[tuple[Sequence, int]], padding: list[Sequence],
                  rows: list[int]) -> torch.Tensor:
@@ -298,9 +352,9 @@ class LLMEngine:
         stops = seq.params.stop_strings
         if stops:
             text = self.tokenizer.decode(seq.output_token_ids)
-            hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-            if hits:
-                seq.stop_text, status = text[:min(hits)], SequenceStatus.FINISHED_STOPPED
+            end = stop_at(text, stops)
+            if end is not None:
+                seq.stop_text, status = text[:end], SequenceStatus.FINISHED_STOPPED
         if status is None and not seq.params.ignore_eos and token in self.stop_token_ids:
             status = SequenceStatus.FINISHED_STOPPED
         if status is None and (len(seq.output_token_ids) >= seq.max_tokens
@@ -317,13 +371,24 @@ class LLMEngine:
             ids = ids[:-1]
         return self.tokenizer.decode(ids)
 
+    def _visible_text(self, seq: Sequence) -> str:
+        """What a snapshot shows: the text up to the stop string once stopped, else the text
+        less an end that may still become a stop string while the sequence runs — the one rule
+        (:func:`~llminfra.engine.sampling_params.held_back`) for streamed and final outputs."""
+        if seq.stop_text is not None:
+            return seq.stop_text
+        text = self._text(seq)
+        stops = seq.params.stop_strings
+        if stops and not seq.status.is_finished:
+            text = text[:len(text) - held_back(text, stops)]
+        return text
+
     def _output(self, req: Request) -> RequestOutput:
-        comps = [CompletionOutput(s.index,
-                                  s.stop_text if s.stop_text is not None else self._text(s),
-                                  list(s.output_token_ids), s.status.finish_reason)
+        comps = [CompletionOutput(s.index, self._visible_text(s), list(s.output_token_ids),
+                                  s.status.finish_reason)
                  for s in req.seqs]
         return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps,
-                             req.finished, req.metrics)
+                             req.finished, req.metrics, req.error)
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None

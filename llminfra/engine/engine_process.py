@@ -15,8 +15,10 @@ Here the two processes talk over two ``multiprocessing`` pipes:
 * commands, web → engine: ``("add", request_id, prompt, params)``, ``("abort", request_id)``,
   ``None`` (stop);
 * results, engine → web: ``("ready", stats)``, ``("accepted", request_id)``,
-  ``("refused", request_id, message)``, ``("step", outputs, stats)`` once per step with every
-  ``RequestOutput`` of the step, ``("stats", stats)`` after commands, and
+  ``("refused", request_id, message, param)`` (``param``: the field at fault, or None),
+  ``("step", outputs, stats)`` once per step with every ``RequestOutput`` of the step,
+  ``("stats", stats)`` after commands and, while idle, every :data:`HEARTBEAT_S` (every message
+  is a sign of progress: a stopped engine process sends none), and
   ``("dead", error type, message)`` if the engine cannot be built or crashes.
 
 A reader thread in the web process routes each step's outputs to the per-request queues (the
@@ -40,8 +42,12 @@ import traceback
 from collections.abc import Callable
 
 from llminfra.engine.async_engine import EngineDeadError, EngineLoop, _Add
+from llminfra.engine.sampling_params import InvalidParameter
 
 log = logging.getLogger(__name__)
+
+#: an idle engine process says it is alive at least this often (seconds)
+HEARTBEAT_S = 1.0
 
 
 class EngineProcess(EngineLoop):
@@ -78,6 +84,7 @@ class EngineProcess(EngineLoop):
         cmd_recv.close()
         res_send.close()                 # the child holds the only writer: EOF when it ends
         self.stats = self._wait_ready()
+        self._progressed()
         self._reader = threading.Thread(target=self._read, name="llminfra-engine-reader",
                                         daemon=True)
         self._reader.start()
@@ -163,6 +170,7 @@ class EngineProcess(EngineLoop):
         try:
             while True:
                 msg = self._results.recv()
+                self._progressed()
                 kind = msg[0]
                 if kind == "step":
                     self.stats = msg[2]
@@ -178,7 +186,8 @@ class EngineProcess(EngineLoop):
                         cmd.accepted.set_result(msg[1])
                     else:
                         self._forget(msg[1])
-                        cmd.accepted.set_exception(ValueError(msg[2]))
+                        cmd.accepted.set_exception(InvalidParameter(msg[3], msg[2]) if msg[3]
+                                                   else ValueError(msg[2]))
                 elif kind == "dead":
                     self._error = RuntimeError(f"the engine process failed: {msg[2]}")
                     log.error("%s", self._error)
@@ -218,6 +227,7 @@ def engine_main(factory: Callable, commands, results, idle_wait_s: float) -> Non
 
 
 def _serve(engine, commands, results, idle_wait_s: float) -> None:
+    last_sent = time.monotonic()
     while True:
         wait = 0.0 if engine.has_unfinished_requests() else idle_wait_s
         applied = False
@@ -229,8 +239,11 @@ def _serve(engine, commands, results, idle_wait_s: float) -> None:
             applied, wait = True, 0.0
         if engine.has_unfinished_requests():
             results.send(("step", engine.step(), dict(engine.stats())))
-        elif applied:
-            results.send(("stats", dict(engine.stats())))
+        elif applied or time.monotonic() - last_sent >= HEARTBEAT_S:
+            results.send(("stats", dict(engine.stats())))     # also the idle heartbeat
+        else:
+            continue
+        last_sent = time.monotonic()
 
 
 def _apply(engine, cmd, results) -> None:
@@ -239,7 +252,7 @@ def _apply(engine, cmd, results) -> None:
         try:
             engine.add_request(cmd[2], cmd[3], request_id=request_id)
         except ValueError as e:
-            results.send(("refused", request_id, str(e)))
+            results.send(("refused", request_id, str(e), getattr(e, "param", None)))
             return
         results.send(("accepted", request_id))
     elif kind == "abort":

@@ -20,6 +20,10 @@ time per output token = (last − first chunk) / (tokens − 1); e2e. Tokens are
 server reports (``stream_options.include_usage``), else one per chunk. Summary: percentiles,
 output tokens/s over the wall time, requests/s, errors.
 
+Settings are checked before the first request leaves: an open-loop schedule must fit in a day
+(:data:`MAX_SCHEDULE_S`; ``rate = 1e-300`` would otherwise wait ~1e300 s), outputs are at
+least one token, and sizes stay within :data:`MAX_REQUESTS` and :data:`MAX_CHARS_PER_TOKEN`.
+
 Taught in chapter 05.
 """
 
@@ -29,6 +33,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -37,6 +42,13 @@ import torch
 
 from llminfra.engine.metrics import percentile
 from llminfra.engine.workload import WorkloadRequest, serving_workload
+
+#: the longest open-loop schedule a run accepts: (requests − 1) / rate seconds, one day
+MAX_SCHEDULE_S = 86_400.0
+#: requests in one run (each is a record in memory and a line of the JSON file)
+MAX_REQUESTS = 1_000_000
+#: prompt characters per token: about 1 for a byte model, about 4 for a BPE model's English
+MAX_CHARS_PER_TOKEN = 100.0
 
 
 @dataclass
@@ -76,10 +88,8 @@ def loadtest_requests(num_requests: int, seed: int, max_model_len: int, *,
     that fit ``max_model_len``; Poisson arrivals at ``rate``, or all at t = 0 without a rate),
     with ``arrivals="fixed"`` gaps of exactly 1/rate, and outputs capped at
     ``max_output_tokens``."""
-    if arrivals not in ("poisson", "fixed"):
-        raise ValueError(f"arrivals must be 'poisson' or 'fixed', got {arrivals!r}")
-    if rate is not None and not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"rate must be a positive number of requests per second, got {rate}")
+    check_request_settings(num_requests, seed, rate=rate, arrivals=arrivals,
+                           max_output_tokens=max_output_tokens)
     g = torch.Generator().manual_seed(seed)
     reqs = serving_workload(num_requests, g, rate_per_s=rate or math.inf,
                             workload=workload_name, max_seq_len=max_model_len)
@@ -88,6 +98,41 @@ def loadtest_requests(num_requests: int, seed: int, max_model_len: int, *,
                             r.output_len if max_output_tokens is None
                             else max(1, min(r.output_len, max_output_tokens)))
             for i, r in enumerate(reqs)]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_request_settings(num_requests: int, seed: int, *, rate: float | None = None,
+                           arrivals: str = "poisson",
+                           max_output_tokens: int | None = None) -> None:
+    """``ValueError`` naming the setting when a run's requests cannot be drawn sensibly:
+    ``num_requests`` in 1..:data:`MAX_REQUESTS`, ``seed`` in 0..2**64 − 1 (a
+    ``torch.Generator`` seed), ``arrivals`` ``"poisson"`` or ``"fixed"``, ``rate`` a finite
+    number > 0 whose schedule, ``(num_requests − 1) / rate`` seconds on average, fits in
+    :data:`MAX_SCHEDULE_S`, and ``max_output_tokens`` None or an int >= 1."""
+    if not _is_int(num_requests) or not 1 <= num_requests <= MAX_REQUESTS:
+        raise ValueError(f"num_requests must be an int in 1..{MAX_REQUESTS:,}, "
+                         f"got {num_requests!r}")
+    if not _is_int(seed) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in 0..2**64 - 1, got {seed!r}")
+    if arrivals not in ("poisson", "fixed"):
+        raise ValueError(f"arrivals must be 'poisson' or 'fixed', got {arrivals!r}")
+    if rate is not None:
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+                rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"rate must be a finite number of requests per second > 0, "
+                             f"got {rate!r}")
+        span_s = (num_requests - 1) / rate
+        if span_s > MAX_SCHEDULE_S:
+            raise ValueError(f"rate {rate:g} requests/s spreads {num_requests} requests over "
+                             f"about {span_s:.3g} s, beyond the {MAX_SCHEDULE_S:,.0f} s (one "
+                             "day) a load test may last: raise the rate or send fewer requests")
+    if max_output_tokens is not None and (not _is_int(max_output_tokens)
+                                          or max_output_tokens < 1):
+        raise ValueError(f"max_output_tokens must be None or an int >= 1, "
+                         f"got {max_output_tokens!r}")
 
 
 def prompt_texts(lengths: list[int], chars_per_token: float = 1.0) -> list[str]:
@@ -103,8 +148,8 @@ def prompt_texts(lengths: list[int], chars_per_token: float = 1.0) -> list[str]:
 
 
 async def _one(client: httpx.AsyncClient, rec: RequestRecord, body: dict, t0: float,
-               timeout_s: float) -> None:
-    rec.sent_s = time.perf_counter() - t0
+               timeout_s: float, clock: Callable[[], float] = time.perf_counter) -> None:
+    rec.sent_s = clock() - t0
     usage_tokens = None
     try:
         async with client.stream("POST", "/v1/completions", json=body,
@@ -126,14 +171,14 @@ async def _one(client: httpx.AsyncClient, rec: RequestRecord, body: dict, t0: fl
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                 if any(c.get("text") for c in chunk.get("choices", [])):
-                    now = time.perf_counter() - t0
+                    now = clock() - t0
                     if not rec.chunk_times_s:
                         rec.first_token_s = now
                     rec.chunk_times_s.append(now)
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec.error = f"{type(e).__name__}: {e}"[:200]
         return
-    rec.done_s = time.perf_counter() - t0
+    rec.done_s = clock() - t0
     rec.output_tokens = usage_tokens if usage_tokens is not None else len(rec.chunk_times_s)
     if not rec.chunk_times_s:
         rec.error = "no tokens received"
@@ -164,9 +209,11 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict:
             "e2e_s": percentiles([r.e2e_s for r in ok])}
 
 
-def _server_max_len(base_url: str, model: str | None, timeout_s: float) -> tuple[str, int | None]:
+def _server_max_len(base_url: str, model: str | None, timeout_s: float,
+                    transport=None) -> tuple[str, int | None]:
     try:
-        data = httpx.get(f"{base_url}/v1/models", timeout=timeout_s).json()["data"]
+        with httpx.Client(transport=transport, timeout=timeout_s) as client:
+            data = client.get(f"{base_url}/v1/models").json()["data"]
     except (httpx.HTTPError, ValueError, KeyError) as e:
         raise ValueError(f"no OpenAI-compatible model list at {base_url}/v1/models "
                          f"({type(e).__name__}: {e})") from None
@@ -177,15 +224,18 @@ def _server_max_len(base_url: str, model: str | None, timeout_s: float) -> tuple
     return card["id"], card.get("max_model_len")
 
 
-async def _run(base_url, bodies, records, times, concurrency, timeout_s, progress) -> float:
+async def _run(base_url, bodies, records, times, concurrency, timeout_s, progress,
+               clock=time.perf_counter, transport=None) -> float:
     from tqdm.auto import tqdm
-    limits = httpx.Limits(max_connections=max(concurrency or 0, 64))
+    clients = min(concurrency, len(records)) if concurrency else 0   # no idle workers
+    limits = httpx.Limits(max_connections=max(clients, 64))
     bar = tqdm(total=len(records), desc="requests", disable=not progress, leave=False)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout_s) as client:
-        t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout_s,
+                                 transport=transport) as client:
+        t0 = clock()
 
         async def send(i):
-            await _one(client, records[i], bodies[i], t0, timeout_s)
+            await _one(client, records[i], bodies[i], t0, timeout_s, clock)
             bar.update(1)
 
         if concurrency:
@@ -194,13 +244,13 @@ async def _run(base_url, bodies, records, times, concurrency, timeout_s, progres
             async def worker():
                 for i in todo:
                     await send(i)
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker() for _ in range(clients)))
         else:
             async def at(i, t):
-                await asyncio.sleep(max(0.0, t - (time.perf_counter() - t0)))
+                await asyncio.sleep(max(0.0, t - (clock() - t0)))
                 await send(i)
             await asyncio.gather(*(at(i, t) for i, t in enumerate(times)))
-        wall = time.perf_counter() - t0
+        wall = clock() - t0
     bar.close()
     return wall
 
@@ -222,20 +272,34 @@ def run_loadtest(base_url: str, *, rate: float | None = None, concurrency: int |
                  max_model_len: int | None = None, max_output_tokens: int | None = None,
                  chars_per_token: float = 1.0, temperature: float = 0.0,
                  ignore_eos: bool = False, timeout_s: float = 300.0,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, clock: Callable[[], float] = time.perf_counter,
+                 transport: httpx.MockTransport | None = None) -> dict:
     """Drive ``base_url`` (e.g. ``http://127.0.0.1:8000``) with ``num_requests`` streamed
     completions; return :func:`summarize`'s dict plus the settings and per-request records.
 
     Exactly one of ``rate`` (requests/s, open loop) or ``concurrency`` (closed loop) is given.
+    Every setting is checked (:func:`check_request_settings`) before the first request.
+    ``clock`` (seconds) and ``transport`` (an httpx transport serving both the model list and
+    the streams, e.g. ``httpx.MockTransport``) let a test replace the wall clock and the
+    server, so that every time measured is exact.
     """
     if (rate is None) == (concurrency is None):
         raise ValueError("give exactly one of rate (requests/s) or concurrency (clients)")
-    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+    if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
         raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
+    check_request_settings(num_requests, seed, rate=rate, arrivals=arrivals,
+                           max_output_tokens=max_output_tokens)
+    if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 2):
+        raise ValueError(f"max_model_len must be None or an int >= 2 (a prompt token and an "
+                         f"output token), got {max_model_len!r}")
+    if not (isinstance(chars_per_token, (int, float)) and 0 < chars_per_token
+            <= MAX_CHARS_PER_TOKEN):
+        raise ValueError(f"chars_per_token must be a number in (0, {MAX_CHARS_PER_TOKEN:g}], "
+                         f"got {chars_per_token!r}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
     base_url = base_url.rstrip("/").removesuffix("/v1")
-    model, served_len = _server_max_len(base_url, model, timeout_s)
+    model, served_len = _server_max_len(base_url, model, timeout_s, transport)
     max_len = max_model_len or served_len or 2048
     reqs = loadtest_requests(num_requests, seed, max_len, rate=rate, arrivals=arrivals,
                              workload_name=workload_name, max_output_tokens=max_output_tokens)
@@ -247,7 +311,8 @@ def run_loadtest(base_url: str, *, rate: float | None = None, concurrency: int |
               for text, r in zip(prompts, reqs)]
     records = [RequestRecord(i, r.prompt_len, r.output_len) for i, r in enumerate(reqs)]
     times = [r.arrival_time_s for r in reqs]
-    wall = _run_sync(_run(base_url, bodies, records, times, concurrency, timeout_s, progress))
+    wall = _run_sync(_run(base_url, bodies, records, times, concurrency, timeout_s, progress,
+                          clock, transport))
     result = summarize(records, wall)
     result["settings"] = {"base_url": base_url, "model": model, "rate": rate,
                           "concurrency": concurrency, "arrivals": arrivals if rate else None,

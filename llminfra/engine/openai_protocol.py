@@ -7,7 +7,12 @@ Only what the server implements is modelled; fields the API defines but this ser
 OpenAI API reference (platform.openai.com/docs/api-reference: *Completions*, *Chat*,
 *Streaming*; checked 2025): completions default ``max_tokens = 16`` and ``temperature = 1``;
 ``stop`` holds at most 4 sequences; errors are ``{"error": {"message", "type", "param",
-"code"}}``. ``top_k``, ``seed`` and ``ignore_eos`` are the extensions vLLM also accepts.
+"code"}}``, their message cut at :data:`MAX_ERROR_MESSAGE_CHARS`. ``top_k``, ``seed`` and
+``ignore_eos`` are the extensions vLLM also accepts.
+
+Text must be valid Unicode: JSON can carry a lone surrogate (``"\\ud800"``), which no UTF-8
+tokenizer can encode; ``prompt``, chat ``content`` and ``stop`` holding one are refused here
+(400 naming the field) instead of failing later.
 
 Chat messages become a prompt through the served tokenizer's ``apply_chat_template``: the real
 model's own Jinja template (ChatML for SmolLM2), or the tiny model's plain-text one
@@ -26,6 +31,22 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 
 #: OpenAI allows at most 4 stop sequences
 MAX_STOP_SEQUENCES = 4
+#: characters in one stop sequence at most: the engine checks, every step, which end of the text
+#: may still grow into a stop string, at a cost that grows with its length
+MAX_STOP_CHARS = 256
+#: an error message longer than this is cut (a last guard against echoing a huge value)
+MAX_ERROR_MESSAGE_CHARS = 1000
+
+
+def unicode_text(value: str) -> str:
+    """``value`` if it encodes as UTF-8; else ``ValueError`` saying where (a lone surrogate
+    such as ``"\\ud800"``, which JSON allows and no tokenizer can encode)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"must be valid Unicode text: {e.reason} (character {e.start}, "
+                         f"{value[e.start]!r})") from None
+    return value
 
 
 class _Request(BaseModel):
@@ -48,9 +69,10 @@ class _Request(BaseModel):
         if v is None:
             return None
         v = [v] if isinstance(v, str) else v
-        if len(v) > MAX_STOP_SEQUENCES or any(s == "" for s in v):
-            raise ValueError(f"stop takes at most {MAX_STOP_SEQUENCES} non-empty strings")
-        return v
+        if len(v) > MAX_STOP_SEQUENCES or any(not 0 < len(s) <= MAX_STOP_CHARS for s in v):
+            raise ValueError(f"stop takes at most {MAX_STOP_SEQUENCES} non-empty strings of at "
+                             f"most {MAX_STOP_CHARS} characters")
+        return [unicode_text(s) for s in v]
 
     @property
     def include_usage(self) -> bool:
@@ -66,6 +88,11 @@ class CompletionRequest(_Request):
     echo: StrictBool = False
     logprobs: Optional[StrictInt] = None        # modelled to be refused: not implemented
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_text(cls, v):
+        return unicode_text(v) if isinstance(v, str) else v
+
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
@@ -78,6 +105,16 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[dict], None] = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_text(cls, v):
+        if isinstance(v, str):
+            return unicode_text(v)
+        for part in v or ():
+            if isinstance(part.get("text"), str):
+                unicode_text(part["text"])
+        return v
 
     def text(self) -> str:
         if self.content is None:
@@ -162,5 +199,8 @@ def usage_chunk(rid: str, model: str, obj: str, use: dict) -> dict:
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    """``{"error": {"message", "type", "param", "code"}}``, the body of every 4xx / 5xx."""
+    """``{"error": {"message", "type", "param", "code"}}``, the body of every 4xx / 5xx;
+    ``message`` cut at :data:`MAX_ERROR_MESSAGE_CHARS` (with "…")."""
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[:MAX_ERROR_MESSAGE_CHARS - 1] + "…"
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -16,7 +16,10 @@ from llminfra.engine.metrics import RequestMetrics
 @dataclass
 class CompletionOutput:
     """Completion ``index`` of a request: text and token ids so far, and why it ended
-    (``None`` while running, ``"stop"``, ``"length"`` or ``"abort"``)."""
+    (``None`` while running, ``"stop"``, ``"length"``, ``"abort"`` or ``"error"``). While it
+    runs, ``text`` leaves out an end that may still become a stop string
+    (:func:`~llminfra.engine.sampling_params.held_back`), so each snapshot's text extends the
+    previous one and the last one is the finished text."""
 
     index: int
     text: str
@@ -31,8 +34,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """One request's state after a step: prompt, completions, whether all are finished, and
-    its timestamps (:class:`~llminfra.engine.metrics.RequestMetrics`)."""
+    """One request's state after a step: prompt, completions, whether all are finished, its
+    timestamps (:class:`~llminfra.engine.metrics.RequestMetrics`), and ``error``: why it failed
+    (its completions then end with ``"error"``), else None."""
 
     request_id: str
     prompt: str | None
@@ -40,3 +44,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    error: str | None = None

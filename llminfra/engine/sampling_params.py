@@ -8,18 +8,76 @@ the object is made:
 * ``top_p``: keep the smallest set of tokens whose probabilities sum to at least p, the nucleus
   (Holtzman et al. 2020, arXiv:1904.09751, §3.1);
 * ``n`` completions per prompt, ``seed`` for reproducible sampling (completion j draws from a
-  ``torch.Generator`` seeded ``seed + j``), ``stop`` strings that end a completion (the stop
-  string itself is not returned), ``max_tokens`` new tokens at most; ``ignore_eos`` keeps
-  generating past the model's end-of-sequence tokens (vLLM's extension, for load tests that
-  want outputs of a set length).
+  ``torch.Generator`` seeded ``(seed + j) mod 2**64``: :meth:`SamplingParams.seed_of`), ``stop``
+  strings that end a completion (the stop string itself is not returned), ``max_tokens`` new
+  tokens at most; ``ignore_eos`` keeps generating past the model's end-of-sequence tokens
+  (vLLM's extension, for load tests that want outputs of a set length).
 
-Taught in chapter 05.
+Every value the validator accepts must be safe to sample with: a temperature below
+:data:`MIN_TEMPERATURE` acts as greedy (z / T with T = 1e-39 is ±inf in float32, and softmax of
+it NaN; vLLM treats T < 1e-5 as greedy for the same reason), and the nucleus always keeps the
+most likely token (:func:`llminfra.engine.sampler.filter_logits`), however small ``top_p``.
+
+Stop strings follow one rule (:func:`stop_at`, :func:`held_back`), which the engine applies
+to every output, streamed or not: a completion ends before the first occurrence of any stop
+string; while it runs, the end of its text that could still become a stop string is held back,
+so a stream never sends text that a later token turns into part of a stop string.
+
+Bad values raise :class:`InvalidParameter`, a ``ValueError`` naming the field (a server turns
+it into a 400 with that ``param``). Taught in chapter 05.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+#: temperatures below this act as greedy (argmax): see the module docstring
+MIN_TEMPERATURE = 1e-5
+#: seeds are what ``torch.Generator.manual_seed`` takes: 0 .. 2**64 - 1
+SEED_MODULUS = 2**64
+#: at most this many characters of a bad value are echoed in an error message
+MAX_ECHO_CHARS = 200
+
+
+def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, the last one "…": an error message quotes a bad
+    value without echoing a 5 MB one back. ``clip("ab" * 200, 6) == "ababa…"``."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def clip_repr(value, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr(value)``, clipped (:func:`clip`). ``clip_repr("ab" * 200, 6) == "'abab…"``."""
+    return clip(repr(value), limit)
+
+
+class InvalidParameter(ValueError):
+    """A ``ValueError`` that names the request field at fault in ``param`` (``"seed"``,
+    ``"n"`` …), so that a server can answer 400 with OpenAI's ``param`` set."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def stop_at(text: str, stops) -> int | None:
+    """Where the completion ends: the index of the first occurrence of any of ``stops`` in
+    ``text``, or None. ``stop_at("the set", ["e ", "t"]) == 0``."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def held_back(text: str, stops) -> int:
+    """How many characters at the end of a running completion's ``text`` are not shown yet:
+    the longest end of ``text`` that is the start of a stop string (the next tokens may complete
+    it). ``held_back("the", ["e "]) == 1``; ``held_back("th", ["e "]) == 0``."""
+    longest = 0
+    for s in stops:                    # O(len(s)) compares, a slice only where the ends agree
+        for k in range(min(len(s) - 1, len(text)), longest, -1):
+            if s[k - 1] == text[-1] and text.endswith(s[:k]):
+                longest = k
+                break
+    return longest
 
 
 @dataclass(frozen=True)
@@ -44,36 +102,47 @@ class SamplingParams:
     def __post_init__(self):
         def positive_int(name, value):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise InvalidParameter(name, f"{name} must be an int >= 1, got {clip_repr(value)}")
         positive_int("max_tokens", self.max_tokens)
         positive_int("n", self.n)
         if self.top_k is not None:
             positive_int("top_k", self.top_k)
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+            raise InvalidParameter("temperature", f"temperature must be a finite number >= 0 "
+                                                  f"(0 = greedy), got {clip_repr(t)}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or self.seed < 0):
-            raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
+            raise InvalidParameter("top_p", f"top_p must be a number in (0, 1], got "
+                                            f"{clip_repr(p)}")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or not 0 <= seed < SEED_MODULUS):
+            raise InvalidParameter("seed", f"seed must be None or an int in [0, 2**64 - 1], got "
+                                           f"{clip_repr(seed)}")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
         if stop is not None:
             stop = tuple(stop)
             if not all(isinstance(s, str) and s for s in stop):
-                raise ValueError(f"stop must be a non-empty string or a list of them, got "
-                                 f"{self.stop!r}")
+                raise InvalidParameter("stop", f"stop must be a non-empty string or a list of "
+                                               f"them, got {clip_repr(self.stop)}")
         object.__setattr__(self, "stop", stop)
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+            raise InvalidParameter("ignore_eos", f"ignore_eos must be a bool, got "
+                                                 f"{clip_repr(self.ignore_eos)}")
 
     @property
     def greedy(self) -> bool:
-        """True when the next token is the argmax (temperature 0)."""
-        return self.temperature == 0
+        """True when the next token is the argmax: temperature 0, or below
+        :data:`MIN_TEMPERATURE`."""
+        return self.temperature < MIN_TEMPERATURE
+
+    def seed_of(self, j: int) -> int | None:
+        """The seed of completion ``j``: ``(seed + j) mod 2**64`` (None without a seed), so
+        that ``seed = 2**64 - 1`` with ``n = 2`` still gives every completion a valid seed."""
+        return None if self.seed is None else (self.seed + j) % SEED_MODULUS
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -22,6 +22,9 @@ Three policies (chapter 05 compares them on one workload):
   step finished sequences leave and waiting ones join, as long as the KV blocks and the token
   budget allow.
 
+``max_num_seqs`` bounds the running *sequences*, not requests: a request with n > 1 counts n
+(its sequence 0 is admitted only when it and the siblings that will fork from it all fit).
+
 Every step has a token budget, ``max_num_batched_tokens``. Running sequences are served first
 (one token per decode), then swapped-out ones come back, then waiting ones are admitted in
 arrival order, then padding rows (one token each, while the budget lasts). With
@@ -44,6 +47,7 @@ Taught in chapter 05.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -59,7 +63,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Scheduling limits; validated here. ``max_seq_len`` is the model's context."""
+    """Scheduling limits; validated here. ``max_seq_len`` is the model's context;
+    ``max_num_seqs`` bounds the running sequences (a request with n > 1 counts n)."""
 
     max_seq_len: int
     policy: str = "continuous"
@@ -83,9 +88,11 @@ class SchedulerConfig:
         cap = self.max_prefill_chunk_tokens
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"max_prefill_chunk_tokens must be None or an int >= 1, got {cap!r}")
-        if not isinstance(self.dynamic_window_s, (int, float)) or self.dynamic_window_s < 0:
-            raise ValueError(f"dynamic_window_s must be a number >= 0, got "
-                             f"{self.dynamic_window_s!r}")
+        w = self.dynamic_window_s
+        if (isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)
+                or w < 0):
+            raise ValueError(f"dynamic_window_s must be a finite number >= 0 (seconds), got "
+                             f"{w!r}")
 
 
 @dataclass
@@ -149,14 +156,16 @@ class Scheduler:
             self.padding.append(seq)
         self._end_batch_if_done()
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop a sequence from whichever queue holds it and free what it holds."""
+    def abort(self, seq: Sequence,
+              status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> None:
+        """Drop a sequence from whichever queue holds it, free what it holds, and finish it
+        with ``status`` (aborted, or failed: ``FINISHED_ERROR``)."""
         for queue in (self.waiting, self.running, self.swapped):
             if seq in queue:
                 queue.remove(seq)
         self._release(seq)
         seq.swapped = None
-        seq.set_status(SequenceStatus.FINISHED_ABORTED)
+        seq.set_status(status)
         self._end_batch_if_done()
 
     def _end_batch_if_done(self) -> None:
@@ -258,8 +267,14 @@ class Scheduler:
         out.preempted.append(seq)
         self._end_batch_if_done()                # a recomputed member leaves its batch
 
+    def _has_room(self, seq: Sequence) -> bool:
+        """``max_num_seqs`` holds with ``seq`` admitted: running sequences, each with the
+        siblings that will still fork from it (:attr:`Sequence.group_size`), plus its own."""
+        running = sum(s.group_size for s in self.running)
+        return running + seq.group_size <= self.config.max_num_seqs
+
     def _swap_in(self, budget: int, out: SchedulerOutput) -> int:
-        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.swapped and budget > 0 and self._has_room(self.swapped[0]):
             seq = self.swapped[0]
             held = seq.swapped.num_tokens
             n = self._chunk(seq, budget, out)
@@ -285,7 +300,7 @@ class Scheduler:
                 seq.token_ids())
 
     def _admit(self, budget: int, out: SchedulerOutput) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and self._has_room(self.waiting[0]):
             seq = self.waiting[0]
             self._match_prefix(seq)
             n = self._chunk(seq, budget, out)
@@ -340,12 +355,13 @@ class Scheduler:
 
     # ---------------------------------------------------- static and dynamic
     def batch_ready(self, now: float) -> bool:
-        """Dynamic batching: enough requests wait, or the oldest waited the window."""
+        """Dynamic batching: enough sequences wait to fill ``max_num_seqs`` (siblings
+        counted), or the oldest waited the window."""
         if not self.waiting:
             return False
         if self.config.policy != "dynamic":
             return True
-        return (len(self.waiting) >= self.config.max_num_seqs
+        return (sum(s.group_size for s in self.waiting) >= self.config.max_num_seqs
                 or now - self.waiting[0].arrival_time >= self.config.dynamic_window_s)
 
     def next_event_time(self, now: float) -> float | None:
@@ -371,7 +387,7 @@ class Scheduler:
         alone."""
         if not self.batch_ready(now):
             return
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and self._has_room(self.waiting[0]):
             seq = self.waiting[0]
             if self.running and (self._batch_reserve(self.running + [seq])
                                  > self.cache.allocator.num_free):

@@ -8,6 +8,7 @@ completions), which the scheduler handles one by one. A sequence's life::
        │   preempt      │  │
        └──(recompute)───┘  └──preempt (swap)──▶ PREEMPTED ──swap in──▶ RUNNING
     any unfinished state ──abort──▶ FINISHED_ABORTED
+    any unfinished state ──its step failed (an exception)──▶ FINISHED_ERROR
 
 A sequence preempted by *recompute* loses its K/V and waits again (state ``PREEMPTED``, at the
 head of the waiting queue); its prompt and the tokens it has generated are run again as one
@@ -39,27 +40,32 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"
 
     @property
     def is_finished(self) -> bool:
-        """True for the three finished states."""
+        """True for the four finished states."""
         return self.name.startswith("FINISHED")
 
     @property
     def finish_reason(self) -> str | None:
-        """``"stop"``, ``"length"``, ``"abort"`` (the OpenAI API's words), or None."""
+        """``"stop"``, ``"length"`` (the OpenAI API's words), ``"abort"``, ``"error"`` (vLLM's),
+        or None."""
         return {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length",
-                "FINISHED_ABORTED": "abort"}.get(self.name)
+                "FINISHED_ABORTED": "abort", "FINISHED_ERROR": "error"}.get(self.name)
 
 
 #: allowed moves of the state machine
 TRANSITIONS = MappingProxyType({
-    SequenceStatus.WAITING: frozenset({SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED}),
+    SequenceStatus.WAITING: frozenset({SequenceStatus.RUNNING, SequenceStatus.FINISHED_ABORTED,
+                                       SequenceStatus.FINISHED_ERROR}),
     SequenceStatus.RUNNING: frozenset({SequenceStatus.PREEMPTED, SequenceStatus.FINISHED_STOPPED,
                                        SequenceStatus.FINISHED_LENGTH,
-                                       SequenceStatus.FINISHED_ABORTED}),
+                                       SequenceStatus.FINISHED_ABORTED,
+                                       SequenceStatus.FINISHED_ERROR}),
     SequenceStatus.PREEMPTED: frozenset({SequenceStatus.RUNNING,
-                                         SequenceStatus.FINISHED_ABORTED}),
+                                         SequenceStatus.FINISHED_ABORTED,
+                                         SequenceStatus.FINISHED_ERROR}),
 })
 
 
@@ -113,6 +119,13 @@ class Sequence:
         """True while reading the prompt (or re-reading it after a recompute preemption)."""
         return self.num_uncomputed_tokens > 1 or not self.output_token_ids
 
+    @property
+    def group_size(self) -> int:
+        """Sequences it becomes once it runs: itself, plus (sequence 0 of a request with
+        n > 1, before it has read the prompt) the siblings that will fork from it. What the
+        scheduler counts against ``max_num_seqs``."""
+        return 1 + (len(self.request.forks_pending) if self.index == 0 else 0)
+
     def token_ids(self) -> list[int]:
         """Prompt followed by the generated tokens."""
         return self.prompt_token_ids + self.output_token_ids
@@ -126,7 +139,8 @@ class Sequence:
 class Request:
     """One prompt, its parameters, its ``n`` sequences and its timestamps. ``forks_pending``:
     sequences 1 .. n-1 until sequence 0 has read the prompt; they are then forked from it
-    (sharing its blocks, copy-on-write) instead of reading the prompt again."""
+    (sharing its blocks, copy-on-write) instead of reading the prompt again. ``error``: why the
+    request failed (finish reason ``"error"``), else None."""
 
     request_id: str
     prompt: str | None
@@ -135,6 +149,7 @@ class Request:
     metrics: RequestMetrics
     seqs: list[Sequence] = field(default_factory=list)
     forks_pending: list[Sequence] = field(default_factory=list)
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -10,12 +10,17 @@ which uvicorn turns into a graceful shutdown: open responses get ``timeout_grace
 seconds, then the app's shutdown stops the engine loop and the process exits with status 0.
 
 The web process holds only the tokenizer (:func:`llminfra.model.load_tokenizer`); the weights
-live in the engine's process. Taught in chapter 05.
+live in the engine's process. What one client can make the server hold is bounded — request
+bodies (``max_body_bytes``, ``body_timeout_s``) and uvicorn's connections
+(:data:`~llminfra.engine.http_limits.UVICORN_LIMITS`), see :mod:`llminfra.engine.http_limits` —
+and a public deployment puts a reverse proxy in front (README). Taught in chapter 05.
 """
 
 from __future__ import annotations
 
 import logging
+
+from llminfra.engine.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, UVICORN_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +63,14 @@ def served_name(model: str) -> str:
 
 
 def build_app(model: str = "tiny", *, model_name: str | None = None,
-              engine_process: bool = True, **engine_kwargs):
+              engine_process: bool = True, max_body_bytes: int = MAX_BODY_BYTES,
+              body_timeout_s: float = BODY_TIMEOUT_S, **engine_kwargs):
     """The app serving ``model``. ``engine_process``: the engine runs in a process of its own
     (:class:`~llminfra.engine.engine_process.EngineProcess`, built there from
-    :func:`build_engine`), else in a thread of this one. ``engine_kwargs`` go to
-    :func:`build_engine` (in process mode a bad setting is reported when the engine process
-    starts: :func:`run_server` starts it before listening)."""
+    :func:`build_engine`), else in a thread of this one. ``max_body_bytes`` and
+    ``body_timeout_s`` bound request bodies (:func:`~llminfra.engine.server.create_app`).
+    ``engine_kwargs`` go to :func:`build_engine` (in process mode a bad setting is reported
+    when the engine process starts: :func:`run_server` starts it before listening)."""
     from functools import partial
 
     from llminfra.engine.engine_process import EngineProcess
@@ -71,23 +78,38 @@ def build_app(model: str = "tiny", *, model_name: str | None = None,
     from llminfra.model import load_tokenizer
 
     name = model_name or served_name(model)
+    limits = dict(max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     if not engine_process:
         engine = build_engine(model, **engine_kwargs)
-        return create_app(engine, engine.tokenizer, model_name=name)
+        return create_app(engine, engine.tokenizer, model_name=name, **limits)
     tokenizer, config = load_tokenizer(model)
     return create_app(EngineProcess(partial(build_engine, model, **engine_kwargs)),
-                      tokenizer, model_name=name, max_model_len=config.max_seq_len)
+                      tokenizer, model_name=name, max_model_len=config.max_seq_len, **limits)
 
 
 def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-               model: str = "tiny", **engine_kwargs) -> None:
-    """Serve until interrupted (blocks). ``engine_kwargs`` go to :func:`build_app`."""
+               model: str = "tiny", *, limit_concurrency: int | None = None,
+               timeout_keep_alive_s: float | None = None, **app_kwargs) -> None:
+    """Serve until interrupted (blocks). ``limit_concurrency`` (connections and requests at
+    once; 503 beyond) and ``timeout_keep_alive_s`` override
+    :data:`~llminfra.engine.http_limits.UVICORN_LIMITS`; ``app_kwargs`` go to
+    :func:`build_app`."""
     import uvicorn
 
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
-    app = build_app(model, **engine_kwargs)
+    limits = dict(UVICORN_LIMITS)
+    if limit_concurrency is not None:
+        if isinstance(limit_concurrency, bool) or not isinstance(limit_concurrency, int) \
+                or limit_concurrency < 1:
+            raise ValueError(f"limit_concurrency must be an int >= 1, got {limit_concurrency!r}")
+        limits["limit_concurrency"] = limit_concurrency
+    if timeout_keep_alive_s is not None:
+        if not timeout_keep_alive_s > 0:
+            raise ValueError(f"timeout_keep_alive_s must be > 0, got {timeout_keep_alive_s!r}")
+        limits["timeout_keep_alive"] = timeout_keep_alive_s
+    app = build_app(model, **app_kwargs)
     app.state.service.loop.start()  # before listening: a bad setting fails here, plainly
     log.info("serving %s at http://%s:%d/v1 (Ctrl-C to stop)", model, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **limits)

@@ -12,7 +12,12 @@ The engine runs in a loop of its own — a process of its own
 (:class:`~llminfra.engine.engine_process.EngineProcess`, what ``python -m llminfra serve`` does)
 or a background thread (:class:`~llminfra.engine.async_engine.AsyncEngine`, for tests and
 notebooks); handlers only validate, queue and relay. Every malformed request gets a 4xx with OpenAI's
-error body; a client that disconnects mid-stream aborts its request (blocks freed).
+error body naming the field (``param``), quoting at most 200 characters of the bad value; a
+client that disconnects — mid-stream, or while waiting for a non-streamed answer — aborts its
+request (blocks freed). A request that fails inside the engine (finish reason ``"error"``) gets
+a 500 (or, mid-stream, an error event) while the engine serves the others; ``/health`` answers
+503 when the engine loop is stopped or has made no progress for ``stall_timeout_s``. Bodies,
+slow senders and connections are bounded (:mod:`llminfra.engine.http_limits`).
 
 Streaming and bytes: a token can be half of a UTF-8 character (every token of the byte-level
 tiny model is one byte; a BPE token of the real model can end inside a Korean syllable or an
@@ -36,12 +41,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llminfra.engine import openai_protocol as api
 from llminfra.engine.async_engine import AsyncEngine, EngineDeadError, EngineLoop
+from llminfra.engine.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
+from llminfra.engine.sampling_params import clip, clip_repr
 from llminfra.engine.server_metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger(__name__)
 
 #: default name the server gives the tiny model in ``/v1/models``
 DEFAULT_MODEL_NAME = "llminfra-tiny"
+#: ``/health`` says 503 once the engine loop has made no progress for this long (seconds)
+STALL_TIMEOUT_S = 30.0
+#: the status of a request whose client left before the answer (nginx's "client closed request")
+CLIENT_CLOSED_REQUEST = 499
+#: a text prompt longer than this (characters) is tokenized in a worker thread: tokenizing 1 MiB
+#: takes the real model's BPE about a second, which on the event loop would stall every stream
+#: (it helps where the tokenizer lets go of the GIL while it works)
+THREAD_TOKENIZE_CHARS = 8192
 
 
 class APIError(Exception):
@@ -75,7 +90,14 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
     return APIError(400, f"{where}: {err.get('msg', 'invalid value')} "
-                         f"(got {err.get('input')!r})", param=param)
+                         f"(got {clip_repr(err.get('input'))})", param=param)
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Return once the client has gone. After the body is read, the ASGI server's next
+    message for this request is ``http.disconnect``, sent when the connection closes."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Service:
@@ -94,11 +116,25 @@ class _Service:
 
     def check_model(self, req) -> None:
         if req.model != self.model_name:
-            raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
-                                f"{self.model_name!r}", param="model", code="model_not_found")
+            raise APIError(404, f"the model {clip_repr(req.model)} does not exist; this server "
+                                f"serves {self.model_name!r}", param="model",
+                           code="model_not_found")
+
+    async def encode(self, prompt, param: str) -> list[int]:
+        """:meth:`prompt_ids`, in a worker thread for a long text prompt
+        (:data:`THREAD_TOKENIZE_CHARS`)."""
+        if isinstance(prompt, str) and len(prompt) > THREAD_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self.prompt_ids, prompt, param)
+        return self.prompt_ids(prompt, param)
 
     def prompt_ids(self, prompt, param: str) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        """Token ids of a prompt (text or ids), checked: not empty, in the vocabulary, shorter
+        than the context; else a 400 naming ``param``."""
+        try:
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except UnicodeError as e:        # e.g. a lone surrogate that slipped past validation
+            raise APIError(400, f"{param} is not valid Unicode text: {e.reason}",
+                           param=param) from None
         vocab = self.tokenizer.vocab_size
         if not ids:
             raise APIError(400, f"{param} is empty", param=param)
@@ -129,27 +165,53 @@ class _Service:
                 top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, n=req.n,
                 seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
         except ValueError as e:
-            raise APIError(400, str(e)) from None
+            raise APIError(400, str(e), param=getattr(e, "param", None)) from None
 
-    async def submit(self, ids, params, rid):
+    async def submit(self, ids, params, rid, prompt_param: str = "prompt"):
+        """Queue the request; the engine's refusal is a 400 naming the field at fault."""
         try:
             return await self.loop.generate(ids, params, rid)
         except ValueError as e:
-            raise APIError(400, str(e), param="prompt") from None
+            param = getattr(e, "param", None)
+            raise APIError(400, str(e), param=prompt_param if param in (None, "prompt")
+                           else param) from None
         except EngineDeadError as e:
             raise APIError(503, str(e), type_="server_error") from None
 
-    async def complete(self, stream, n_prompt):
-        """Non-streaming: run to the end; ``(choices, usage)``."""
+    async def complete(self, stream, n_prompt, rid, request: Request):
+        """Non-streaming: run to the end; ``(choices, usage)``. A client that leaves first
+        aborts the request (its blocks freed) and gets :data:`CLIENT_CLOSED_REQUEST`."""
+        run = asyncio.ensure_future(self._last_output(stream))
+        gone = asyncio.ensure_future(_until_disconnected(request))
+        try:
+            await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (run, gone):
+                task.cancel()
+            await asyncio.gather(run, gone, return_exceptions=True)
+        if not run.done() or run.cancelled():
+            self.loop.abort(rid)
+            self.metrics.client_disconnects.inc()
+            raise APIError(CLIENT_CLOSED_REQUEST, "the client closed the connection")
+        last = run.result()
+        choices = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
+                   for c in last.outputs]
+        return choices, api.usage(n_prompt, sum(len(c.token_ids) for c in last.outputs))
+
+    @staticmethod
+    async def _last_output(stream):
+        """The final ``RequestOutput``; the engine's failure of this one request is a 500,
+        the loss of the whole engine a 503."""
         last = None
         try:
             async for out in stream:
                 last = out
         except EngineDeadError as e:      # the engine died mid-request: the server's fault
             raise APIError(503, str(e), type_="server_error") from None
-        choices = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
-                   for c in last.outputs]
-        return choices, api.usage(n_prompt, sum(len(c.token_ids) for c in last.outputs))
+        if last.error is not None:
+            raise APIError(500, f"the engine failed this request: {last.error}",
+                           type_="server_error")
+        return last
 
     def sse(self, stream, rid, n_prompt, chat: bool, include_usage: bool, prefix: str = ""):
         """Streaming: one SSE event per new text of one choice, then ``[DONE]``."""
@@ -160,6 +222,10 @@ class _Service:
             try:
                 async for out in stream:
                     finished = out.finished
+                    if out.error is not None:       # this request failed in the engine
+                        yield json.dumps(api.error_body(
+                            f"the engine failed this request: {out.error}", "server_error"))
+                        return
                     for c in out.outputs:
                         if c.index not in sent:
                             sent[c.index] = ""
@@ -184,10 +250,12 @@ class _Service:
                                                      api.usage(n_prompt, sum(n_tokens.values()))))
                 yield "[DONE]"
             except EngineDeadError as e:
+                finished = True                     # nothing left to abort
                 yield json.dumps(api.error_body(str(e), "server_error"))
             finally:
-                if not finished:
+                if not finished:                    # the client left mid-stream
                     self.loop.abort(rid)
+                    self.metrics.client_disconnects.inc()
 
         async def sse_lines():
             async for data in events():
@@ -198,17 +266,25 @@ class _Service:
 
 
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
-               max_model_len: int | None = None, max_n: int = 8) -> FastAPI:
+               max_model_len: int | None = None, max_n: int = 8,
+               max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
+               stall_timeout_s: float = STALL_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving ``engine``: an ``LLMEngine`` (or anything with its API), run in
     a thread of this process by :class:`~llminfra.engine.async_engine.AsyncEngine`, or an
     unstarted :class:`~llminfra.engine.async_engine.EngineLoop` such as
     :class:`~llminfra.engine.engine_process.EngineProcess` (the engine in its own process).
 
     ``max_model_len`` defaults to ``engine.model.config.max_seq_len`` (required with an
-    ``EngineLoop``, which holds no model here); ``max_n`` caps ``n``. The engine loop starts
-    and stops with the app's lifespan (uvicorn start-up / shutdown).
+    ``EngineLoop``, which holds no model here); ``max_n`` caps ``n``. ``max_body_bytes`` and
+    ``body_timeout_s`` bound request bodies (413 / 408, :mod:`~llminfra.engine.http_limits`);
+    ``/health`` is 503 once the engine loop has made no progress for ``stall_timeout_s``
+    seconds (more than an idle engine process' heartbeat,
+    :data:`~llminfra.engine.engine_process.HEARTBEAT_S`). The engine loop starts and stops
+    with the app's lifespan (uvicorn start-up / shutdown).
     """
     from llminfra.engine import SamplingParams
+    if not stall_timeout_s > 0:
+        raise ValueError(f"stall_timeout_s must be > 0 (seconds), got {stall_timeout_s!r}")
     if max_model_len is None:
         if isinstance(engine, EngineLoop):
             raise ValueError("max_model_len is required when the engine is an EngineLoop")
@@ -224,6 +300,7 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
             svc.loop.stop()
 
     app = FastAPI(title="llminfra OpenAI-compatible server", lifespan=lifespan)
+    app.add_middleware(RequestBodyLimits, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
     app.state.service = svc
 
     @app.exception_handler(APIError)
@@ -236,14 +313,22 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
+        if exc.status_code in (408, 413):            # the body limits: said as they are
+            code = "request_too_large" if exc.status_code == 413 else "request_timeout"
+            return APIError(exc.status_code, exc.detail, code=code).response()
         code = "not_found" if exc.status_code == 404 else None
-        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                        code=code).response()
+        return APIError(exc.status_code, f"{request.method} {clip(request.url.path)}: "
+                                         f"{exc.detail}", code=code).response()
 
     @app.get("/health")
     async def health():
         if not svc.loop.is_running:
             raise APIError(503, "the engine loop is not running", type_="server_error")
+        idle_s = svc.loop.seconds_since_progress
+        if idle_s > stall_timeout_s:
+            raise APIError(503, f"the engine loop has made no progress for {idle_s:.1f} s "
+                                f"(a step that does not end, or a stopped engine process)",
+                           type_="server_error")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -261,21 +346,21 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
     @app.get("/v1/models/{name}")
     async def model(name: str):
         if name != model_name:
-            raise APIError(404, f"the model {name!r} does not exist", param="model",
+            raise APIError(404, f"the model {clip_repr(name)} does not exist", param="model",
                            code="model_not_found")
         return model_card()
 
     @app.post("/v1/completions")
     async def completions(req: api.CompletionRequest, request: Request):
         svc.check_model(req)
-        ids = svc.prompt_ids(req.prompt, "prompt")
+        ids = await svc.encode(req.prompt, "prompt")
         params = svc.sampling(req, len(ids), req.max_tokens)
         rid = api.new_id("cmpl")
         stream = await svc.submit(ids, params, rid)
         echo = svc.tokenizer.decode(ids) if req.echo else ""
         if req.stream:
             return svc.sse(stream, rid, len(ids), False, req.include_usage, prefix=echo)
-        choices, use = await svc.complete(stream, len(ids))
+        choices, use = await svc.complete(stream, len(ids), rid, request)
         for c in choices:
             c["text"] = echo + c["text"]
         return api.completion_response(rid, model_name, choices, use)
@@ -288,13 +373,13 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
                 [{"role": m.role, "content": m.text()} for m in req.messages])
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
-        ids = svc.prompt_ids(prompt, "messages")
+        ids = await svc.encode(prompt, "messages")
         params = svc.sampling(req, len(ids), req.max_completion_tokens or req.max_tokens)
         rid = api.new_id("chatcmpl")
-        stream = await svc.submit(ids, params, rid)
+        stream = await svc.submit(ids, params, rid, prompt_param="messages")
         if req.stream:
             return svc.sse(stream, rid, len(ids), True, req.include_usage)
-        choices, use = await svc.complete(stream, len(ids))
+        choices, use = await svc.complete(stream, len(ids), rid, request)
         return api.chat_response(rid, model_name, choices, use)
 
     return app

@@ -9,7 +9,12 @@ One :class:`prometheus_client.CollectorRegistry` per server (no process-global r
 * histograms observed in the engine thread when a request finishes —
   ``llminfra_time_to_first_token_seconds`` (TTFT = first token − arrival),
   ``llminfra_time_per_output_token_seconds`` (TPOT = (finish − first token) / (tokens − 1)),
-  ``llminfra_e2e_request_latency_seconds``; and ``llminfra_request_success_total{finish_reason}``.
+  ``llminfra_e2e_request_latency_seconds``; and ``llminfra_request_success_total{finish_reason}``;
+* ``llminfra_client_disconnects_total``, counted by the handlers: requests aborted because their
+  client left before the answer.
+
+``llminfra_num_requests_running`` counts running *sequences*, as the scheduler's
+``max_num_seqs`` does: a request with n > 1 counts n.
 
 Names follow Prometheus' conventions (base units, ``_total`` for counters; prometheus.io/docs/
 practices/naming) and mirror the ones vLLM exports (``vllm:time_to_first_token_seconds`` …).
@@ -33,7 +38,8 @@ TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 TPOT_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 _GAUGES = {
-    "num_requests_running": ("num_running", "requests in the running batch"),
+    "num_requests_running": ("num_running", "sequences in the running batch (a request with "
+                                            "n > 1 counts n; at most max_num_seqs)"),
     "num_requests_waiting": ("num_waiting", "requests queued, not yet admitted"),
     "num_requests_swapped": ("num_swapped", "requests preempted to CPU memory"),
     "kv_blocks_used": ("kv_blocks_used", "KV-cache blocks held by requests"),
@@ -82,6 +88,9 @@ class ServerMetrics:
                              registry=self.registry)
         self.success = Counter("llminfra_request_success", "finished requests",
                                ["finish_reason"], registry=self.registry)
+        self.client_disconnects = Counter("llminfra_client_disconnects",
+                                          "requests aborted because their client left before "
+                                          "the answer", registry=self.registry)
 
     def observe_finished(self, output) -> None:
         """Record one finished ``RequestOutput`` (its ``metrics``; missing values skipped)."""

@@ -6,6 +6,8 @@ Entry points (what notebooks, checkers and the bench call):
 * ``quantize(w, scheme) -> QuantizedTensor`` with ``.dequantize()`` and honest ``.nbytes``;
 * ``quantize_model(model, scheme, calibration=None)`` replaces the transformer blocks'
   ``nn.Linear`` layers by :class:`QuantLinear` (also ``"gptq-…"``, ``"awq-…"``, ``"int8-dynamic"``);
+* ``fake_quantize_model(model, scheme)`` rounds the same weights and stores them back
+  dequantized (the rounding's effect alone, at full speed);
 * :class:`QuantLinear`.
 
 Taught in chapter 03 (``notebooks/03_precision_and_quantization.ipynb``).
@@ -34,7 +36,7 @@ def quantize(w: torch.Tensor, scheme: str) -> QuantizedTensor:
 
 
 from llminfra.quant.quant_linear import QuantLinear  # noqa: E402
-from llminfra.quant.quantize_model import quantize_model  # noqa: E402
+from llminfra.quant.quantize_model import fake_quantize_model, quantize_model  # noqa: E402
 
-__all__ = ["quantize", "quantize_model", "QuantLinear", "QuantizedTensor", "Scheme",
+__all__ = ["quantize", "quantize_model", "fake_quantize_model", "QuantLinear", "QuantizedTensor", "Scheme",
            "parse_scheme", "STANDARD_SCHEMES"]

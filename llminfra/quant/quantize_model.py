@@ -112,6 +112,22 @@ def quantize_model(model: nn.Module, scheme: str, calibration: torch.Tensor | No
     return model
 
 
+def fake_quantize_model(model: nn.Module, scheme: str,
+                        skip: tuple[str, ...] = ("output",)) -> nn.Module:
+    """Round every target linear weight (see :func:`target_linears`) through ``scheme`` and
+    store it back dequantized, in the model's own dtype: the model then computes with exactly
+    the values a :class:`QuantLinear` would hold, at the unquantized model's speed — the
+    rounding's effect alone, as papers' perplexity tables measure it (no memory is saved).
+    Round-to-nearest schemes only; returns ``model`` (changed in place)."""
+    from llminfra.quant import quantize
+
+    parse_scheme(scheme)  # KeyError with the allowed names before touching the model
+    with torch.no_grad():
+        for lin in target_linears(model, skip).values():
+            lin.weight.copy_(quantize(lin.weight.detach(), scheme).dequantize())
+    return model
+
+
 def model_weight_bytes(model: nn.Module) -> dict:
     """Bytes of every parameter and buffer, split into quantized linear weights and the rest."""
     q = sum(m.weight_nbytes for m in model.modules() if isinstance(m, QuantLinear))

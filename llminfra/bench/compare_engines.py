@@ -1,0 +1,284 @@
+"""``make compare-engines``: ``llminfra serve`` beside vLLM on the same weights, on this machine.
+
+Recorded once and committed (``llminfra/data/compare_engines_cpu.json``), never run in CI: vLLM
+wants a virtual environment of its own and takes minutes to start on a 2-core CPU.
+
+1. The real model (``smollm2-135m``) is exported with
+   :func:`llminfra.model.hf_export.export_hf_folder` to a Hugging Face folder in fp32, so both
+   engines read the same numbers.
+2. Both servers start on 127.0.0.1 (OS-picked ports) and answer the greedy probes
+   (``/v1/completions`` and ``/v1/chat/completions``, temperature 0). Then ``llminfra loadtest``
+   drives them in closed loops, at each concurrency one server after the other (never both at
+   once: they share the cores), with the same seeded prompts and output lengths and
+   ``ignore_eos``, so both write every token. The server not being measured is paused
+   (SIGSTOP): vLLM's idle workers poll and would take half a core from ours.
+3. The probes' texts are compared engine against engine; the JSON has both servers' start-up
+   time, throughput, TTFT / TPOT percentiles and errors per concurrency.
+
+Any OpenAI-compatible server can stand in for vLLM (``--peer-cmd``), which is how the test runs
+the orchestration on two tiny-model servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+#: the probes: (kind, prompt or messages) — English, code, Korean, a chat turn
+PROBES = [
+    ("completion", "The three most important ideas in operating systems are"),
+    ("completion", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("completion", "대한민국의 수도는"),
+    ("chat", [{"role": "user", "content": "What is a KV cache, in one sentence?"}]),
+]
+PROBE_TOKENS = 32
+CONCURRENCY = (1, 4, 16)
+OUTPUT_TOKENS = 64
+MAX_MODEL_LEN = 512
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(python: str, folder: Path, name: str, port: int, max_len: int) -> list[str]:
+    """vLLM's OpenAI server on ``folder`` (fp32, the same context cap as ours)."""
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--max-model-len", str(max_len),
+            "--max-num-seqs", str(max(CONCURRENCY))]
+
+
+def llminfra_command(folder: Path, name: str, port: int, threads: int) -> list[str]:
+    return [sys.executable, "-m", "llminfra", "serve", "--model", str(folder), "--port",
+            str(port), "--threads", str(threads), "--max-num-seqs", str(max(CONCURRENCY)),
+            "--log-level", "warning"]
+
+
+class Server:
+    """A server process in its own process group, stopped (SIGINT, then SIGKILL) on exit."""
+
+    def __init__(self, argv: list[str], port: int, log: Path, env: dict | None = None):
+        self.argv, self.port, self.log = argv, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = open(log, "w")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.started = time.perf_counter()
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ``/health`` answers 200; ``RuntimeError`` with the log's tail if the
+        process exits or the time runs out."""
+        while time.perf_counter() - self.started < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv[:4]} exited with {self.proc.returncode}:\n"
+                                   f"{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return time.perf_counter() - self.started
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"{self.argv[:4]} not ready after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def pause(self) -> None:
+        """SIGSTOP the whole process group: an idle server that polls (vLLM's workers spin on
+        their shared-memory queue) takes no CPU from the one being measured."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def tail(self, n: int = 30) -> str:
+        self._log.flush()
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def probe(url: str, name: str) -> list[str]:
+    """The greedy texts of :data:`PROBES` from the server at ``url``."""
+    out = []
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for kind, content in PROBES:
+            body = {"model": name, "max_tokens": PROBE_TOKENS, "temperature": 0}
+            if kind == "chat":
+                r = client.post("/v1/chat/completions", json={**body, "messages": content})
+                r.raise_for_status()
+                out.append(r.json()["choices"][0]["message"]["content"])
+            else:
+                r = client.post("/v1/completions", json={**body, "prompt": content})
+                r.raise_for_status()
+                out.append(r.json()["choices"][0]["text"])
+    return out
+
+
+def measure(url: str, name: str, concurrency: int, num_requests: int, max_len: int,
+            chars_per_token: float) -> dict:
+    """One ``loadtest`` in a closed loop of ``concurrency`` clients."""
+    from llminfra.engine.loadtest import run_loadtest
+    r = run_loadtest(url, concurrency=concurrency, num_requests=num_requests, model=name,
+                     seed=0, max_model_len=max_len, max_output_tokens=OUTPUT_TOKENS,
+                     chars_per_token=chars_per_token, ignore_eos=True, progress=False,
+                     timeout_s=1800)
+    print(f"  concurrency {concurrency}: {r['output_tokens_per_s']:.4g} tokens/s, TTFT p50 "
+          f"{r['ttft_s']['p50']:.3g} s, {r['num_errors']} errors {r['errors']}", flush=True)
+    return {k: r[k] for k in ("num_requests", "num_ok", "num_errors", "errors", "wall_s",
+                              "output_tokens", "prompt_tokens", "output_tokens_per_s",
+                              "ttft_s", "tpot_s", "e2e_s")}
+
+
+def run_both(commands: dict[str, tuple], name: str, requests: dict[int, int], max_len: int,
+             chars_per_token: float, logdir: Path, start_timeout_s: float) -> dict:
+    """Start every server (``label -> (argv for a port, env)``), probe each, then measure them
+    interleaved — at each concurrency one after the other — so that whatever else the machine
+    does falls on both alike. Only the server being measured runs: the others are paused
+    (:meth:`Server.pause`)."""
+    results, servers = {}, {}
+    try:
+        for label, (argv_for_port, env) in commands.items():
+            port = free_port()
+            argv = argv_for_port(port)
+            print(f"== {label}: {shlex.join(argv)}", flush=True)
+            servers[label] = Server(argv, port, logdir / f"{label}.log", env)
+            start_s = servers[label].wait_ready(start_timeout_s)
+            print(f"  ready after {start_s:.0f} s", flush=True)
+            results[label] = {"command": argv, "start_s": start_s,
+                              "probe_texts": probe(servers[label].url, name), "concurrency": {}}
+            servers[label].pause()
+        for c, n in requests.items():
+            for label, server in servers.items():
+                print(f"== {label}", flush=True)
+                server.resume()
+                results[label]["concurrency"][str(c)] = measure(server.url, name, c, n,
+                                                                max_len, chars_per_token)
+                server.pause()
+    finally:
+        for server in servers.values():
+            server.resume()
+            server.__exit__(None, None, None)
+    return results
+
+
+def agreement(a: list[str], b: list[str]) -> list[dict]:
+    """Per probe: equal, and the length of the common prefix (characters)."""
+    out = []
+    for x, y in zip(a, b):
+        k = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        out.append({"equal": x == y, "common_prefix_chars": k, "chars": [len(x), len(y)]})
+    return out
+
+
+def _peer_version(python: str) -> str | None:
+    try:
+        return subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"],
+                              capture_output=True, text=True, timeout=300).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m llminfra.bench.compare_engines",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--vllm-python", help="the python of vLLM's own virtual environment")
+    p.add_argument("--peer-cmd", help="instead of vLLM: a command with {folder} {name} {port} "
+                   "{threads} fields, serving the OpenAI API")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--requests", default="1:8,4:16,16:32",
+                   help="concurrency:requests pairs (default 1:8,4:16,16:32)")
+    p.add_argument("--chars-per-token", type=float, default=4.0,
+                   help="prompt characters per token (about 4 for SmolLM2's BPE on English)")
+    p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds per server")
+    p.add_argument("--json", required=True, help="write the results here")
+    args = p.parse_args(argv)
+    if (args.vllm_python is None) == (args.peer_cmd is None):
+        p.error("give exactly one of --vllm-python or --peer-cmd")
+    if args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
+    try:
+        requests = {int(c): int(n) for c, n in (pair.split(":") for pair in
+                                                args.requests.split(","))}
+    except ValueError:
+        p.error(f"--requests wants pairs like 1:8,4:16, got {args.requests!r}")
+    out = Path(args.json)
+    if out.is_dir() or not out.parent.is_dir():
+        p.error(f"--json {out}: not a file in an existing folder")
+
+    import torch
+
+    from llminfra.bench.real import cpu_name
+    from llminfra.bench.timing import environment
+    from llminfra.model import load_model
+    from llminfra.model.hf_export import export_hf_folder
+
+    name = "smollm2-135m" if args.model == "smollm2-135m" else Path(args.model).stem
+    with tempfile.TemporaryDirectory(prefix="compare-engines-") as tmp:
+        tmp = Path(tmp)
+        model, tok = load_model(args.model, torch.float32)
+        folder = export_hf_folder(model, tok, tmp / name)
+        max_len = min(MAX_MODEL_LEN, model.config.max_seq_len)
+        del model
+        if args.vllm_python:
+            peer_label, peer_version = "vllm", _peer_version(args.vllm_python)
+            peer = lambda port: vllm_command(args.vllm_python, folder, name, port,  # noqa: E731
+                                             max_len)
+            # vLLM's CPU backend: KV cache space in GiB; its OpenMP threads bound to cores
+            # 0 .. threads-1, as many as ours get ("auto" would keep one core for its front end)
+            env = {"VLLM_CPU_KVCACHE_SPACE": "2",
+                   "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
+        else:
+            peer_label, peer_version, env = "peer", None, None
+            peer = lambda port: shlex.split(args.peer_cmd.format(  # noqa: E731
+                folder=folder, name=name, port=port, threads=args.threads))
+        ours = (lambda port: llminfra_command(folder, name, port, args.threads), None)
+        results = run_both({peer_label: (peer, env), "llminfra": ours}, name, requests, max_len,
+                           args.chars_per_token, tmp, args.start_timeout)
+    ours, theirs = results["llminfra"], results[peer_label]
+    ratio = {c: ours["concurrency"][c]["output_tokens_per_s"]
+             / (theirs["concurrency"][c]["output_tokens_per_s"] or math.nan)
+             for c in ours["concurrency"]}
+    report = {
+        "environment": {**environment(), "cpu_name": cpu_name(), "peer": peer_label,
+                        "peer_version": peer_version},
+        "model": args.model, "weights": "exported from the GGUF to a safetensors folder, fp32",
+        "settings": {"threads": args.threads, "requests": requests,
+                     "output_tokens": OUTPUT_TOKENS, "max_model_len": max_len,
+                     "probe_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 0,
+                     "chars_per_token": args.chars_per_token},
+        "greedy_agreement": agreement(ours["probe_texts"], theirs["probe_texts"]),
+        "servers": results,
+        "throughput_llminfra_over_peer": ratio,
+    }
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
