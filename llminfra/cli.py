@@ -231,7 +231,11 @@ def _serve(args) -> int:
     run_server(args.host, args.port, log_level=args.log_level, model=args.model,
                num_blocks=args.num_blocks,
                max_num_seqs=args.max_num_seqs, policy=args.policy,
-               num_threads=args.threads, engine_process=not args.engine_in_thread)
+               num_threads=args.threads, engine_process=not args.engine_in_thread,
+               limit_concurrency=args.max_connections,
+               timeout_keep_alive_s=args.keep_alive_timeout,
+               **{k: v for k, v in (("max_body_bytes", args.max_body_bytes),
+                                    ("body_timeout_s", args.body_timeout)) if v is not None})
     return 0
 
 
@@ -272,6 +276,17 @@ def _add_serving_parsers(sub) -> None:
     s.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (they then share one GIL)")
+    # defaults: llminfra.engine.http_limits (not imported here: it loads the engine)
+    s.add_argument("--max-body-bytes", type=integer(1, 2**31, unit="bytes"), default=None,
+                   help="largest request body; larger gets 413 (default 1 MiB)")
+    s.add_argument("--body-timeout", type=number(0, 3600, low_open=True, unit="seconds"),
+                   default=None, help="seconds a request body may take to arrive; then 408 "
+                                      "(default 30)")
+    s.add_argument("--max-connections", type=integer(1, 100_000, unit="connections"),
+                   default=None, help="connections and requests at once; 503 beyond "
+                                      "(default 256)")
+    s.add_argument("--keep-alive-timeout", type=number(0, 3600, low_open=True, unit="seconds"),
+                   default=None, help="seconds an idle connection is kept (default 5)")
 
     t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
     t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")

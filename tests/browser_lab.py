@@ -62,18 +62,25 @@ def course_lab_args() -> list[str]:
 
 
 def copy_repository(dest: Path) -> Path:
-    """A copy of the repository's working tree (no .git, no .venv, no caches) at ``dest``."""
+    """A copy of the repository's working tree (no .git, no .venv, no caches) at ``dest``, its
+    course notebooks trusted as ``make course`` trusts them."""
+    from llminfra.course.lab_setup import course_notebooks, trust_notebooks
     shutil.copytree(ROOT, dest, ignore=COPY_IGNORE)
+    trust_notebooks(course_notebooks(dest))
     return dest
 
 
 def _write_settings(settings: Path) -> None:
-    files = {"apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-             "docmanager-extension/plugin": {"autosaveInterval": AUTOSAVE_S},
-             # draw every cell, not only those scrolled into view
-             "notebook-extension/tracker": {"windowingMode": "none"}}
-    for name, value in files.items():
-        path = settings / "@jupyterlab" / f"{name}.jupyterlab-settings"
+    """The course's shipped settings (``llminfra.course.lab_setup.OVERRIDES``, what ``make
+    course`` installs), and the test's own: a short autosave, every cell drawn (not only those
+    scrolled into view)."""
+    from llminfra.course.lab_setup import OVERRIDES
+    plugins = {**OVERRIDES,
+               "@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": AUTOSAVE_S},
+               "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
+    for plugin, value in plugins.items():
+        package, name = plugin.split(":")
+        path = settings / package / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
 
@@ -455,13 +462,14 @@ NBVAL_SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 
 
 def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 60_000):
-    """Save the notebook on show (File ▸ Save Notebook) and return it as JupyterLab wrote it
-    (an ``nbformat`` node), once every code cell on disk has run."""
+    """The notebook on show as JupyterLab saved it (an ``nbformat`` node), once its autosave
+    (every :data:`AUTOSAVE_S`) has written it with every code cell run and nothing left unsaved.
+    Not saved from the menu as well: a second save racing the autosave makes JupyterLab ask
+    "File Changed" (seen in CI), and that dialog takes the next key press."""
     import nbformat
 
     file = lab.served / path
     with explained(page, f"saving {path}"):
-        _menu(page, "File", "Save Notebook")
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             try:
@@ -531,3 +539,18 @@ def output_mismatches(ran, stored) -> list[str]:
                             f"  stored: {str(want.get(key))[:600]}\n"
                             f"  ran:    {str(got.get(key))[:600]}")
     return problems
+
+
+def widget_drawn(page, row: WidgetRow, when: str, timeout_ms: int = 30_000) -> None:
+    """``row``'s control is drawn on the notebook on show (a widget view, not its text
+    stand-in and not "Error displaying widget"); ``when`` says at which point, in a failure."""
+    with explained(page, f"the {row.chapter} widget, {when}"):
+        try:
+            page.locator(f"{PANEL} {row.control}").first.wait_for(state="visible",
+                                                                  timeout=timeout_ms)
+        except Exception as err:
+            shown = page.locator(f"{PANEL} .jp-OutputArea-output").all_inner_texts()
+            broken = [t for t in shown if "Error displaying widget" in t
+                      or "[interactive widget]" in t]
+            raise AssertionError(f"not drawn within {timeout_ms / 1000:.0f} s; the outputs "
+                                 f"show: {broken[:3] or '(no widget stand-in)'}") from err

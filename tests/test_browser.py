@@ -46,7 +46,7 @@ import pytest
 from browser_lab import (AUTOSAVE_S, CHROMIUM, CHROMIUM_ARGS, ROOT, CellError,
                          WidgetDidNotChange, WidgetRow, copy_repository, explained, move_and_check,
                          output_mismatches, run_all_cells, save_notebook, start_lab,
-                         wait_for_kernel)
+                         wait_for_kernel, widget_drawn)
 
 pytestmark = pytest.mark.browser
 
@@ -309,6 +309,8 @@ def test_every_widget_moves_in_a_real_browser(lab, page, notebook):
         pytest.fail(f"{notebook} exists but its ROWS entry is a placeholder: give chapter "
                     f"{unwritten} a control selector, a move and the expected text")
     _open(page, lab, notebook)
+    for row in rows:  # drawn on opening, from the saved widget state (make course trusts it)
+        widget_drawn(page, row, f"{notebook} as opened")
     run_all_cells(page, RUN_TIMEOUT_MS)
     # the run in the browser is also the chapter's nbval run (conftest.py deselects nbval's own
     # cells of this chapter when this test runs): the saved outputs must be the stored ones
@@ -318,6 +320,13 @@ def test_every_widget_moves_in_a_real_browser(lab, page, notebook):
                             f"outputs (as nbval compares them):\n" + "\n".join(mismatches))
     for row in rows:
         move_and_check(page, row, SCREENSHOTS / f"{row.chapter}.png" if SCREENSHOTS else None)
+    # saved after the run (the course's settings save widget state), the kernel shut down (so
+    # nothing is drawn from a live kernel's models) and opened again: drawn from the file
+    save_notebook(page, lab, notebook)
+    lab.shut_down_kernels()
+    _open(page, lab, notebook)
+    for row in rows:
+        widget_drawn(page, row, f"{notebook} saved after a run and opened again")
 
 
 def _sabotaged_copy(lab, row: WidgetRow) -> str:
@@ -363,7 +372,9 @@ def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
     trusted = lab.served / "notebooks" / "zz_trusted_02_gpu_memory.ipynb"
     fresh = lab.served / "notebooks" / "zz_fresh_02_gpu_memory.ipynb"
     shutil.copy(source, trusted)
-    shutil.copy(source, fresh)
+    nb = json.loads(source.read_text())
+    nb["metadata"]["zz_changed"] = True  # other content: not covered by the served copy's trust
+    fresh.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     subprocess.run([sys.executable, "-m", "jupyter", "trust", str(trusted)], check=True,
                    capture_output=True)
     _open(page, lab, "notebooks/" + trusted.name)

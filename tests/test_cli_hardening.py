@@ -225,3 +225,23 @@ def test_serve_an_unknown_model_is_one_line():
                         "--port", "9"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "llminfra serve: 'no-such-model' is not a known model" in r.stderr
+
+
+def test_serve_limit_flags_reach_run_server(monkeypatch):
+    """The server's bounds are settable from the command line, checked like every number, and
+    the defaults the help names are http_limits' own."""
+    from llminfra import cli
+    from llminfra.engine import http_limits, serve
+    seen = {}
+    monkeypatch.setattr(serve, "run_server", lambda *a, **kw: seen.update(kw))
+    assert cli.main(["serve", "--max-body-bytes", "4096", "--body-timeout", "2.5",
+                     "--max-connections", "8", "--keep-alive-timeout", "1"]) == 0
+    assert (seen["max_body_bytes"], seen["body_timeout_s"], seen["limit_concurrency"],
+            seen["timeout_keep_alive_s"]) == (4096, 2.5, 8, 1.0)
+    seen.clear()
+    assert cli.main(["serve"]) == 0
+    assert "max_body_bytes" not in seen and seen["limit_concurrency"] is None
+    assert (http_limits.MAX_BODY_BYTES, http_limits.BODY_TIMEOUT_S) == (2**20, 30.0)
+    assert (http_limits.UVICORN_LIMITS["limit_concurrency"],
+            http_limits.UVICORN_LIMITS["timeout_keep_alive"]) == (256, 5)
+    assert cli.main(["serve", "--max-connections", "0"]) == 2

@@ -177,3 +177,17 @@ def test_dtype_spelling_does_not_change_the_estimate():
 def test_weight_bytes_ignores_spelling():
     """" INT4" is int4: group scales counted, embeddings kept in bf16."""
     assert mem.weight_bytes("llama-2-7b", " INT4") == mem.weight_bytes("llama-2-7b", "int4")
+
+
+def test_kv_budget_counts_replicated_kv_heads_across_gpus():
+    """With fewer KV heads than GPUs each GPU holds a whole head (vLLM replicates them): falcon-7b
+    (1 KV head) on 2 GPUs stores every token's KV twice, so half the pooled tokens fit; a model
+    whose heads split evenly keeps the pooled count."""
+    from llminfra.calc.memory import kv_budget
+    from llminfra.specs import get_model
+    assert get_model("falcon-7b").num_kv_heads == 1
+    two = kv_budget("falcon-7b", "a100-40gb", num_gpus=2)
+    assert two.kv_budget_tokens == two.kv_budget_bytes // (2 * two.kv_bytes_per_token)
+    even = kv_budget("llama-2-13b", "a100-40gb", num_gpus=2)
+    assert get_model("llama-2-13b").num_kv_heads % 2 == 0
+    assert even.kv_budget_tokens == even.kv_budget_bytes // even.kv_bytes_per_token

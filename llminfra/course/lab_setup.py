@@ -1,0 +1,75 @@
+"""What ``make course`` does to JupyterLab so that a chapter opens as it was stored.
+
+* **Trust the course's notebooks** (``notebooks/``, ``exercises/``, ``solutions/``): JupyterLab
+  renders a notebook's saved widgets (its stored widget state) only when the notebook is
+  trusted; untrusted, each widget shows its one-line ``text/plain`` stand-in until its cell runs.
+  Trust is a signature of the file's content in the user's Jupyter data folder
+  (``nbformat.sign``, what ``jupyter trust`` writes): a changed file is untrusted again until
+  the learner runs it, as for any notebook.
+* **Ship the course's JupyterLab settings** (:data:`OVERRIDES`, ``overrides.json`` in the
+  environment's ``share/jupyter/lab/settings``, which JupyterLab reads as its defaults): widget
+  state saved with the notebook (without it a saved chapter keeps the stored state of an earlier
+  run and shows "model not found" for the widgets of the new one), and no news pop-up.
+
+``python -m llminfra.course.lab_setup [ROOT]`` does both (``make course``, Binder's
+``postBuild``); ``tests/test_browser.py`` starts its JupyterLab with the same settings and trust.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+#: JupyterLab plugin id -> settings, as the course ships them
+OVERRIDES = {
+    "@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
+                                                    "checkForUpdates": False},
+}
+#: the course's notebook folders, relative to the repository root
+FOLDERS = ("notebooks", "exercises", "solutions")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def course_notebooks(root: Path = ROOT) -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (root / folder).glob("*.ipynb"))
+
+
+def trust_notebooks(paths, notary=None) -> int:
+    """Sign each notebook as trusted (``jupyter trust``) with ``notary`` (default: the user's
+    ``nbformat.sign.NotebookNotary``); return how many."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notary = NotebookNotary() if notary is None else notary
+    n = 0
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        notary.sign(nb)
+        n += 1
+    return n
+
+
+def install_overrides(prefix: str | Path = sys.prefix) -> Path:
+    """Merge :data:`OVERRIDES` into ``PREFIX/share/jupyter/lab/settings/overrides.json``."""
+    path = Path(prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current = json.loads(path.read_text()) if path.is_file() else {}
+    for plugin, settings in OVERRIDES.items():
+        current[plugin] = {**current.get(plugin, {}), **settings}
+    path.write_text(json.dumps(current, indent=2) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    root = Path(argv[0]) if argv else ROOT
+    n = trust_notebooks(course_notebooks(root))
+    path = install_overrides()
+    print(f"trusted {n} course notebooks; JupyterLab settings in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
