@@ -90,8 +90,10 @@ def _flash_exact() -> Finding:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 200, 32, generator=g) for _ in range(3))
     err = (flash_attention(q, k, v, causal=True) - naive_attention(q, k, v, causal=True)).abs().max()
-    return Finding(f"tiled vs naive attention, N = 200, d = 32, causal: max |Δ| = {float(err):.2g}",
-                   float(err) < 1e-5)
+    # the bound, not the value: the last bits of fp32 sums differ between CPUs' kernels
+    # (9.5e-07 with AVX-512, 7.7e-07 with vectorization forced off)
+    return Finding(f"tiled vs naive attention, N = 200, d = 32, causal: max |Δ| "
+                   f"{'<' if float(err) < 1e-5 else '>='} 1e-5 (fp32 rounding)", float(err) < 1e-5)
 
 
 def _flash_io() -> Finding:
