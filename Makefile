@@ -24,8 +24,8 @@ COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 	check-machines reset-exercises compare-engines clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress).
-#: pip does not byte-compile every module it installs (torch alone: 47 s -> 13 s on
-# a 2-core CPU); Python compiles the modules a program imports the first time it imports them.
+# pip byte-compiles what it installs: where PYTHONDONTWRITEBYTECODE is set (these machines) a
+# module left uncompiled is compiled again by every process that imports it.
 $(BIN)/.course-installed: pyproject.toml
 	@echo "== llminfra: creating $(VENV) (first time only; README.md says how long it takes)"
 	$(PYTHON) -m venv $(VENV)

@@ -6,12 +6,18 @@ requests per second > 0, got 'nan'`` (exit status 2) instead of a traceback, or 
 hangs, far from the option that caused it. argparse adds the option's name; the checker says
 what is allowed. A bare ``type=float`` lets ``nan``, ``inf`` and negatives through, a bare
 ``type=int`` zero and negatives. Used by :mod:`llminfra.cli`.
+
+And numbers out: :func:`json_text` writes strict JSON (no ``NaN``), to a ``--json`` path that
+:func:`json_path` checked before the command ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+from pathlib import Path
 
 
 def _fmt(x: float) -> str:
@@ -60,3 +66,33 @@ def number(low: float, high: float | None = None, *, low_open: bool = False,
 
     parse.__name__ = "number"
     return parse
+
+
+def json_path(text: str) -> Path:
+    """``--json PATH`` checked before a benchmark runs: not a directory, its folder creatable
+    and writable (``ValueError`` naming the path otherwise)."""
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a directory; give a file path, "
+                         f"e.g. {path / 'bench.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--json {path}: cannot create its folder ({e.strerror})") from e
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--json {path} is not writable")
+    return path
+
+
+def json_text(obj) -> str:
+    """``json.dumps`` with NaN and infinities written as ``null`` (strict JSON: a summary with
+    no successful request has no latency, and ``NaN`` is not JSON outside Python)."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), indent=2, allow_nan=False) + "\n"

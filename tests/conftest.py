@@ -47,3 +47,12 @@ def smollm2_hf():
         warnings.simplefilter("ignore")
         tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model, tok
+
+
+@pytest.fixture
+def client(server):
+    """An OpenAI client on the module's ``server`` fixture (a running llminfra server): no
+    retries, so a failure shows the first answer."""
+    import openai
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=60)

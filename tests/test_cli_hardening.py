@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from llminfra import cli
+from llminfra import cli, cli_serving
 from llminfra.cli import main
 
 
@@ -93,10 +93,10 @@ def test_the_parser_copies_of_names_match_their_sources():
     from llminfra.engine import loadtest
     from llminfra.engine.scheduler import POLICIES
     from llminfra.kvcache.trace import WORKLOADS
-    assert cli.POLICIES == POLICIES and cli.WORKLOADS == tuple(sorted(WORKLOADS))
-    assert cli.UVICORN_LOG_LEVELS == tuple(uvicorn.config.LOG_LEVELS)
-    assert (cli.MAX_REQUESTS, cli.MAX_CHARS_PER_TOKEN) == (loadtest.MAX_REQUESTS,
-                                                           loadtest.MAX_CHARS_PER_TOKEN)
+    assert cli_serving.POLICIES == POLICIES and cli_serving.WORKLOADS == tuple(sorted(WORKLOADS))
+    assert cli_serving.UVICORN_LOG_LEVELS == tuple(uvicorn.config.LOG_LEVELS)
+    assert (cli_serving.MAX_REQUESTS, cli_serving.MAX_CHARS_PER_TOKEN) == (
+        loadtest.MAX_REQUESTS, loadtest.MAX_CHARS_PER_TOKEN)
 
 
 LT = ["loadtest", "--base-url", "http://127.0.0.1:9"]

@@ -42,7 +42,7 @@ from llminfra.engine.sampling_params import (MIN_TEMPERATURE, InvalidParameter, 
                                              stop_at)
 from llminfra.engine.serve import build_engine
 from llminfra.engine.server import create_app
-from llminfra.engine.server_metrics import parse_metrics
+from server_helpers import metrics
 from llminfra.model import ByteTokenizer, load_model
 
 MODEL = "llminfra-tiny"
@@ -330,16 +330,6 @@ def server(request, tmp_path_factory):
             yield srv
     finally:
         sampler_module.sample_token = sample_token     # the thread engine patched it here
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60)
-
-
-def metrics(server) -> dict:
-    return parse_metrics(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
 
 
 def wait_until(condition, what: str, timeout_s: float = 30.0):

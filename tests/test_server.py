@@ -16,7 +16,7 @@ import pytest
 
 from llminfra.engine.background import ServerProcess, ServerThread
 from llminfra.engine.server import create_app, stable_delta
-from llminfra.engine.server_metrics import parse_metrics
+from server_helpers import metrics
 
 MODEL = "llminfra-tiny"
 PROMPT = "def json.dumps(obj)\n\nReturn "
@@ -45,16 +45,6 @@ def make_app(where: str = "thread"):
 def server(one_thread, request):
     with ServerThread(make_app(request.param)) as srv:
         yield srv
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60)
-
-
-def metrics(server) -> dict:
-    return parse_metrics(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
 
 
 def wait_idle(server, timeout_s=20.0) -> dict:

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from llminfra.bench.real import cpu_name
+    from llminfra.bench.timing import cpu_name
     from llminfra.bench.timing import environment
     from llminfra.model import load_model
     from llminfra.model.hf_export import export_hf_folder

@@ -53,7 +53,7 @@ from types import MappingProxyType
 import torch
 
 from llminfra.bench.roofline import measure_copy_bytes_per_s
-from llminfra.bench.timing import environment
+from llminfra.bench.timing import cpu_name, environment
 from llminfra.calc.measured import parameter_bytes
 from llminfra.calc.memory import weight_bytes
 from llminfra.engine import LLMEngine, SamplingParams, default_num_blocks, percentile
@@ -240,15 +240,6 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int) -> dict[s
             if r:
                 best[p, k] = min(best[p, k], time.perf_counter() - t0)
     return {p: (best[p, n + 1] - best[p, 1]) / n for p in paths}
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def run(quick: bool = False, n_requests: int | None = None, max_output: int | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import platform
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -29,6 +30,18 @@ def best_time_s(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
         synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def cpu_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``"AMD EPYC 7B13"``), else the
+    architecture: two 2-core machines of the course differed ~3x in fp32 matmul speed."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def environment() -> dict:

@@ -29,19 +29,10 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from llminfra.bench.timing import cpu_name
+
 #: the notebook that reads the others' run times; executed after them
 MAP_NOTEBOOK = "00_start_here.ipynb"
-
-
-def cpu_name() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``"AMD EPYC"``), else the architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_description() -> str:

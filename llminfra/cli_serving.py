@@ -1,0 +1,109 @@
+"""The serving commands of :mod:`llminfra.cli`: ``serve`` (the OpenAI-compatible server) and
+``loadtest`` (a load generator for any OpenAI-compatible endpoint). Building their parsers
+imports neither torch nor the engine: both load when the command runs."""
+
+from __future__ import annotations
+
+from llminfra.cli_numbers import integer, json_path, json_text, number
+
+#: bounds for ``serve``: far beyond a CPU course server (vLLM's default is 256 sequences), so a
+#: bigger number is almost surely a typo
+MAX_NUM_SEQS = 100_000
+MAX_NUM_BLOCKS = 10_000_000
+MAX_THREADS = 1024
+#: names the parser offers, copied so that building it does not import torch (3 s on every
+#: command); tests/test_cli_hardening.py ties each to its source
+POLICIES = ("static", "dynamic", "continuous")       # llminfra.engine.scheduler.POLICIES
+WORKLOADS = ("alpaca", "sharegpt")                    # llminfra.kvcache.trace.WORKLOADS
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+MAX_REQUESTS = 1_000_000                # llminfra.engine.loadtest.MAX_REQUESTS
+MAX_CHARS_PER_TOKEN = 100.0             # llminfra.engine.loadtest.MAX_CHARS_PER_TOKEN
+
+
+def serve(args) -> int:
+    from llminfra.engine.serve import run_server
+    run_server(args.host, args.port, log_level=args.log_level, model=args.model,
+               num_blocks=args.num_blocks,
+               max_num_seqs=args.max_num_seqs, policy=args.policy,
+               num_threads=args.threads, engine_process=not args.engine_in_thread,
+               limit_concurrency=args.max_connections,
+               timeout_keep_alive_s=args.keep_alive_timeout,
+               **{k: v for k, v in (("max_body_bytes", args.max_body_bytes),
+                                    ("body_timeout_s", args.body_timeout)) if v is not None})
+    return 0
+
+
+def loadtest(args) -> int:
+    from llminfra.engine.loadtest import format_summary, run_loadtest
+    path = json_path(args.json) if args.json else None      # before the run, not after it
+    r = run_loadtest(args.base_url, rate=args.rate, concurrency=args.concurrency,
+                     num_requests=args.requests, model=args.model, workload_name=args.workload,
+                     arrivals=args.arrivals, seed=args.seed, max_model_len=args.max_model_len,
+                     max_output_tokens=args.max_output_tokens,
+                     chars_per_token=args.chars_per_token, ignore_eos=args.ignore_eos,
+                     progress=not args.no_progress)
+    print(format_summary(r))
+    if path is not None:
+        path.write_text(json_text(r))
+        print(f"wrote {path}")
+    return 0 if r["num_ok"] else 1
+
+
+def add_serving_parsers(sub) -> None:
+    s = sub.add_parser("serve", help="the OpenAI-compatible server on a model")
+    s.add_argument("--model", default="tiny",
+                   help="tiny (default: the trained byte-level model, starts in a second), "
+                        "smollm2-135m (the real SmolLM2-135M-Instruct), a .gguf file or a "
+                        "Hugging Face folder")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    s.add_argument("--policy", default="continuous", choices=POLICIES,
+                   help=" | ".join(POLICIES))
+    s.add_argument("--num-blocks", type=integer(1, MAX_NUM_BLOCKS, unit="blocks"), default=None,
+                   help="KV blocks in the pool")
+    s.add_argument("--max-num-seqs", type=integer(1, MAX_NUM_SEQS, unit="sequences"),
+                   default=64, help="largest running batch")
+    s.add_argument("--threads", type=integer(1, MAX_THREADS, unit="threads"), default=None,
+                   help="torch threads")
+    s.add_argument("--log-level", default="info", choices=UVICORN_LOG_LEVELS,
+                   help="uvicorn log level")
+    s.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine in a thread of the server process instead of a "
+                        "process of its own (they then share one GIL)")
+    # defaults: llminfra.engine.http_limits (not imported here: it loads the engine)
+    s.add_argument("--max-body-bytes", type=integer(1, 2**31, unit="bytes"), default=None,
+                   help="largest request body; larger gets 413 (default 1 MiB)")
+    s.add_argument("--body-timeout", type=number(0, 3600, low_open=True, unit="seconds"),
+                   default=None, help="seconds a request body may take to arrive; then 408 "
+                                      "(default 30)")
+    s.add_argument("--max-connections", type=integer(1, 100_000, unit="connections"),
+                   default=None, help="connections and requests at once; 503 beyond "
+                                      "(default 256)")
+    s.add_argument("--keep-alive-timeout", type=number(0, 3600, low_open=True, unit="seconds"),
+                   default=None, help="seconds an idle connection is kept (default 5)")
+
+    t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
+    t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    mode = t.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=number(0, low_open=True, unit="requests per second"),
+                      help="requests per second (open loop)")
+    mode.add_argument("--concurrency", type=integer(1, MAX_REQUESTS, unit="clients"),
+                      help="clients in a closed loop")
+    t.add_argument("--requests", type=integer(1, MAX_REQUESTS, unit="requests"), default=100,
+                   help="number of requests")
+    t.add_argument("--arrivals", default="poisson", choices=("poisson", "fixed"),
+                   help="poisson | fixed (with --rate)")
+    t.add_argument("--model", default=None, help="model id (default: the first served)")
+    t.add_argument("--workload", default="sharegpt", choices=WORKLOADS,
+                   help=" | ".join(WORKLOADS) + " length trace")
+    t.add_argument("--seed", type=integer(0, 2**64 - 1), default=0)
+    t.add_argument("--max-model-len", type=integer(2, unit="tokens"), default=None,
+                   help="cap prompt + output (default: the server's max_model_len or 2048)")
+    t.add_argument("--max-output-tokens", type=integer(1, unit="tokens"), default=None)
+    t.add_argument("--chars-per-token",
+                   type=number(0, MAX_CHARS_PER_TOKEN, low_open=True, unit="characters"),
+                   default=1.0,
+                   help="prompt characters per token (1 for the byte model, ~4 for BPE)")
+    t.add_argument("--ignore-eos", action="store_true", help="send vLLM's ignore_eos")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")
