@@ -16,12 +16,12 @@ MAX_THREADS = 1024
 POLICIES = ("static", "dynamic", "continuous")       # llminfra.engine.scheduler.POLICIES
 WORKLOADS = ("alpaca", "sharegpt")                    # llminfra.kvcache.trace.WORKLOADS
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-MAX_REQUESTS = 1_000_000                # llminfra.engine.loadtest.MAX_REQUESTS
-MAX_CHARS_PER_TOKEN = 100.0             # llminfra.engine.loadtest.MAX_CHARS_PER_TOKEN
+MAX_REQUESTS = 1_000_000                # llminfra.serving.loadtest.MAX_REQUESTS
+MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PER_TOKEN
 
 
 def serve(args) -> int:
-    from llminfra.engine.serve import run_server
+    from llminfra.serving.serve import run_server
     run_server(args.host, args.port, log_level=args.log_level, model=args.model,
                num_blocks=args.num_blocks,
                max_num_seqs=args.max_num_seqs, policy=args.policy,
@@ -34,7 +34,7 @@ def serve(args) -> int:
 
 
 def loadtest(args) -> int:
-    from llminfra.engine.loadtest import format_summary, run_loadtest
+    from llminfra.serving.loadtest import format_summary, run_loadtest
     path = json_path(args.json) if args.json else None      # before the run, not after it
     r = run_loadtest(args.base_url, rate=args.rate, concurrency=args.concurrency,
                      num_requests=args.requests, model=args.model, workload_name=args.workload,
@@ -70,7 +70,7 @@ def add_serving_parsers(sub) -> None:
     s.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (they then share one GIL)")
-    # defaults: llminfra.engine.http_limits (not imported here: it loads the engine)
+    # defaults: llminfra.serving.http_limits (not imported here: it loads the engine)
     s.add_argument("--max-body-bytes", type=integer(1, 2**31, unit="bytes"), default=None,
                    help="largest request body; larger gets 413 (default 1 MiB)")
     s.add_argument("--body-timeout", type=number(0, 3600, low_open=True, unit="seconds"),

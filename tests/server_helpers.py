@@ -3,7 +3,7 @@
 
 import httpx
 
-from llminfra.engine.server_metrics import parse_metrics
+from llminfra.serving.server_metrics import parse_metrics
 
 
 def metrics(server) -> dict:

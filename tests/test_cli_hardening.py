@@ -90,7 +90,7 @@ def test_the_parser_copies_of_names_match_their_sources():
     """The parser keeps copies so that ``llminfra gpus`` does not import torch."""
     import uvicorn.config
 
-    from llminfra.engine import loadtest
+    from llminfra.serving import loadtest
     from llminfra.engine.scheduler import POLICIES
     from llminfra.kvcache.trace import WORKLOADS
     assert cli_serving.POLICIES == POLICIES and cli_serving.WORKLOADS == tuple(sorted(WORKLOADS))
@@ -135,13 +135,13 @@ def test_bad_numbers_are_one_line_naming_the_option(args, needle, capsys, monkey
     """Each used to be accepted (``--max-output-tokens 0``), to end in a traceback
     (``--rate inf``: OverflowError, ``serve --threads 0``: RuntimeError), or to reach the
     calculator under another name. Nothing runs: the server and load test are never called."""
-    import llminfra.engine.loadtest
-    import llminfra.engine.serve
+    import llminfra.serving.loadtest
+    import llminfra.serving.serve
 
     def never(*a, **k):
         raise AssertionError("ran despite bad input")
-    monkeypatch.setattr(llminfra.engine.serve, "run_server", never)
-    monkeypatch.setattr(llminfra.engine.loadtest, "run_loadtest", never)
+    monkeypatch.setattr(llminfra.serving.serve, "run_server", never)
+    monkeypatch.setattr(llminfra.serving.loadtest, "run_loadtest", never)
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert out == "" and needle in err and err.count("\n") == 1 and "Traceback" not in err
@@ -169,7 +169,7 @@ def test_loadtest_schedule_longer_than_a_day_is_refused_before_any_request(capsy
 @pytest.mark.parametrize("where", ["directory", "under a file"])
 def test_loadtest_json_path_is_checked_before_the_run(where, tmp_path, monkeypatch, capsys):
     """An unusable ``--json PATH`` used to raise after the whole run, its numbers lost."""
-    import llminfra.engine.loadtest as lt
+    import llminfra.serving.loadtest as lt
     ran = []
 
     def fake_run(*a, **k):
@@ -199,14 +199,14 @@ def test_loadtest_json_path_is_checked_before_the_run(where, tmp_path, monkeypat
 def test_loadtest_requests_refuses_what_it_cannot_draw(kwargs, needle):
     """``max_output_tokens=0`` used to be silently turned into 1; ``seed=2**64`` reached
     torch's "Overflow when unpacking long"."""
-    from llminfra.engine.loadtest import loadtest_requests
+    from llminfra.serving.loadtest import loadtest_requests
     with pytest.raises(ValueError, match=needle.replace("*", r"\*").replace(".", r"\.")):
         loadtest_requests(100, kwargs.pop("seed", 0), 256, **kwargs)
 
 
 def test_run_loadtest_checks_before_the_network():
     """The address leads nowhere; each refusal names the setting, not the connection."""
-    from llminfra.engine.loadtest import run_loadtest
+    from llminfra.serving.loadtest import run_loadtest
     base = "http://127.0.0.1:9"
     for kwargs, needle in ((dict(rate=1e-300), "one day"),
                            (dict(concurrency=2, max_output_tokens=0), "max_output_tokens"),
@@ -231,7 +231,7 @@ def test_serve_limit_flags_reach_run_server(monkeypatch):
     """The server's bounds are settable from the command line, checked like every number, and
     the defaults the help names are http_limits' own."""
     from llminfra import cli
-    from llminfra.engine import http_limits, serve
+    from llminfra.serving import http_limits, serve
     seen = {}
     monkeypatch.setattr(serve, "run_server", lambda *a, **kw: seen.update(kw))
     assert cli.main(["serve", "--max-body-bytes", "4096", "--body-timeout", "2.5",

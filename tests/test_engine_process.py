@@ -1,4 +1,4 @@
-"""The engine in a process of its own (:mod:`llminfra.engine.engine_process`, what
+"""The engine in a process of its own (:mod:`llminfra.serving.engine_process`, what
 ``python -m llminfra serve`` runs): a bad setting fails before the server listens, an engine
 that crashes ends every open request with an error and turns ``/health`` to 503, and no engine
 process outlives its server — after SIGTERM, after SIGKILL of the server, and Ctrl-C reaches
@@ -16,10 +16,10 @@ import httpx
 import psutil
 import pytest
 
-from llminfra.engine.background import ServerProcess, ServerThread, free_port
-from llminfra.engine.engine_process import EngineProcess
-from llminfra.engine.serve import build_engine
-from llminfra.engine.server import create_app
+from llminfra.serving.background import ServerProcess, ServerThread, free_port
+from llminfra.serving.engine_process import EngineProcess
+from llminfra.serving.serve import build_engine
+from llminfra.serving.server import create_app
 from llminfra.model import ByteTokenizer
 
 pytestmark = pytest.mark.slow   # each test starts server processes

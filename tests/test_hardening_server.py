@@ -35,13 +35,13 @@ import torch
 
 import llminfra.engine.sampler as sampler_module
 from llminfra.engine import LLMEngine, SamplingParams, SchedulerConfig
-from llminfra.engine.background import ServerThread
-from llminfra.engine.http_limits import MAX_BODY_BYTES
+from llminfra.serving.background import ServerThread
+from llminfra.serving.http_limits import MAX_BODY_BYTES
 from llminfra.engine.sampler import sample_tokens
 from llminfra.engine.sampling_params import (MIN_TEMPERATURE, InvalidParameter, held_back,
                                              stop_at)
-from llminfra.engine.serve import build_engine
-from llminfra.engine.server import create_app
+from llminfra.serving.serve import build_engine
+from llminfra.serving.server import create_app
 from server_helpers import metrics
 from llminfra.model import ByteTokenizer, load_model
 
@@ -313,7 +313,7 @@ def make_app(where: str, gate: str):
     if where == "thread":
         engine = gated_failing_engine(gate)
         return create_app(engine, engine.tokenizer, **limits)
-    from llminfra.engine.engine_process import EngineProcess
+    from llminfra.serving.engine_process import EngineProcess
     return create_app(EngineProcess(partial(gated_failing_engine, gate)), ByteTokenizer(),
                       max_model_len=256, **limits)
 
@@ -559,7 +559,7 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(tiny):
     (the engine loop is not started here: no server)."""
     from fastapi.testclient import TestClient
 
-    from llminfra.engine.server import THREAD_TOKENIZE_CHARS
+    from llminfra.serving.server import THREAD_TOKENIZE_CHARS
     engine = LLMEngine(*tiny, num_blocks=8, max_num_seqs=2)
     tok = ThreadNotingTokenizer()
     app = TestClient(create_app(engine, tok, model_name=MODEL))

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from llminfra.cli import main
-from llminfra.engine.background import ServerThread
-from llminfra.engine.loadtest import (RequestRecord, loadtest_requests, percentiles,
+from llminfra.serving.background import ServerThread
+from llminfra.serving.loadtest import (RequestRecord, loadtest_requests, percentiles,
                                       prompt_texts, run_loadtest, summarize)
 
 
@@ -49,7 +49,7 @@ def test_percentiles_and_summary_by_hand():
 @pytest.fixture(scope="module")
 def server(one_thread):
     from llminfra.engine import LLMEngine
-    from llminfra.engine.server import create_app
+    from llminfra.serving.server import create_app
     from llminfra.model import load_tiny
     model, tok = load_tiny()
     with ServerThread(create_app(LLMEngine(model, tok, num_blocks=128), tok)) as srv:

@@ -199,8 +199,8 @@ def test_kv_bytes_per_rank_replicate_heads(model_name, n, heads_per_rank):
 # ---- mutant 5: prompt + max_tokens <= max_model_len at the server -----------------------------
 @pytest.fixture(scope="module")
 def server(one_thread):
-    from llminfra.engine.background import ServerThread
-    from llminfra.engine.server import create_app
+    from llminfra.serving.background import ServerThread
+    from llminfra.serving.server import create_app
     from llminfra.model import load_tiny
     tiny, tok = load_tiny()
     with ServerThread(create_app(LLMEngine(tiny, tok, num_blocks=64), tok)) as srv:
@@ -276,7 +276,7 @@ def test_loadtest_ttft_is_from_the_send_exactly():
     of 0). One client sends 6 requests one after another on a fake clock, so request k leaves
     at the end of request k - 1: its TTFT is 0.25 s for every k (the mutant's grows with k),
     its time per output token 0.125 s, its end-to-end 0.25 + 0.125 · (tokens − 1)."""
-    from llminfra.engine.loadtest import loadtest_requests, run_loadtest
+    from llminfra.serving.loadtest import loadtest_requests, run_loadtest
     fake = FakeServer()
     r = run_loadtest("http://fake", concurrency=1, num_requests=6, max_output_tokens=5,
                      progress=False, clock=fake.clock, transport=fake.transport)

@@ -211,8 +211,8 @@ def test_server_answers_the_openai_client_like_transformers(ours, prompt_ids, hf
     and a completion of token ids equal transformers' greedy text."""
     import openai
 
-    from llminfra.engine.background import ServerThread
-    from llminfra.engine.server import create_app
+    from llminfra.serving.background import ServerThread
+    from llminfra.serving.server import create_app
     model, tok = ours
     engine = LLMEngine(model, tok)
     with ServerThread(create_app(engine, tok, model_name="smollm2-135m")) as srv:
@@ -277,7 +277,7 @@ def test_chat_template_equals_transformers(ours, hf):
 def test_streamed_text_never_splits_a_character(ours):
     """Decoding a growing prefix of Korean / emoji tokens and holding back U+FFFD (what the server
     streams) gives the whole text and never a broken character."""
-    from llminfra.engine.server import stable_delta
+    from llminfra.serving.server import stable_delta
     _, tok = ours
     for text in ("대규모 언어 모델 🚀🤗 추론", "👩‍👩‍👧 가족"):
         ids, sent, pieces = tok.encode(text), "", []

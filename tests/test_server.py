@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from llminfra.engine.background import ServerProcess, ServerThread
-from llminfra.engine.server import create_app, stable_delta
+from llminfra.serving.background import ServerProcess, ServerThread
+from llminfra.serving.server import create_app, stable_delta
 from server_helpers import metrics
 
 MODEL = "llminfra-tiny"
@@ -30,11 +30,11 @@ ENGINE_SETTINGS = dict(num_blocks=NUM_BLOCKS, block_size=16, max_num_seqs=64,
 def make_app(where: str = "thread"):
     """The app with its engine in a thread of this process, or in a process of its own (what
     ``python -m llminfra serve`` runs): every server test runs on both."""
-    from llminfra.engine.serve import build_engine
+    from llminfra.serving.serve import build_engine
     if where == "thread":
         engine = build_engine(**ENGINE_SETTINGS)
         return create_app(engine, engine.tokenizer, model_name=MODEL)
-    from llminfra.engine.engine_process import EngineProcess
+    from llminfra.serving.engine_process import EngineProcess
     from llminfra.model import ByteTokenizer
     factory = partial(build_engine, num_threads=1, **ENGINE_SETTINGS)
     return create_app(EngineProcess(factory), ByteTokenizer(), model_name=MODEL,

@@ -141,7 +141,7 @@ def probe(url: str, name: str) -> list[str]:
 def measure(url: str, name: str, concurrency: int, num_requests: int, max_len: int,
             chars_per_token: float) -> dict:
     """One ``loadtest`` in a closed loop of ``concurrency`` clients."""
-    from llminfra.engine.loadtest import run_loadtest
+    from llminfra.serving.loadtest import run_loadtest
     r = run_loadtest(url, concurrency=concurrency, num_requests=num_requests, model=name,
                      seed=0, max_model_len=max_len, max_output_tokens=OUTPUT_TOKENS,
                      chars_per_token=chars_per_token, ignore_eos=True, progress=False,

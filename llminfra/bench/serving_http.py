@@ -6,8 +6,8 @@ count, on the same requests (lengths from the chapter-04 trace, capped to the mo
 context, greedy). In process, all requests are added at once to an engine whose running batch
 is capped at the concurrency (``max_num_seqs = 16``), which is what 16 closed-loop clients
 allow the server. Over HTTP, ``python -m llminfra serve`` runs in a child process, its engine
-in a process of its own (:mod:`llminfra.engine.engine_process`), and
-:func:`llminfra.engine.loadtest.run_loadtest` drives it with 16 streaming clients after one
+in a process of its own (:mod:`llminfra.serving.engine_process`), and
+:func:`llminfra.serving.loadtest.run_loadtest` drives it with 16 streaming clients after one
 warm-up request. Throughput = output tokens / wall time. The in-process run is done before and
 after the HTTP runs and the better one counts, so a load change on a shared machine does not
 flatter HTTP.
@@ -58,7 +58,7 @@ def _warm_up(base_url: str) -> None:
     test prompt first): the engine process's first steps pay one-time costs."""
     import httpx
 
-    from llminfra.engine.server import DEFAULT_MODEL_NAME
+    from llminfra.serving.server import DEFAULT_MODEL_NAME
     r = httpx.post(f"{base_url}/v1/completions", timeout=60,
                    json={"model": DEFAULT_MODEL_NAME, "prompt": "warm", "max_tokens": 16})
     r.raise_for_status()
@@ -68,8 +68,8 @@ def _over_http(where: str, num_threads: int, concurrency: int, num_requests: int
                max_len: int, max_output_tokens: int | None) -> dict:
     """The load test against ``python -m llminfra serve`` with its engine in a ``process`` of
     its own or in a ``thread`` of the server."""
-    from llminfra.engine.background import ServerProcess
-    from llminfra.engine.loadtest import run_loadtest
+    from llminfra.serving.background import ServerProcess
+    from llminfra.serving.loadtest import run_loadtest
 
     args = ["--threads", str(num_threads), "--log-level", "warning",
             "--max-num-seqs", str(concurrency)] + (["--engine-in-thread"]
@@ -86,7 +86,7 @@ def run_http_vs_engine(num_requests: int = 64, concurrency: int = CONCURRENCY,
     """Measure both sides; ``http_vs_engine`` = HTTP tokens/s ÷ in-process tokens/s (target
     ≥ 0.7), ``http_vs_engine_thread`` the same with the server's engine in a thread. Returns
     the measurements and the settings."""
-    from llminfra.engine.loadtest import loadtest_requests, prompt_texts
+    from llminfra.serving.loadtest import loadtest_requests, prompt_texts
 
     max_len = 256  # the tiny model's context (ModelConfig "tiny": max_seq_len = 256)
     reqs = loadtest_requests(num_requests, SEED, max_len, max_output_tokens=max_output_tokens)

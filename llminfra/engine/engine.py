@@ -33,10 +33,9 @@ from collections.abc import Callable, Sequence as Seq
 import torch
 
 from llminfra.engine.metrics import RequestMetrics
-from llminfra.engine.outputs import CompletionOutput, RequestOutput
+from llminfra.engine.outputs import RequestOutput, request_output
 from llminfra.engine.sampler import sample_tokens
-from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, held_back,
-                                             stop_at)
+from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, stop_at
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.kvcache.block_table import blocks_needed
@@ -235,7 +234,8 @@ class LLMEngine:
                 log.exception("a step of %d sequences failed", len(sched.scheduled))
                 for seq, _ in sched.scheduled:
                     self._fail(seq.request, err, touched)
-        outputs = [self._output(r) for r in touched.values()]
+        outputs = [request_output(r, self.tokenizer, self.stop_token_ids)
+                   for r in touched.values()]
         for r in touched.values():
             if r.finished:
                 self.requests.pop(r.request_id, None)
@@ -276,7 +276,8 @@ class LLMEngine:
             if err is not None:                    # this request fails, the others go on
                 self._fail(seq.request, err, touched)
                 continue
-            self._record(seq.request, now)
+            if seq.request.metrics.record_token(now, seq.request.finished):
+                self.counters["num_finished"] += 1
             touched[seq.request.request_id] = seq.request
 
     def _take(self, seq: Sequence, token: int) -> Exception | None:
@@ -317,18 +318,6 @@ class LLMEngine:
                 self.cache.cache_prefix(seq.cache_seq,
                                         seq.token_ids()[:seq.num_computed_tokens])
 
-    def _record(self, req: Request, now: float) -> None:
-        """Timestamps of a request that just got a token at ``now``."""
-        m = req.metrics
-        if not m.token_times or m.token_times[-1] != now:
-            m.token_times.append(now)
-        if m.first_token_time is None:
-            m.first_token_time = now
-        m.num_output_tokens += 1
-        if req.finished and m.finished_time is None:
-            m.finished_time = now
-            self.counters["num_finished"] += 1
-
     def _fork_siblings(self, seq: Sequence) -> list[Sequence]:
         """Parallel sampling (n > 1): when sequence 0 has just read its prompt, its siblings
         share its blocks (:meth:`PagedKVCache.fork`, copy-on-write on their first own token,
@@ -362,33 +351,6 @@ class LLMEngine:
             status = SequenceStatus.FINISHED_LENGTH
         if status is not None:
             self.scheduler.finish(seq, status)
-
-    def _text(self, seq: Sequence) -> str:
-        """The text of a sequence's output, without the stop token that ended it (its id stays
-        in ``token_ids``, as vLLM reports it)."""
-        ids = seq.output_token_ids
-        if ids and ids[-1] in self.stop_token_ids and not seq.params.ignore_eos:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids)
-
-    def _visible_text(self, seq: Sequence) -> str:
-        """What a snapshot shows: the text up to the stop string once stopped, else the text
-        less an end that may still become a stop string while the sequence runs — the one rule
-        (:func:`~llminfra.engine.sampling_params.held_back`) for streamed and final outputs."""
-        if seq.stop_text is not None:
-            return seq.stop_text
-        text = self._text(seq)
-        stops = seq.params.stop_strings
-        if stops and not seq.status.is_finished:
-            text = text[:len(text) - held_back(text, stops)]
-        return text
-
-    def _output(self, req: Request) -> RequestOutput:
-        comps = [CompletionOutput(s.index, self._visible_text(s), list(s.output_token_ids),
-                                  s.status.finish_reason)
-                 for s in req.seqs]
-        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps,
-                             req.finished, req.metrics, req.error)
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None

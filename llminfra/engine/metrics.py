@@ -33,6 +33,20 @@ class RequestMetrics:
     finished_time: float | None = None
     num_output_tokens: int = 0
 
+    def record_token(self, now: float, finished: bool) -> bool:
+        """A token arrived at ``now`` (one entry in ``token_times`` per step, however many
+        completions got one); ``finished``: the request is done. True if this made it
+        finish (its ``finished_time`` set now)."""
+        if not self.token_times or self.token_times[-1] != now:
+            self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.num_output_tokens += 1
+        if finished and self.finished_time is None:
+            self.finished_time = now
+            return True
+        return False
+
     @property
     def ttft_s(self) -> float | None:
         """Time to first token, or None before it."""

@@ -9,8 +9,13 @@ words. Taught in chapter 05.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llminfra.engine.metrics import RequestMetrics
+from llminfra.engine.sampling_params import held_back
+
+if TYPE_CHECKING:
+    from llminfra.engine.sequence import Request, Sequence
 
 
 @dataclass
@@ -45,3 +50,34 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None
+
+
+def output_text(seq: Sequence, tokenizer, stop_token_ids: frozenset[int]) -> str:
+    """The text of a sequence's output, without the stop token that ended it (its id stays in
+    ``token_ids``, as vLLM reports it)."""
+    ids = seq.output_token_ids
+    if ids and ids[-1] in stop_token_ids and not seq.params.ignore_eos:
+        ids = ids[:-1]
+    return tokenizer.decode(ids)
+
+
+def visible_text(seq: Sequence, tokenizer, stop_token_ids: frozenset[int]) -> str:
+    """What a snapshot shows: the text up to the stop string once stopped, else the text less
+    an end that may still become a stop string while the sequence runs — the one rule
+    (:func:`~llminfra.engine.sampling_params.held_back`) for streamed and final outputs."""
+    if seq.stop_text is not None:
+        return seq.stop_text
+    text = output_text(seq, tokenizer, stop_token_ids)
+    stops = seq.params.stop_strings
+    if stops and not seq.status.is_finished:
+        text = text[:len(text) - held_back(text, stops)]
+    return text
+
+
+def request_output(req: Request, tokenizer, stop_token_ids: frozenset[int]) -> RequestOutput:
+    """The snapshot of ``req`` after a step: one :class:`CompletionOutput` per sequence."""
+    comps = [CompletionOutput(s.index, visible_text(s, tokenizer, stop_token_ids),
+                              list(s.output_token_ids), s.status.finish_reason)
+             for s in req.seqs]
+    return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps,
+                         req.finished, req.metrics, req.error)

@@ -11,9 +11,12 @@ fit.) Taught in chapter 07.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from llminfra.parallel.world import World, check_rank
+
+log = logging.getLogger(__name__)
 
 
 def split_requests(n_requests: int, n_replicas: int) -> list[list[int]]:
@@ -38,13 +41,26 @@ def merge_results(per_replica: list[dict[int, object]], n_requests: int) -> list
     return [merged[i] for i in range(n_requests)]
 
 
+def tiny_model(trained: bool = True):
+    """The trained tiny model (:func:`llminfra.model.load_tiny`) when ``trained`` and shipped,
+    else ``Transformer(ModelConfig.from_name("tiny"))`` with its seed-0 random weights."""
+    if trained:
+        try:
+            from llminfra.model import load_tiny
+            return load_tiny()[0].eval()
+        except (ImportError, FileNotFoundError) as e:
+            log.warning("no trained tiny model (%s): using seed-0 random weights", e)
+    from llminfra.model.config import ModelConfig
+    from llminfra.model.transformer import Transformer
+    return Transformer(ModelConfig.from_name("tiny")).eval()
+
+
 def replica_serve(world: World, prompts: list[list[int]], max_new_tokens: int,
                   trained: bool = True) -> dict:
     """This replica's share: greedy generation (KV cache) for its requests with its own full
     tiny model. Returns ``{"answers": {request id: tokens}, "busy_s": wall time, "tokens": n}``."""
     from llminfra.model.cache import DenseKVCache
     from llminfra.model.generate import generate
-    from llminfra.parallel.workers import tiny_model
     model = tiny_model(trained)
     mine = split_requests(len(prompts), world.size)[world.rank]
     t0 = time.perf_counter()

@@ -11,29 +11,13 @@ Taught in chapter 07.
 from __future__ import annotations
 
 import copy
-import logging
 
 import torch
 
+from llminfra.parallel.data_parallel import replica_serve, tiny_model  # noqa: F401 (re-export)
 from llminfra.parallel.megatron import apply_tensor_parallel, make_mlp, parallel_mlp
 from llminfra.parallel.pipeline import pipeline_forward, run_stage, split_micro_batches
 from llminfra.parallel.world import World
-
-log = logging.getLogger(__name__)
-
-
-def tiny_model(trained: bool = True):
-    """The trained tiny model (:func:`llminfra.model.load_tiny`) when ``trained`` and shipped,
-    else ``Transformer(ModelConfig.from_name("tiny"))`` with its seed-0 random weights."""
-    if trained:
-        try:
-            from llminfra.model import load_tiny
-            return load_tiny()[0].eval()
-        except (ImportError, FileNotFoundError) as e:
-            log.warning("no trained tiny model (%s): using seed-0 random weights", e)
-    from llminfra.model.config import ModelConfig
-    from llminfra.model.transformer import Transformer
-    return Transformer(ModelConfig.from_name("tiny")).eval()
 
 
 def mlp_case(seed: int, dim: int = 48, ffn_dim: int = 96, batch: int = 3, tokens: int = 5):
@@ -152,7 +136,6 @@ def chapter_demo(world: World, prompt: list[int], max_new_tokens: int,
     """Chapter 07's real multi-process run, one launch for everything: the tiny model's greedy
     tokens with tensor parallelism, GPipe timelines (``{m: events}`` for each count of
     micro-batches, fixed stage cost), and a data-parallel replica's share of ``requests``."""
-    from llminfra.parallel.data_parallel import replica_serve
     tp = tp_generate(world, prompt, max_new_tokens, trained)
     timeline = {m: runs[0] for m, runs in
                 pipeline_timeline(world, micro_batch_counts, stage_time_s).items()}

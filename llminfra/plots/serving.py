@@ -3,7 +3,7 @@ and the latency–throughput curve of a load sweep.
 
 Each ``plot_*`` draws on a given ``ax``; :func:`gantt_png` renders off-screen (Agg, no pyplot
 state) for the batching-timeline widget. Timelines: :mod:`llminfra.engine.timeline`; sweeps:
-:mod:`llminfra.engine.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
+:mod:`llminfra.serving.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
 OSDI '22.
 """
 

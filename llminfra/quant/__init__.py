@@ -15,28 +15,11 @@ Taught in chapter 03 (``notebooks/03_precision_and_quantization.ipynb``).
 
 from __future__ import annotations
 
-import torch
-
-from llminfra.quant.fp8 import quantize_fp8
-from llminfra.quant.nf4 import quantize_nf4
-from llminfra.quant.rtn import quantize_int
+from llminfra.quant.quant_linear import QuantLinear
+from llminfra.quant.quantize_model import fake_quantize_model, quantize_model
+from llminfra.quant.quantize_tensor import quantize
 from llminfra.quant.schemes import STANDARD_SCHEMES, Scheme, parse_scheme
 from llminfra.quant.tensor import QuantizedTensor
 
-
-def quantize(w: torch.Tensor, scheme: str) -> QuantizedTensor:
-    """Quantize tensor ``w (..., C)`` with the round-to-nearest ``scheme`` (see
-    :mod:`llminfra.quant.schemes`), e.g. ``quantize(w, "int4-g128").dequantize()``."""
-    s = parse_scheme(scheme)
-    if s.kind == "int":
-        return quantize_int(w, s.bits, s.granularity, s.symmetric, scheme=scheme)
-    if s.kind == "fp8":
-        return quantize_fp8(w, s.fp8_format, s.granularity, scheme=scheme)
-    return quantize_nf4(w, s.granularity, scheme=scheme)
-
-
-from llminfra.quant.quant_linear import QuantLinear  # noqa: E402
-from llminfra.quant.quantize_model import fake_quantize_model, quantize_model  # noqa: E402
-
-__all__ = ["quantize", "quantize_model", "fake_quantize_model", "QuantLinear", "QuantizedTensor", "Scheme",
-           "parse_scheme", "STANDARD_SCHEMES"]
+__all__ = ["quantize", "quantize_model", "fake_quantize_model", "QuantLinear", "QuantizedTensor",
+           "Scheme", "parse_scheme", "STANDARD_SCHEMES"]

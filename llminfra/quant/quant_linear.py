@@ -91,7 +91,7 @@ class QuantLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, scheme: str, act_quant: str | None = None,
                     fast: bool | None = None) -> "QuantLinear":
         """Quantize ``linear.weight`` with round-to-nearest ``scheme`` (see :func:`quantize`)."""
-        from llminfra.quant import quantize
+        from llminfra.quant.quantize_tensor import quantize
         return cls(quantize(linear.weight.detach(), scheme), linear.bias, act_quant, fast)
 
     def _kernel(self):

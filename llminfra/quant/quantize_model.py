@@ -119,7 +119,7 @@ def fake_quantize_model(model: nn.Module, scheme: str,
     the values a :class:`QuantLinear` would hold, at the unquantized model's speed — the
     rounding's effect alone, as papers' perplexity tables measure it (no memory is saved).
     Round-to-nearest schemes only; returns ``model`` (changed in place)."""
-    from llminfra.quant import quantize
+    from llminfra.quant.quantize_tensor import quantize
 
     parse_scheme(scheme)  # KeyError with the allowed names before touching the model
     with torch.no_grad():

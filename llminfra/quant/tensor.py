@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from llminfra.quant import packing
+from llminfra.quant.nf4_levels import nf4_decode
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,6 @@ class QuantizedTensor:
         else:
             u = packing.unpack(self.codes, self.bits, L.cols)
             if self.kind == "nf4":
-                from llminfra.quant.nf4 import nf4_decode  # nf4 builds on this module
                 q = nf4_decode(u)
             else:
                 q = u.float()

@@ -3,21 +3,21 @@
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
 ``"stream": true`` as server-sent events ending in ``data: [DONE]``, written by Starlette's
 ``StreamingResponse``, which also notices a client that went away), ``GET /health`` and
-``GET /metrics`` (Prometheus text, :mod:`llminfra.engine.server_metrics`). The official
+``GET /metrics`` (Prometheus text, :mod:`llminfra.serving.server_metrics`). The official
 ``openai`` client works against it unchanged — the point of vLLM's OpenAI-compatible server
 (vLLM docs, "OpenAI-Compatible Server"): an application written for a hosted API moves to a
 self-hosted engine by changing ``base_url``.
 
 The engine runs in a loop of its own — a process of its own
-(:class:`~llminfra.engine.engine_process.EngineProcess`, what ``python -m llminfra serve`` does)
-or a background thread (:class:`~llminfra.engine.async_engine.AsyncEngine`, for tests and
+(:class:`~llminfra.serving.engine_process.EngineProcess`, what ``python -m llminfra serve`` does)
+or a background thread (:class:`~llminfra.serving.async_engine.AsyncEngine`, for tests and
 notebooks); handlers only validate, queue and relay. Every malformed request gets a 4xx with OpenAI's
 error body naming the field (``param``), quoting at most 200 characters of the bad value; a
 client that disconnects — mid-stream, or while waiting for a non-streamed answer — aborts its
 request (blocks freed). A request that fails inside the engine (finish reason ``"error"``) gets
 a 500 (or, mid-stream, an error event) while the engine serves the others; ``/health`` answers
 503 when the engine loop is stopped or has made no progress for ``stall_timeout_s``. Bodies,
-slow senders and connections are bounded (:mod:`llminfra.engine.http_limits`).
+slow senders and connections are bounded (:mod:`llminfra.serving.http_limits`).
 
 Streaming and bytes: a token can be half of a UTF-8 character (every token of the byte-level
 tiny model is one byte; a BPE token of the real model can end inside a Korean syllable or an
@@ -39,11 +39,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llminfra.engine import openai_protocol as api
-from llminfra.engine.async_engine import AsyncEngine, EngineDeadError, EngineLoop
-from llminfra.engine.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
+from llminfra.serving import openai_protocol as api
+from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLoop
+from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
 from llminfra.engine.sampling_params import clip, clip_repr
-from llminfra.engine.server_metrics import CONTENT_TYPE, ServerMetrics
+from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -270,16 +270,16 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
                stall_timeout_s: float = STALL_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving ``engine``: an ``LLMEngine`` (or anything with its API), run in
-    a thread of this process by :class:`~llminfra.engine.async_engine.AsyncEngine`, or an
-    unstarted :class:`~llminfra.engine.async_engine.EngineLoop` such as
-    :class:`~llminfra.engine.engine_process.EngineProcess` (the engine in its own process).
+    a thread of this process by :class:`~llminfra.serving.async_engine.AsyncEngine`, or an
+    unstarted :class:`~llminfra.serving.async_engine.EngineLoop` such as
+    :class:`~llminfra.serving.engine_process.EngineProcess` (the engine in its own process).
 
     ``max_model_len`` defaults to ``engine.model.config.max_seq_len`` (required with an
     ``EngineLoop``, which holds no model here); ``max_n`` caps ``n``. ``max_body_bytes`` and
-    ``body_timeout_s`` bound request bodies (413 / 408, :mod:`~llminfra.engine.http_limits`);
+    ``body_timeout_s`` bound request bodies (413 / 408, :mod:`~llminfra.serving.http_limits`);
     ``/health`` is 503 once the engine loop has made no progress for ``stall_timeout_s``
     seconds (more than an idle engine process' heartbeat,
-    :data:`~llminfra.engine.engine_process.HEARTBEAT_S`). The engine loop starts and stops
+    :data:`~llminfra.serving.engine_process.HEARTBEAT_S`). The engine loop starts and stops
     with the app's lifespan (uvicorn start-up / shutdown).
     """
     from llminfra.engine import SamplingParams

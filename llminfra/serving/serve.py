@@ -3,16 +3,16 @@
 Builds ``LLMEngine(load_model(NAME))`` with the given scheduler settings — ``tiny`` (the default:
 the trained byte-level model, which starts in a second) or the real ``smollm2-135m`` (or a
 ``.gguf`` file, or a Hugging Face folder) — in a process of its own by default
-(:mod:`llminfra.engine.engine_process`: the web layer and the engine then do not share one GIL),
+(:mod:`llminfra.serving.engine_process`: the web layer and the engine then do not share one GIL),
 or in a thread of the server's process with ``--engine-in-thread``; wraps it in
-:func:`llminfra.engine.server.create_app` and runs uvicorn until SIGINT (Ctrl-C) or SIGTERM,
+:func:`llminfra.serving.server.create_app` and runs uvicorn until SIGINT (Ctrl-C) or SIGTERM,
 which uvicorn turns into a graceful shutdown: open responses get ``timeout_graceful_shutdown``
 seconds, then the app's shutdown stops the engine loop and the process exits with status 0.
 
 The web process holds only the tokenizer (:func:`llminfra.model.load_tokenizer`); the weights
 live in the engine's process. What one client can make the server hold is bounded — request
 bodies (``max_body_bytes``, ``body_timeout_s``) and uvicorn's connections
-(:data:`~llminfra.engine.http_limits.UVICORN_LIMITS`), see :mod:`llminfra.engine.http_limits` —
+(:data:`~llminfra.serving.http_limits.UVICORN_LIMITS`), see :mod:`llminfra.serving.http_limits` —
 and a public deployment puts a reverse proxy in front (README). Taught in chapter 05.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from llminfra.engine.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, UVICORN_LIMITS
+from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, UVICORN_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def served_name(model: str) -> str:
     name or the file / folder name otherwise."""
     from pathlib import Path
 
-    from llminfra.engine.server import DEFAULT_MODEL_NAME
+    from llminfra.serving.server import DEFAULT_MODEL_NAME
 
     key = str(model).strip().lower()
     if key == "tiny":
@@ -66,15 +66,15 @@ def build_app(model: str = "tiny", *, model_name: str | None = None,
               engine_process: bool = True, max_body_bytes: int = MAX_BODY_BYTES,
               body_timeout_s: float = BODY_TIMEOUT_S, **engine_kwargs):
     """The app serving ``model``. ``engine_process``: the engine runs in a process of its own
-    (:class:`~llminfra.engine.engine_process.EngineProcess`, built there from
+    (:class:`~llminfra.serving.engine_process.EngineProcess`, built there from
     :func:`build_engine`), else in a thread of this one. ``max_body_bytes`` and
-    ``body_timeout_s`` bound request bodies (:func:`~llminfra.engine.server.create_app`).
+    ``body_timeout_s`` bound request bodies (:func:`~llminfra.serving.server.create_app`).
     ``engine_kwargs`` go to :func:`build_engine` (in process mode a bad setting is reported
     when the engine process starts: :func:`run_server` starts it before listening)."""
     from functools import partial
 
-    from llminfra.engine.engine_process import EngineProcess
-    from llminfra.engine.server import create_app
+    from llminfra.serving.engine_process import EngineProcess
+    from llminfra.serving.server import create_app
     from llminfra.model import load_tokenizer
 
     name = model_name or served_name(model)
@@ -92,7 +92,7 @@ def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
                timeout_keep_alive_s: float | None = None, **app_kwargs) -> None:
     """Serve until interrupted (blocks). ``limit_concurrency`` (connections and requests at
     once; 503 beyond) and ``timeout_keep_alive_s`` override
-    :data:`~llminfra.engine.http_limits.UVICORN_LIMITS`; ``app_kwargs`` go to
+    :data:`~llminfra.serving.http_limits.UVICORN_LIMITS`; ``app_kwargs`` go to
     :func:`build_app`."""
     import uvicorn
 

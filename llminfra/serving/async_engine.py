@@ -19,7 +19,7 @@ is kept in its simplest form:
 
 :class:`EngineLoop` is the caller side; :class:`AsyncEngine` runs the engine in a thread of
 this process (drain commands → if work is left, ``step()`` and deliver → else block on the
-command queue for ``idle_wait_s``), and :class:`~llminfra.engine.engine_process.EngineProcess`
+command queue for ``idle_wait_s``), and :class:`~llminfra.serving.engine_process.EngineProcess`
 runs it in a process of its own. An ``abort`` of a running request frees its KV blocks at the
 next turn of the loop, which is how a client that disconnects mid-stream gives memory back.
 
@@ -65,7 +65,7 @@ class EngineLoop:
     routing of each step's outputs to the per-request ``asyncio.Queue``s.
 
     Subclasses run the engine — :class:`AsyncEngine` in a thread of this process,
-    :class:`~llminfra.engine.engine_process.EngineProcess` in a process of its own — and
+    :class:`~llminfra.serving.engine_process.EngineProcess` in a process of its own — and
     implement ``start``, ``stop``, ``is_running``, ``_submit`` and ``_send_abort``.
     ``on_finished(output)`` (optional) is called for every finished request (the server
     observes its latency histograms there).
@@ -195,7 +195,7 @@ class AsyncEngine(EngineLoop):
 
     Simple, and enough for a notebook or a test: but the thread shares the interpreter lock
     with the web layer, so every token the server streams is Python work the engine waits for
-    (:class:`~llminfra.engine.engine_process.EngineProcess` removes that).
+    (:class:`~llminfra.serving.engine_process.EngineProcess` removes that).
     """
 
     def __init__(self, engine, *, idle_wait_s: float = 0.05,

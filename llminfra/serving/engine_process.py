@@ -1,6 +1,6 @@
 """The engine in a process of its own: the web layer and the engine no longer share one GIL.
 
-:class:`~llminfra.engine.async_engine.AsyncEngine` runs the engine in a thread of the server's
+:class:`~llminfra.serving.async_engine.AsyncEngine` runs the engine in a thread of the server's
 process. Python lets one thread run Python code at a time, and the tiny model's steps are
 mostly Python (hundreds of small torch calls, the scheduler, the sampler), so every token the
 web layer turns into a server-sent event is time the engine waits: measured on a 2-core CPU,
@@ -22,7 +22,7 @@ Here the two processes talk over two ``multiprocessing`` pipes:
   ``("dead", error type, message)`` if the engine cannot be built or crashes.
 
 A reader thread in the web process routes each step's outputs to the per-request queues (the
-same :class:`~llminfra.engine.async_engine.EngineLoop` caller side as the thread version). The
+same :class:`~llminfra.serving.async_engine.EngineLoop` caller side as the thread version). The
 engine process is built from a picklable ``factory`` (it is started with ``spawn``: a fork of
 a process that already runs threads is unsafe), ignores Ctrl-C (the terminal sends SIGINT to
 the whole group; the server decides when the engine stops) and exits when the web process
@@ -41,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from llminfra.engine.async_engine import EngineDeadError, EngineLoop, _Add
+from llminfra.serving.async_engine import EngineDeadError, EngineLoop, _Add
 from llminfra.engine.sampling_params import InvalidParameter
 
 log = logging.getLogger(__name__)

@@ -53,14 +53,14 @@ class ServerThread:
 
     ``with ServerThread(app) as srv: …srv.base_url…`` — started and healthy inside, stopped
     on exit. uvicorn runs with the bounds ``python -m llminfra serve`` uses
-    (:data:`~llminfra.engine.http_limits.UVICORN_LIMITS`); ``uvicorn_options`` override them.
+    (:data:`~llminfra.serving.http_limits.UVICORN_LIMITS`); ``uvicorn_options`` override them.
     """
 
     def __init__(self, app, port: int | None = None, start_timeout_s: float = 30.0,
                  **uvicorn_options):
         import uvicorn
 
-        from llminfra.engine.http_limits import UVICORN_LIMITS
+        from llminfra.serving.http_limits import UVICORN_LIMITS
         self.port = port or free_port()
         self.base_url = f"http://{LOOPBACK}:{self.port}"
         config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning",

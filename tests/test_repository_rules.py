@@ -1,0 +1,172 @@
+"""The package's shape, checked: dependencies point one way (the layering of DESIGN.md §2), no
+two modules import each other (directly or round a circle), the engine knows no HTTP, and no
+module outgrows what a reader takes in at once.
+
+Every ``import`` counts, at module level or inside a function: a function-level import hides a
+dependency from the top of the file, it does not remove it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "llminfra"
+
+#: what each lower package may import from the rest of llminfra (its own modules aside). The
+#: top layer (widgets, plots, bench, course, the command line) may import anything; nothing
+#: listed here may import the top layer.
+ALLOWED = {
+    "specs": set(),
+    "calc": {"specs"},
+    "attention": set(),                       # a leaf: every attention the model runs
+    "model": {"attention", "specs"},
+    "kvcache": {"attention", "model", "specs", "calc"},
+    "quant": {"attention", "model", "specs", "calc"},
+    "parallel": {"attention", "model", "specs", "calc"},
+    "engine": {"attention", "model", "kvcache", "specs", "calc"},
+    "serving": {"engine", "model", "kvcache", "specs", "calc"},
+    "ledger": {"attention", "calc", "kvcache", "model", "parallel", "quant", "engine", "specs"},
+    "planning": {"calc", "engine", "kvcache", "model", "parallel", "quant", "specs"},
+}
+TOP = {"widgets", "plots", "bench", "course", "cli", "cli_serving", "cli_numbers", "__main__",
+       "__init__", "data"}
+#: libraries of the web layer: only llminfra.serving (and the top layer) may use them
+HTTP = {"fastapi", "uvicorn", "starlette", "httpx", "pydantic", "prometheus_client"}
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in sorted(PACKAGE.rglob("*.py")):
+        parts = list(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module name ``path`` imports (absolute; ``from pkg import mod`` resolved to the
+    submodule where there is one)."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                pkg = pkg[:len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in MODULES else base)
+    return found
+
+
+IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_the_rules_see_every_package():
+    """A package added later gets a line in ALLOWED (or joins the top layer) before it lands."""
+    layers = {_layer(m) for m in MODULES}
+    assert layers - set(ALLOWED) - TOP == set()
+    assert {"engine", "serving", "model", "kvcache"} <= layers
+
+
+def _upward(imports: dict[str, set[str]], layer: str) -> list[str]:
+    return sorted(f"{m} imports {dep}" for m, deps in imports.items() if _layer(m) == layer
+                  for dep in deps if dep.startswith("llminfra.") and _layer(dep) != layer
+                  and _layer(dep) not in ALLOWED[layer])
+
+
+def _http(imports: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {dep}" for m, deps in imports.items()
+                  if _layer(m) in set(ALLOWED) - {"serving"}
+                  for dep in deps if dep.split(".")[0] in HTTP)
+
+
+def _circles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that reach each other through their imports (Tarjan's strongly
+    connected components of the import graph, those of more than one module)."""
+    graph = {m: {d for d in deps if d in imports and d != m} for m, deps in imports.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_dependencies_point_down(layer):
+    wrong = _upward(IMPORTS, layer)
+    assert not wrong, f"llminfra.{layer} may import only {sorted(ALLOWED[layer])}:\n" + \
+        "\n".join(wrong)
+
+
+def test_the_engine_knows_no_http():
+    wrong = _http(IMPORTS)
+    assert not wrong, "only llminfra.serving speaks HTTP:\n" + "\n".join(wrong)
+
+
+def test_no_import_circles():
+    circles = _circles(IMPORTS)
+    assert not circles, "modules that import each other: " + "; ".join(map(str, circles))
+
+
+def test_modules_stay_readable():
+    long = {m: n for m, p in MODULES.items()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def test_the_checks_can_fail():
+    """On a made-up graph, each rule sees its breach: the model importing the engine, the
+    engine importing FastAPI, and a circle of three modules."""
+    made_up = {"llminfra.model.x": {"llminfra.engine.y", "torch"},
+               "llminfra.engine.y": {"fastapi", "llminfra.model.x"},
+               "llminfra.quant.a": {"llminfra.quant.b"}, "llminfra.quant.b": {"llminfra.quant.c"},
+               "llminfra.quant.c": {"llminfra.quant.a"}}
+    assert _upward(made_up, "model") == ["llminfra.model.x imports llminfra.engine.y"]
+    assert _upward(made_up, "engine") == []
+    assert _http(made_up) == ["llminfra.engine.y imports fastapi"]
+    assert _circles(made_up) == [["llminfra.engine.y", "llminfra.model.x"],
+                                 ["llminfra.quant.a", "llminfra.quant.b", "llminfra.quant.c"]]
+    # and the real graph is read: the engine imports its sequences, the server FastAPI
+    assert "llminfra.engine.sequence" in IMPORTS["llminfra.engine.engine"]
+    assert "fastapi" in {d.split(".")[0] for d in IMPORTS["llminfra.serving.server"]}
