@@ -463,25 +463,40 @@ NBVAL_SKIP = ("metadata", "traceback", "prompt_number", "output_type", "name", "
 NBVAL_SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 
 
-def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 120_000):
+def _save_from_toolbar(page) -> None:
+    """Click the notebook toolbar's save button (``docmanager:save``): a key press would go to
+    the widget control last moved, and ipywidgets keep key presses from JupyterLab."""
+    button = page.locator(f"{PANEL} .jp-Toolbar [data-command='docmanager:save']").first
+    if button.count():
+        button.click()
+    else:                                   # a JupyterLab without the button: the menu
+        _menu(page, "File", "Save Notebook")
+
+
+def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 120_000, force: bool = False):
     """The notebook on show as JupyterLab saved it (an ``nbformat`` node), once its autosave
     (every :data:`AUTOSAVE_S`) has written it with every code cell run and nothing left unsaved.
     The autosave is trusted first: a save of our own racing it makes JupyterLab ask "File
     Changed" (seen in CI). But an autosave taken while the last cell ran was seen in CI to be
     the last one (the tab no longer dirty, the file one cell short for 120 s): so once the file
-    has stayed incomplete for :data:`SAVE_NUDGE_S`, save with Ctrl+S, answering "File Changed"
-    with Overwrite (what the page shows is the run being checked)."""
+    has stayed incomplete for :data:`SAVE_NUDGE_S`, save it (the toolbar's button), answering
+    "File Changed" with Overwrite (what the page shows is the run being checked). ``force``:
+    save so at once (after widgets moved: the widget state is written by a save, and the file
+    already looks complete)."""
     import nbformat
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     file = lab.served / path
     with explained(page, f"saving {path}"):
         deadline = time.monotonic() + timeout_ms / 1000
-        nudge_at = time.monotonic() + SAVE_NUDGE_S
+        nudge_at = time.monotonic() + (0 if force else SAVE_NUDGE_S)
         unrun: list = ["(not read yet)"]
+        must_pass = None          # after a forced save: the file's mtime before it
         while True:
             if time.monotonic() > nudge_at:
-                page.keyboard.press("Control+s")
+                if force:
+                    must_pass, force = file.stat().st_mtime_ns, False
+                _save_from_toolbar(page)
                 overwrite = page.locator(".jp-Dialog .jp-mod-accept")
                 try:
                     overwrite.first.wait_for(timeout=2_000)
@@ -499,7 +514,8 @@ def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 120_000):
                          and not c.metadata.get("jupyter", {}).get("source_hidden")]
             except (ValueError, OSError):  # caught mid-write: read again
                 unrun = ["(caught mid-write)"]
-            if not unrun and page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0:
+            landed = must_pass is None or file.stat().st_mtime_ns > must_pass
+            if not unrun and landed and page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0:
                 return nb
             if time.monotonic() > deadline:
                 raise AssertionError(f"{path} was not saved with every cell run within "

@@ -322,7 +322,7 @@ def test_every_widget_moves_in_a_real_browser(lab, page, notebook):
         move_and_check(page, row, SCREENSHOTS / f"{row.chapter}.png" if SCREENSHOTS else None)
     # saved after the run (the course's settings save widget state), the kernel shut down (so
     # nothing is drawn from a live kernel's models) and opened again: drawn from the file
-    save_notebook(page, lab, notebook)
+    save_notebook(page, lab, notebook, force=True)
     lab.shut_down_kernels()
     _open(page, lab, notebook)
     for row in rows:

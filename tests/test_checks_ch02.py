@@ -59,37 +59,59 @@ def test_kv_sequence_gib_diagnoses(wrong, message):
         ch02.check_kv_sequence_gib(wrong)
 
 
-def test_largest_batch_diagnoses():
-    def no_reserve(model, gpu, context, dtype, kv_dtype, reserve_fraction):
-        return _largest_batch_right(model, gpu, context, dtype, kv_dtype, 0.0)
+def _no_reserve(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+    return _largest_batch_right(model, gpu, context, dtype, kv_dtype, 0.0)
 
-    def plus_one(*args):
-        return _largest_batch_right(*args) + 1
 
-    def gb_card(model, gpu, context, dtype, kv_dtype, reserve_fraction):
-        est = inference_memory(model, dtype, kv_dtype, context, batch=1)
-        usable = get_gpu(gpu).memory_gb * 1e9 * (1 - reserve_fraction)
-        return max(0, math.floor((usable - est.weight_bytes - est.activation_bytes) / est.kv_bytes))
+def _gb_card(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+    est = inference_memory(model, dtype, kv_dtype, context, batch=1)
+    usable = get_gpu(gpu).memory_gb * 1e9 * (1 - reserve_fraction)
+    return max(0, math.floor((usable - est.weight_bytes - est.activation_bytes) / est.kv_bytes))
 
-    def no_activations(model, gpu, context, dtype, kv_dtype, reserve_fraction):
-        est = inference_memory(model, dtype, kv_dtype, context, batch=1)
-        usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
-        return max(0, math.floor((usable - est.weight_bytes) / est.kv_bytes))
 
-    def per_sequence_activations(model, gpu, context, dtype, kv_dtype, reserve_fraction):
-        est = inference_memory(model, dtype, kv_dtype, context, batch=1)
-        usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
-        return max(0, math.floor((usable - est.weight_bytes) / (est.kv_bytes + est.activation_bytes)))
+def _no_activations(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+    est = inference_memory(model, dtype, kv_dtype, context, batch=1)
+    usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
+    return max(0, math.floor((usable - est.weight_bytes) / est.kv_bytes))
 
-    for wrong, message in [(no_reserve, "runtime reserve"), (gb_card, "GB vs GiB"),
-                           (no_activations, "left out the activations"),
-                           (per_sequence_activations, "once per sequence")]:
-        with pytest.raises(CheckFailed, match=message):
-            for _ in range(20):  # a case where the mistake shows is drawn almost always
-                wrong_passes = ch02.check_largest_batch(wrong)
-            pytest.fail(f"{wrong.__name__} passed 20 times ({wrong_passes} cases each)")
+
+def _per_sequence_activations(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+    est = inference_memory(model, dtype, kv_dtype, context, batch=1)
+    usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
+    return max(0, math.floor((usable - est.weight_bytes) / (est.kv_bytes + est.activation_bytes)))
+
+
+_BATCH_MISTAKES = [(_no_reserve, "runtime reserve"), (_gb_card, "GB vs GiB"),
+                   (_no_activations, "left out the activations"),
+                   (_per_sequence_activations, "once per sequence")]
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("wrong, message", _BATCH_MISTAKES)
+def test_largest_batch_diagnoses(wrong, message, seed):
+    """One run each: the third fixed case is drawn where every usual mistake changes the count
+    (leaving out the activations passed about 1 run in 100 when only draws could catch it)."""
+    with pytest.raises(CheckFailed, match=message):
+        ch02.check_largest_batch(wrong, seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_largest_batch_third_case_tells_every_mistake_apart(seed):
+    seen = []
+
+    def spy(*args):
+        seen.append(args)
+        return _largest_batch_right(*args)
+
+    ch02.check_largest_batch(spy, seed=seed)
+    third = seen[2]
+    counts = [f(*third) for f in [_largest_batch_right] + [w for w, _ in _BATCH_MISTAKES]]
+    assert len(set(counts)) == len(counts), (third, counts)
+
+
+def test_largest_batch_one_too_many():
     with pytest.raises(CheckFailed, match="one too many"):
-        ch02.check_largest_batch(plus_one)
+        ch02.check_largest_batch(lambda *args: _largest_batch_right(*args) + 1)
 
 
 def test_stub_fails_with_not_implemented():

@@ -87,6 +87,59 @@ def test_admission_diagnoses(wrong, message, seed):
     assert f"replay: ch05.check_admission(your_function, seed={seed})" in str(e.value)
 
 
+def _admit(w, *, free_blocks, block_size, num_running, max_num_seqs, max_num_batched_tokens,
+           blocks_of=lambda p, b: -(-p // b), strict_blocks=False, strict_tokens=False):
+    """FCFS admission written by hand, with one of the usual edge mistakes switched on."""
+    n, blocks, tokens = 0, free_blocks, 0
+    for p in w:
+        need = blocks_of(p, block_size)
+        fits_blocks = need < blocks if strict_blocks else need <= blocks
+        fits_tokens = (tokens + p < max_num_batched_tokens if strict_tokens
+                       else tokens + p <= max_num_batched_tokens)
+        if num_running + n >= max_num_seqs or not fits_blocks or not fits_tokens:
+            break
+        n, blocks, tokens = n + 1, blocks - need, tokens + p
+    return n
+
+
+def _slots_left(w, **kw):
+    """The batch limit applied afterwards as max_num_seqs - num_running: negative when more
+    requests run than max_num_seqs allows."""
+    n = _admit(w, **dict(kw, num_running=0, max_num_seqs=len(w) + 1))
+    return min(n, kw["max_num_seqs"] - kw["num_running"])
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("wrong,case,message", [
+    (lambda w, **kw: _admit(w, **kw, blocks_of=lambda p, b: p // b + 1),
+     "prompts of exactly two blocks each", r"P // block_size \+ 1 is one too many"),
+    (lambda w, **kw: _admit(w, **kw, strict_blocks=True),
+     "the last prompt takes exactly the blocks still free", r"need <= free, not <"),
+    (lambda w, **kw: _admit(w, **kw, strict_tokens=True),
+     "the prompts reach max_num_batched_tokens exactly", r"\(<=, not <\)"),
+    (_slots_left, "more requests running than max_num_seqs", "never a negative count"),
+])
+def test_admission_edges_fail_on_every_run(wrong, case, message, seed):
+    """Each edge the instructions name is a fixed case: these wrong answers passed a random
+    share of runs (up to 86 %) when only random draws could reach their edge."""
+    assert ch05.check_admission(_admit, seed=seed) == 16
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch05.check_admission(wrong, seed=seed)
+    assert case in str(e.value)
+
+
+def test_admission_checks_the_worked_example():
+    seen = []
+
+    def spy(w, **kw):
+        seen.append((w, kw))
+        return admit_fcfs(w, **kw)
+
+    ch05.check_admission(spy, seed=5)
+    assert ([20, 40, 5], dict(free_blocks=4, block_size=16, num_running=1, max_num_seqs=4,
+                              max_num_batched_tokens=64)) in seen
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong,message", [
     (lambda a, t: (t[0] - a, (t[-1] - t[0]) / len(t)), "n - 1"),
@@ -124,6 +177,41 @@ def _frozen_decodes(prompts, budget, decodes):
 def test_plan_diagnoses(wrong, message, seed):
     with pytest.raises(CheckFailed, match=message):
         ch05.check_chunked_prefill_plan(wrong, seed=seed)
+
+
+def _plan_by_hand(prompts, budget, decodes, *, recount=False, one_per_step=False):
+    """The chunked-prefill plan, with one of two slips in the decodes a finished prompt adds:
+    ``recount`` adds every finished prompt again after each step, ``one_per_step`` adds one
+    decode for a step however many prompts finished in it."""
+    left, plan, decoding = list(prompts), [], decodes
+    while any(left) and len(plan) < 100:
+        b, row = budget - decoding, []
+        for rem in left:
+            row.append(max(0, min(rem, b)))
+            b -= row[-1]
+        finished = [rem > 0 and rem == take for rem, take in zip(left, row)]
+        left = [r - t for r, t in zip(left, row)]
+        plan.append(row)
+        if recount:
+            decoding += left.count(0)
+        else:
+            decoding += min(1, sum(finished)) if one_per_step else sum(finished)
+    return plan
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("slip,message", [
+    (dict(recount=True), "not one more in every later step"),
+    (dict(one_per_step=True), "two finishing together add two decodes"),
+])
+def test_plan_decode_slips_fail_at_their_fixed_case(slip, message, seed):
+    """Two prompts that finish in the same step and decode through later steps are a fixed
+    case: these slips failed only when a random draw had such prompts."""
+    assert ch05.check_chunked_prefill_plan(_plan_by_hand, seed=seed) == 12
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch05.check_chunked_prefill_plan(lambda p, b, d: _plan_by_hand(p, b, d, **slip),
+                                        seed=seed)
+    assert "case 5 of 12: two short prompts finish in step 1" in str(e.value)
 
 
 def test_same_seed_same_cases():

@@ -100,6 +100,33 @@ def test_decode_diagnoses(wrong, message, seed):
         ch08.check_decode_bound(wrong, seed=seed)
 
 
+def memory_roof_only(model, gpu, B, c):
+    """The usual wrong bound: bytes / bandwidth alone, the compute roof left out."""
+    s = get_model(model)
+    return B * get_gpu(gpu).hbm_bytes_per_s / (weight_bytes(s) + B * c * kv_bytes_per_token(s))
+
+
+def no_attention_flops(model, gpu, B, c):
+    """The compute roof without the attention FLOPs (4·L·H·d per cached position)."""
+    s, g = get_model(model), get_gpu(gpu)
+    nbytes = weight_bytes(s) + B * c * kv_bytes_per_token(s)
+    return B / max(B * 2 * param_count(s) / (g.tflops("bf16") * 1e12), nbytes / g.hbm_bytes_per_s)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (memory_roof_only, "left out the compute roof"),
+    (no_attention_flops, "left out the attention FLOPs"),
+])
+@pytest.mark.parametrize("seed", range(10))
+def test_decode_without_the_compute_roof_fails_every_run(wrong, message, seed):
+    """Random draws are compute-bound in under 1 % of cases; the fixed compute-bound case
+    (case 3, after two batch-1 steps that are always memory-bound) makes these wrong answers
+    fail on every seed, at that case."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch08.check_decode_bound(wrong, seed=seed)
+    assert "case 3 of 8: compute-bound: a large batch at a short context" in str(e.value)
+
+
 def test_replay_with_the_seed_gives_the_same_cases():
     seen = []
 

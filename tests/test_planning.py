@@ -160,3 +160,33 @@ def test_simulated_peak_continuous_beats_static_on_ttft():
     assert cont["num_requests"] == stat["num_requests"] == 60
     assert cont["ttft_s"]["p99"] < stat["ttft_s"]["p99"]
     assert cont == simulate_peak(req, "h100", num_requests=60, policy="continuous")
+
+
+def test_each_gpu_is_priced_at_its_own_example_price():
+    """A price per GPU type comes before the one for every GPU; the monthly rent is that price ×
+    GPUs × 730 h; a GPU with no price at all is a KeyError naming it and the priced ones, and in
+    compare_gpus a row with its layout, a NaN cost and that note."""
+    from llminfra.calc.cost import gpu_rental_monthly_cost
+    from llminfra.planning.plan import EXAMPLE_GPU_HOUR_USD
+    req = ServiceRequirements(50_000, 1500, 300, model="llama-3-8b")
+    by_gpu = PlanPrices(3.0, 15.0, None, gpu_hour_usd_by_gpu=EXAMPLE_GPU_HOUR_USD)
+    for gpu in ("h100", "l40s", "rtx-4090"):
+        p = plan_deployment(req, gpu, by_gpu)
+        assert p.gpu_hour_usd == EXAMPLE_GPU_HOUR_USD[gpu]
+        assert p.selfhost_monthly_usd == pytest.approx(
+            gpu_rental_monthly_cost(EXAMPLE_GPU_HOUR_USD[gpu], p.total_gpus))
+    assert len({plan_deployment(req, g, by_gpu).gpu_hour_usd for g in ("h100", "l40s")}) == 2
+    mixed = PlanPrices(3.0, 15.0, 9.0, gpu_hour_usd_by_gpu={"l40s": 1.0})
+    assert (mixed.gpu_hour("l40s"), mixed.gpu_hour("h100")) == (1.0, 9.0)
+    with pytest.raises(KeyError, match="no GPU-hour price for 'mi300x'.*'h100'"):
+        plan_deployment(req, "mi300x", by_gpu)
+    rows = {r["gpu"]: r for r in compare_gpus(req, ["h100", "mi300x"], by_gpu)}
+    assert rows["h100"]["gpu_hour_usd"] == 2.69 and "note" not in rows["h100"]
+    assert rows["mi300x"]["fits"] and math.isnan(rows["mi300x"]["selfhost_usd_per_month"])
+    assert rows["mi300x"]["total_gpus"] >= 1 and "mi300x" in rows["mi300x"]["note"]
+    with pytest.raises(ValueError, match="give a GPU-hour price"):
+        PlanPrices(3.0, 15.0)
+    with pytest.raises(ValueError, match=r"gpu_hour_usd_by_gpu\['h100'\]"):
+        PlanPrices(3.0, 15.0, gpu_hour_usd_by_gpu={"h100": float("nan")})
+    with pytest.raises(KeyError):
+        PlanPrices(3.0, 15.0, gpu_hour_usd_by_gpu={"no-such-gpu": 1.0})

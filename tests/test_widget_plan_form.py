@@ -34,3 +34,18 @@ def test_plan_html_escapes_and_marks():
     out = plan_html(p)
     assert out.count("<tr>") == 8 + 1 + len(p.checklist)
     assert "?" in out  # the load test is always still to be done
+
+
+def test_the_price_field_follows_the_gpu():
+    """With a price per GPU type, choosing a GPU puts its example price in the field (and the
+    plan uses it); a GPU without one gets 0 and the summary asks for a price."""
+    from llminfra.planning.plan import EXAMPLE_GPU_HOUR_USD
+    f = PlanForm(ServiceRequirements(50_000, 1500, 300), "h100",
+                 PlanPrices(3, 15, None, gpu_hour_usd_by_gpu=EXAMPLE_GPU_HOUR_USD))
+    assert f.gpu_hour.value == 2.69 and f.plan.gpu_hour_usd == 2.69
+    f.gpu.value = "l40s"
+    assert f.gpu_hour.value == 0.79 and f.plan.gpu == "l40s" and f.plan.gpu_hour_usd == 0.79
+    f.gpu.value = "mi300x"
+    assert f.gpu_hour.value == 0 and "no example price for mi300x" in f.summary.value
+    f.gpu_hour.value = 2.0
+    assert f.plan.gpu_hour_usd == 2.0 and "no example price" not in f.summary.value

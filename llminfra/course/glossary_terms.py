@@ -96,8 +96,10 @@ GLOSSARY: tuple[Term, ...] = (
     Term("quantization", "양자화", "Storing numbers in fewer bits (int8, int4, fp8) with scales, "
          "to save memory and bandwidth at some loss of accuracy.", "01", "000",
          ("quantized", "quantize")),
-    Term("GB / GiB", "GB / GiB", "GB = 10⁹ bytes (vendors' boxes), GiB = 2³⁰ bytes (nvidia-smi and "
-         "most tools); they differ by 7.4 %.", "00", None, ("GiB",)),
+    Term("GB / GiB", "GB / GiB", "GB = 10⁹ bytes, GiB = 2³⁰ bytes; they differ by 7.4 %. The course "
+         "writes GB for model sizes and bandwidths (GB/s), GiB for memory: a GPU's \"80 GB\" of "
+         "HBM is 80 GiB (memory is sized in binary units), of which the driver reports 79.6 GiB.",
+         "00", None, ("GiB",)),
     Term("grouped-query attention (GQA)", "MQA·GQA (그룹 쿼리 어텐션)", "Query heads share key/value "
          "heads in groups, dividing the KV cache by heads / KV heads; MQA keeps one KV head.",
          "00", "000", ("GQA", "MQA", "multi-query attention", "grouped-query attention")),

@@ -369,8 +369,10 @@ CLAIMS: list[Claim] = [
           ("07", "10"), "GPipe, arXiv:1811.06965", c.pipeline_bubble),
     Claim("000-49", S6, "Own servers need purchase, power and staff; data stays inside, and they pay "
           "off when use is steady and heavy.", "purchase, amortisation, power, utilisation", "holds",
-          "Chapter 09's cost model, at its dated example prices: an 8-GPU server pays back in about "
-          "14 months at full use and needs about 80 months at 25 % use, longer than its life.",
+          "Chapter 09's cost model, at its dated example prices: an 8-GPU server (an analyst's "
+          "270,000 USD estimate) pays back in about 19 months at full use and needs about 109 "
+          "months at 25 % use, longer than its 36-month life (14 and 80 at a 199,000 USD list "
+          "price).",
           ("09",), "chapter 09 (llminfra.calc.cost.own_server_monthly_cost, months_to_pay_back)"),
     Claim("000-50", S6, "Running a small or quantized model locally suits one person trying things out.",
           "model size vs a laptop's memory", "holds",

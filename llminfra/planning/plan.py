@@ -17,8 +17,11 @@ measures how much on the CPU). Taught in chapter 10.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
 
 from llminfra.calc import cost as cost_model
 from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, kv_budget
@@ -30,21 +33,58 @@ from llminfra.specs import get_gpu
 TP_SIZES = (1, 2, 4, 8)
 
 
+#: example rental prices, USD per GPU hour, by GPU type: inputs, not current prices. RunPod's
+#: prices as tabulated by deploybase.ai, "RunPod GPU Pricing: 2026 Comprehensive Pricing Guide"
+#: (2026-03-10), its lower (spot) column; the same table lists on-demand at 1.4-1.8x these. Its
+#: H100 SXM price, 2.69, is chapter 09's example. GPUs it does not list have no example price.
+EXAMPLE_GPU_HOUR_USD = MappingProxyType({
+    "rtx-3090": 0.22, "rtx-4090": 0.34, "l40s": 0.79, "a100-80gb-pcie": 1.19, "a100-80gb": 1.39,
+    "h100-pcie": 1.99, "h100": 2.69, "h200": 3.59})
+EXAMPLE_GPU_HOUR_LABEL = ("RunPod GPU-hour prices by GPU type, 2026-03 (deploybase.ai's table, "
+                          "spot column)")
+
+
 @dataclass(frozen=True)
 class PlanPrices:
-    """PlanPrices the plan compares, as inputs: a hosted API's USD per million input / output tokens
-    and a rented GPU's USD per hour. ``label`` says where they come from and when."""
+    """Prices the plan compares, as inputs: a hosted API's USD per million input / output tokens
+    and a rented GPU's USD per hour — one price for every GPU (``gpu_hour_usd``) and / or one per
+    GPU type (``gpu_hour_usd_by_gpu``, which comes first). ``label`` says where they come from and
+    when."""
 
     api_input_per_million: float
     api_output_per_million: float
-    gpu_hour_usd: float
+    gpu_hour_usd: float | None = None
     label: str = "example prices (inputs, not current prices)"
+    gpu_hour_usd_by_gpu: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("api_input_per_million", "api_output_per_million", "gpu_hour_usd"):
             v = getattr(self, name)
+            if v is None and name == "gpu_hour_usd":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        by_gpu = {}
+        for gpu, v in dict(self.gpu_hour_usd_by_gpu).items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise ValueError(f"gpu_hour_usd_by_gpu[{gpu!r}] must be a finite number >= 0, "
+                                 f"got {v!r}")
+            by_gpu[get_gpu(gpu).name] = float(v)          # KeyError for an unknown GPU
+        if self.gpu_hour_usd is None and not by_gpu:
+            raise ValueError("give a GPU-hour price: gpu_hour_usd, gpu_hour_usd_by_gpu or both")
+        object.__setattr__(self, "gpu_hour_usd_by_gpu", MappingProxyType(by_gpu))
+
+    def gpu_hour(self, gpu: str) -> float:
+        """USD per hour of one ``gpu``: its own price if given, else ``gpu_hour_usd``; a
+        ``KeyError`` naming the GPU and the priced ones if neither."""
+        name = get_gpu(gpu).name
+        if name in self.gpu_hour_usd_by_gpu:
+            return self.gpu_hour_usd_by_gpu[name]
+        if self.gpu_hour_usd is None:
+            raise KeyError(f"no GPU-hour price for {name!r}: priced are "
+                           f"{sorted(self.gpu_hour_usd_by_gpu)}; add it to gpu_hour_usd_by_gpu "
+                           f"or give gpu_hour_usd for every GPU")
+        return float(self.gpu_hour_usd)
 
 
 @dataclass(frozen=True)
@@ -64,6 +104,7 @@ class Plan:
     replica_tokens_per_s: float
     peak_output_tokens_per_s: float
     utilization: float
+    gpu_hour_usd: float
     selfhost_monthly_usd: float
     api_monthly_usd: float
     selfhost_usd_per_million: float
@@ -147,7 +188,8 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
     utilization = min(1.0, t.mean_output_tokens_per_s / capacity)
     api = cost_model.api_monthly_cost(req.requests_per_day, req.input_tokens, req.output_tokens,
                                       prices.api_input_per_million, prices.api_output_per_million)
-    rented = cost_model.gpu_rental_monthly_cost(prices.gpu_hour_usd, best["gpus"])
+    gpu_hour = prices.gpu_hour(g.name)
+    rented = cost_model.gpu_rental_monthly_cost(gpu_hour, best["gpus"])
     monthly_tokens = api.monthly_input_tokens + api.monthly_output_tokens
     plan = dict(
         gpu=g.name, tensor_parallel=best["tp"], replicas=best["replicas"],
@@ -157,7 +199,7 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
         ttft_estimate_s=best["ttft"], tpot_estimate_s=best["tpot"],
         replica_tokens_per_s=best["tokens_per_s"],
         peak_output_tokens_per_s=t.peak_output_tokens_per_s, utilization=utilization,
-        selfhost_monthly_usd=rented, api_monthly_usd=api.monthly_cost,
+        gpu_hour_usd=gpu_hour, selfhost_monthly_usd=rented, api_monthly_usd=api.monthly_cost,
         selfhost_usd_per_million=rented / monthly_tokens * 1e6,
         api_usd_per_million=api.monthly_cost / monthly_tokens * 1e6)
     rec, reasons = _recommend(req, plan, bool(meeting))
@@ -214,23 +256,31 @@ def checklist(req: ServiceRequirements, p: dict, budget) -> list[dict]:
     return [{"group": g, "check": c, "ok": ok, "number": n} for g, c, ok, n in rows]
 
 
+def _row(p: Plan) -> dict:
+    return {"gpu": p.gpu, "fits": True, "tensor_parallel": p.tensor_parallel,
+            "replicas": p.replicas, "total_gpus": p.total_gpus,
+            "ttft_ms": p.ttft_estimate_s * 1e3, "tpot_ms": p.tpot_estimate_s * 1e3,
+            "utilization": p.utilization, "gpu_hour_usd": p.gpu_hour_usd,
+            "selfhost_usd_per_month": p.selfhost_monthly_usd, "api_usd_per_month": p.api_monthly_usd}
+
+
 def compare_gpus(req: ServiceRequirements, gpus, prices: PlanPrices,
                  efficiency: float = DEFAULT_EFFICIENCY) -> list[dict]:
     """:func:`plan_deployment` on each GPU of ``gpus``: one row per GPU with the layout, the
-    estimates and the monthly cost; GPUs the model does not fit on get ``fits=False``."""
+    estimates, the GPU-hour price and the monthly cost; GPUs the model does not fit on get
+    ``fits=False``, GPUs without a price a NaN cost and a ``note`` saying so."""
     rows = []
     for name in gpus:
         try:
-            p = plan_deployment(req, name, prices, efficiency=efficiency)
+            rows.append(_row(plan_deployment(req, name, prices, efficiency=efficiency)))
         except ValueError as e:
             rows.append({"gpu": name, "fits": False, "note": str(e)})
-            continue
-        rows.append({"gpu": p.gpu, "fits": True, "tensor_parallel": p.tensor_parallel,
-                     "replicas": p.replicas, "total_gpus": p.total_gpus,
-                     "ttft_ms": p.ttft_estimate_s * 1e3, "tpot_ms": p.tpot_estimate_s * 1e3,
-                     "utilization": p.utilization, "selfhost_usd_per_month": p.selfhost_monthly_usd,
-                     "api_usd_per_month": p.api_monthly_usd})
+        except KeyError as e:                               # it fits, but has no price
+            layout = plan_deployment(req, name, dataclasses.replace(prices, gpu_hour_usd=0.0),
+                                     efficiency=efficiency)
+            rows.append({**_row(layout), "gpu_hour_usd": math.nan,
+                         "selfhost_usd_per_month": math.nan, "note": e.args[0]})
     return rows
 
 
-__all__ = ["Plan", "PlanPrices", "checklist", "compare_gpus", "plan_deployment"]
+__all__ = ["EXAMPLE_GPU_HOUR_USD", "EXAMPLE_GPU_HOUR_LABEL", "Plan", "PlanPrices", "checklist", "compare_gpus", "plan_deployment"]

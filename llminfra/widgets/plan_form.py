@@ -56,6 +56,8 @@ class PlanForm:
 
     def __init__(self, req: ServiceRequirements, gpu: str = "h100", prices: PlanPrices | None = None):
         prices = prices or PlanPrices(3.0, 15.0, 3.0)
+        # the price field holds one GPU's price at a time: moving the GPU sets it to that GPU's
+        # example price (where there is one), and the learner may type over it
         self.requests = widgets.IntText(value=int(req.requests_per_day), description="requests/day", style=_STYLE)
         self.input_tokens = widgets.IntText(value=req.input_tokens, description="input tokens", style=_STYLE)
         self.output_tokens = widgets.IntText(value=req.output_tokens, description="output tokens", style=_STYLE)
@@ -66,7 +68,9 @@ class PlanForm:
         self.dtype = widgets.Dropdown(options=["bf16", "fp8", "int8", "int4"], value=req.dtype,
                                       description="weights", style=_STYLE)
         self.gpu = widgets.Dropdown(options=gpu_names(), value=gpu, description="GPU", style=_STYLE)
-        self.gpu_hour = widgets.FloatText(value=prices.gpu_hour_usd, description="GPU USD/h", style=_STYLE)
+        self.examples = prices
+        self.gpu_hour = widgets.FloatText(value=self._example_price(gpu), description="GPU USD/h",
+                                          style=_STYLE)
         self.api_in = widgets.FloatText(value=prices.api_input_per_million, description="API in /M", style=_STYLE)
         self.api_out = widgets.FloatText(value=prices.api_output_per_million, description="API out /M", style=_STYLE)
         self.peak = req.peak_to_mean
@@ -75,6 +79,7 @@ class PlanForm:
         controls = [self.requests, self.input_tokens, self.output_tokens, self.ttft, self.may_leave,
                     self.budget, self.model, self.dtype, self.gpu, self.gpu_hour, self.api_in,
                     self.api_out]
+        self.gpu.observe(self._gpu_changed, names="value")   # first: its price follows the GPU
         for w in controls:
             w.observe(self._update, names="value")
         self.widget = Panel([widgets.HBox(controls[:4]), widgets.HBox(controls[4:8]),
@@ -82,6 +87,18 @@ class PlanForm:
                             title="Deployment plan", how="state the requirements, the GPU and "
                             "the prices; the plan, its cost and its checklist follow")
         self._update()
+
+    def _example_price(self, gpu: str) -> float:
+        """The example price of ``gpu`` (its own, else the one for every GPU; 0 if neither: the
+        learner types one in)."""
+        try:
+            return self.examples.gpu_hour(gpu)
+        except KeyError:
+            return 0.0
+
+    def _gpu_changed(self, change) -> None:
+        """Another GPU: the price field shows that GPU's example price (0 where it has none)."""
+        self.gpu_hour.value = self._example_price(change["new"])
 
     def _update(self, _change=None) -> None:
         try:
@@ -101,4 +118,6 @@ class PlanForm:
         self.summary.value = (f"{p.recommendation}: {p.total_gpus} × {p.gpu}, TTFT ≈ "
                               f"{p.ttft_estimate_s * 1e3:.3g} ms, API {p.api_monthly_usd:,.0f} vs "
                               f"rented {p.selfhost_monthly_usd:,.0f} USD / month")
+        if self.gpu_hour.value == 0:
+            self.summary.value += f" (no example price for {p.gpu}: type its USD per hour)"
         self.html.value = plan_html(p)

@@ -3,11 +3,12 @@ cache of one sequence in GiB, and the largest batch that fits on a GPU.
 
 Each checker builds named cases from one seed (presets and random GQA / MQA / MHA architectures;
 a 1-byte, a 4-byte and a 2-byte KV dtype in that order; for the largest batch, a model that does
-not fit, one whose exact quotient has a fraction above .5 and one below), compares the learner's
-function with the package's (:mod:`llminfra.calc.memory`) and, on a mismatch, names the usual
-mistake the wrong answer matches: the missing factor 2 for K and V, ``num_heads`` instead of
-``num_kv_heads``, the KV dtype ignored, bits instead of bytes, GB (1e9) instead of GiB (2**30),
-the runtime reserve or the activations left out, no clip at 0, round() instead of floor.
+not fit, one whose exact quotient has a fraction above .5 and one below, where each usual
+mistake gives a count of its own), compares the learner's function with the package's
+(:mod:`llminfra.calc.memory`) and, on a mismatch, names the usual mistake the wrong answer
+matches: the missing factor 2 for K and V, ``num_heads`` instead of ``num_kv_heads``, the KV
+dtype ignored, bits instead of bytes, GB (1e9) instead of GiB (2**30), the runtime reserve or
+the activations left out, no clip at 0, round() instead of floor.
 
 KV cache rule: Kwon et al., 2023 (vLLM, arXiv:2309.06180), §3: per token
 ``2 · layers · kv_heads · head_dim · bytes`` (K and V of every layer).
@@ -215,10 +216,26 @@ def _batch_hint(args, kwargs, expected, got) -> str:
         "usable = memory_bytes · (1 - reserve_fraction)")
 
 
+def _each_mistake_shows(args: tuple) -> bool:
+    """Do the activations (left out, or counted once per sequence), the runtime reserve and
+    GiB read as 1e9-byte GB each give a count of their own, other than the right one?"""
+    model, gpu, context, dtype, kv_dtype, reserve = args
+    counts = [_per_sequence_closed_form(*args),
+              _per_sequence_closed_form(*args, activations="none"),
+              _per_sequence_closed_form(*args, activations="per_sequence"),
+              _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, 0.0),
+              _per_sequence_closed_form(*args, memory_bytes=get_gpu(gpu).memory_gb * 1e9)]
+    return len(set(counts)) == len(counts)
+
+
+#: kind -> does ``(args, exact quotient)`` belong to it; one case of each in every run
 _BATCH_KINDS = {
-    "does not fit (exact quotient below -1)": lambda x: x < -1,
-    "fits, exact quotient's fraction above .5": lambda x: x > 1 and x - math.floor(x) > 0.55,
-    "fits, exact quotient's fraction below .5": lambda x: x > 1 and x - math.floor(x) < 0.45,
+    "does not fit (exact quotient below -1)": lambda args, x: x < -1,
+    "fits, exact quotient's fraction above .5":
+        lambda args, x: x > 1 and x - math.floor(x) > 0.55,
+    "fits, exact quotient's fraction below .5; the activations, the reserve and GiB each "
+    "change the count": lambda args, x: (x > 1 and x - math.floor(x) < 0.45
+                                         and _each_mistake_shows(args)),
 }
 
 
@@ -242,13 +259,14 @@ def check_largest_batch(fn, seed: int | None = None) -> int:
     largest batch of ``context``-token sequences that fits, against the package's bisection
     :func:`llminfra.calc.memory.max_batch` (0 when even one sequence does not fit). Every run
     has a model that does not fit (clip at 0) and quotients with fractions above and below .5
-    (floor, not round), then random cases."""
+    (floor, not round) — the latter where the activations left out or counted per sequence,
+    the reserve left out and GiB read as GB each give another count — then random cases."""
     seed, rng = seeded(seed)
     cases = []
     for kind, wanted in _BATCH_KINDS.items():
         for _ in range(5000):
             args = _batch_case(rng)
-            if wanted(_per_sequence_quotient(*args)):
+            if wanted(args, _per_sequence_quotient(*args)):
                 cases.append(Case(_batch_name(args, kind), args))
                 break
         else:  # pragma: no cover - the presets make every kind common

@@ -6,8 +6,11 @@ Each checker builds named cases from one seed (every category the exercise names
 random ones), compares the learner's function with :mod:`llminfra.engine.scheduling_rules`, and
 on a mismatch names the case, the seed to replay it and the usual mistake the answer matches:
 a later request overtaking one that does not fit, ``P // block_size`` blocks instead of the
-ceiling, the running requests left out of ``max_num_seqs``; n instead of n − 1 gaps, TPOT from
-the arrival, TTFT from time 0; finished prefills that never start decoding.
+ceiling (or ``P // block_size + 1``, one too many for whole blocks), a prompt that exactly
+fills the free blocks or the token budget turned away, the running requests left out of
+``max_num_seqs``, a negative count; n instead of n − 1 gaps, TPOT from the arrival, TTFT from
+time 0; finished prefills that never start decoding. Each of these edges is a fixed case, so a
+wrong answer fails on every run, not only when a random draw reaches it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,16 @@ def _limits(B, free_blocks, num_running, max_num_seqs, budget_blocks) -> dict:
 
 
 def _admission_cases(rng: random.Random) -> list[Case]:
-    """One case per category: limited by blocks with a later request that would fit (head of
-    line), by max_num_seqs with requests running, by the token budget, all admitted, an empty
-    queue, a prompt one token over a block boundary; then random ones."""
+    """One case per category: the worked example; limited by blocks with a later request that
+    would fit (head of line), by max_num_seqs with requests running, by the token budget; all
+    admitted, an empty queue; and the edges the instructions name — prompts one token over a
+    block boundary, prompts of whole blocks (no extra block), a last prompt that takes exactly
+    the free blocks, prompts that reach max_num_batched_tokens exactly, running requests
+    already over max_num_seqs; then random ones."""
     B = rng.choice([4, 8, 16])
     fixed = [
+        ("the worked example", [20, 40, 5], dict(free_blocks=4, block_size=16, num_running=1,
+                                                max_num_seqs=4, max_num_batched_tokens=64)),
         ("limited by free blocks; a later, smaller request would fit (no overtaking)",
          [3 * B, 5 * B, 1], _limits(B, 4, 0, 8, 10)),
         ("limited by max_num_seqs, requests already running", [B, B, B], _limits(B, 20, 3, 5, 10)),
@@ -41,9 +49,16 @@ def _admission_cases(rng: random.Random) -> list[Case]:
         ("everything admitted", [B + 1, 2, 3], _limits(B, 10, 1, 8, 10)),
         ("empty queue", [], dict(_limits(B, 3, 0, 4, 1), max_num_batched_tokens=64)),
         ("prompts one token over a block boundary", [B + 1, B + 1], _limits(B, 3, 0, 4, 10)),
+        ("prompts of exactly two blocks each: no extra block", [2 * B, 2 * B],
+         _limits(B, 5, 0, 8, 10)),
+        ("the last prompt takes exactly the blocks still free", [B - 1, B + 1],
+         _limits(B, 3, 0, 8, 10)),
+        ("the prompts reach max_num_batched_tokens exactly", [B, B], _limits(B, 10, 0, 8, 2)),
+        ("more requests running than max_num_seqs: none admitted", [1, 1],
+         _limits(B, 10, 5, 4, 10)),
     ]
     cases = [Case(name, (w,), kw) for name, w, kw in fixed]
-    for _ in range(10):
+    for _ in range(5):
         B = rng.choice([2, 4, 8, 16])
         waiting = [rng.randint(1, 6 * B) for _ in range(rng.randint(1, 8))]
         kw = dict(free_blocks=rng.randint(0, 16), block_size=B, num_running=rng.randint(0, 6),
@@ -53,14 +68,20 @@ def _admission_cases(rng: random.Random) -> list[Case]:
 
 
 def _variant(w, *, free_blocks, block_size, num_running, max_num_seqs,
-             max_num_batched_tokens, overtake=False, floor_blocks=False) -> int:
+             max_num_batched_tokens, overtake=False, floor_blocks=False, plus_one=False,
+             strict_blocks=False, strict_tokens=False) -> int:
     """The usual mistakes: ``overtake`` skips a request that does not fit and admits later
-    ones; ``floor_blocks`` counts ``P // block_size`` blocks."""
+    ones; ``floor_blocks`` counts ``P // block_size`` blocks, ``plus_one`` ``P // block_size +
+    1``; ``strict_blocks`` / ``strict_tokens`` turn away a prompt that exactly fills the free
+    blocks / the token budget."""
     n, blocks, tokens = 0, free_blocks, 0
     for p in w:
-        need = p // block_size if floor_blocks else blocks_needed(p, block_size)
-        if (num_running + n < max_num_seqs and need <= blocks
-                and tokens + p <= max_num_batched_tokens):
+        need = (p // block_size if floor_blocks else p // block_size + 1 if plus_one
+                else blocks_needed(p, block_size))
+        fits_blocks = need < blocks if strict_blocks else need <= blocks
+        left = max_num_batched_tokens - tokens
+        fits_tokens = p < left if strict_tokens else p <= left
+        if num_running + n < max_num_seqs and fits_blocks and fits_tokens:
             n, blocks, tokens = n + 1, blocks - need, tokens + p
         elif not overtake:
             break
@@ -71,11 +92,21 @@ def _admission_hint(args, kw, expected, got) -> str:
     (w,) = args
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
         return f"return the number admitted (an int), got {type(got).__name__}"
+    if got < 0:
+        return ("never a negative count: when the running requests already fill (or exceed) "
+                "max_num_seqs, admit none")
     wrong = {
         "you skipped a request that did not fit and admitted later ones; FCFS stops at the "
         "first request that does not fit": _variant(w, **kw, overtake=True),
         "a prompt of P tokens needs ceil(P / block_size) blocks, not P // block_size":
             _variant(w, **kw, floor_blocks=True),
+        "a prompt of P tokens needs ceil(P / block_size) blocks: a whole number of blocks "
+        "needs no extra one (P // block_size + 1 is one too many)":
+            _variant(w, **kw, plus_one=True),
+        "a prompt that needs exactly the blocks still free fits (need <= free, not <)":
+            _variant(w, **kw, strict_blocks=True),
+        "prompt tokens that reach max_num_batched_tokens exactly fit (<=, not <)":
+            _variant(w, **kw, strict_tokens=True),
         "the running requests count against max_num_seqs too":
             admit_fcfs(w, **dict(kw, num_running=0)),
     }
@@ -166,12 +197,15 @@ def check_ttft_tpot(fn, seed: int | None = None) -> int:
 # ------------------------------------------------------- chunked-prefill plan
 def _plan_cases(rng: random.Random) -> list[Case]:
     """A prompt that fits one step, one cut into several chunks, two prompts sharing a step
-    beside running decodes, decodes that grow as prompts finish; then random."""
+    beside running decodes, decodes that grow as prompts finish, two prompts that finish in
+    the same step and decode through several later ones; then random."""
     cases = [Case("one prompt that fits one step, no decodes", ([5], 16, 0)),
              Case("one prompt cut into chunks, no decodes", ([40], 16, 0)),
              Case("two prompts sharing steps, decodes running", ([10, 3], 8, 2)),
-             Case("three prompts whose finished prefills start decoding", ([7, 7, 7], 12, 1))]
-    for _ in range(8):
+             Case("three prompts whose finished prefills start decoding", ([7, 7, 7], 12, 1)),
+             Case("two short prompts finish in step 1, then decode through the later steps",
+                  ([2, 3, 11], 8, 1))]
+    for _ in range(7):
         prompts = [rng.randint(1, 60) for _ in range(rng.randint(1, 5))]
         decodes = rng.randint(0, 4)
         budget = rng.randint(decodes + len(prompts) + 1, 48)
@@ -179,16 +213,26 @@ def _plan_cases(rng: random.Random) -> list[Case]:
     return cases
 
 
-def _frozen_plan(prompts, budget, decodes):
-    """The usual mistake: finished prompts never add a decode token."""
+def _plan_variant(prompts, budget, decodes, *, frozen=False, recount=False,
+                  one_per_step=False):
+    """The usual mistakes: ``frozen``, finished prompts never add a decode token;
+    ``recount``, every finished prompt adds one again in each later step; ``one_per_step``,
+    prompts finishing together add a single decode."""
     left, plan = list(prompts), []
     while any(left) and len(plan) < 1000:
         b, row = budget - decodes, []
         for rem in left:
-            row.append(min(rem, b))
+            row.append(max(0, min(rem, b)))
             b -= row[-1]
+        done = [rem > 0 and rem == take for rem, take in zip(left, row)]
         left = [r - t for r, t in zip(left, row)]
         plan.append(row)
+        if recount:
+            decodes += sum(1 for r in left if r == 0)
+        elif one_per_step:
+            decodes += any(done)
+        elif not frozen:
+            decodes += sum(done)
     return plan
 
 
@@ -206,7 +250,11 @@ def _plan_hint(args, kw, expected, got) -> str:
     if any(not isinstance(r, (list, tuple)) or len(r) != len(prompts) for r in got):
         return "each step is a list with one token count per prompt (0 when it has none)"
     wrong = {"a prompt whose prefill finished decodes from the next step on: its one token "
-             "a step comes off the budget": _frozen_plan(prompts, budget, decodes)}
+             "a step comes off the budget": _plan_variant(prompts, budget, decodes, frozen=True),
+             "a finished prompt adds ONE decode, when its prefill completes — not one more in "
+             "every later step": _plan_variant(prompts, budget, decodes, recount=True),
+             "every prompt that finishes in a step starts decoding: two finishing together add "
+             "two decodes": _plan_variant(prompts, budget, decodes, one_per_step=True)}
     return first_matching(got, wrong, expected) or \
         "fill each step's budget: decodes first, then prompts in arrival order"
 

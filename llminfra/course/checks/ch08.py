@@ -4,12 +4,14 @@ transformer layer's roofline point in decode, and the decode tokens/s bound of a
 Every run builds its cases from one seed that a failure names (replay them with
 ``ch08.check_…(fn, seed=…)``); one case of each category the exercises name comes first:
 batch 1 at a context of 1 (the weights alone), a large batch, a long context, a grouped-query
-(GQA) and a multi-query (MQA) model, and random models, batches, contexts and GPUs. On a
-mismatch the message gives the case, the expected and returned values, their difference, and
-the usual mistake when the wrong answer matches one: the factor 2 of a multiply-add left out,
-the weights counted once per sequence, the KV cache left out or counted once for the batch,
-fp32 instead of bf16 bytes, the attention FLOPs left out, the batch left out of tokens/s,
-seconds per token returned, GiB/s read for GB/s.
+(GQA) and a multi-query (MQA) model, for the decode bound a step that is compute-bound (so an
+answer without the compute roof fails every run, not only when a random draw lands there), and
+random models, batches, contexts and GPUs. On a mismatch the message gives the case, the
+expected and returned values, their difference, and the usual mistake when the wrong answer
+matches one: the factor 2 of a multiply-add left out, the weights counted once per sequence,
+the KV cache left out or counted once for the batch, fp32 instead of bf16 bytes, the attention
+FLOPs left out, the compute roof left out, the batch left out of tokens/s, seconds per token
+returned, GiB/s read for GB/s.
 
 References: :func:`llminfra.calc.roofline.layer_point` and
 :func:`llminfra.calc.roofline.decode_tokens_per_s` (taught in chapter 08).
@@ -121,12 +123,38 @@ def _decode_reference(model, gpu, batch, context):
     return decode_tokens_per_s(model, gpu, batch, context)
 
 
+def _step_times(model, gpu, batch, context) -> tuple[float, float]:
+    """``(compute seconds, memory seconds)`` of one decode step, bf16, by the roofline."""
+    spec, g = get_model(model), get_gpu(gpu)
+    flops = batch * (2 * param_count(spec)
+                     + 4 * spec.num_layers * spec.num_heads * spec.head_dim * context)
+    nbytes = weight_bytes(spec, "bf16") + batch * context * kv_bytes_per_token(spec, "bf16")
+    return flops / (g.tflops("bf16") * 1e12), nbytes / g.hbm_bytes_per_s
+
+
+def _compute_bound(rng: random.Random) -> tuple:
+    """A dense preset on a GPU with a large batch at a short context whose compute time is at
+    least twice its memory time: the compute roof decides the bound."""
+    while True:
+        name, gpu, context = rng.choice(DENSE), rng.choice(BF16_GPUS), rng.randint(1, 16)
+        for batch in (256, 512, 1024, 2048, 4096):
+            compute, memory = _step_times(name, gpu, batch, context)
+            if compute >= 2 * memory:
+                return name, gpu, batch, context
+
+
 def _decode_hint(args, kwargs, expected, got) -> str:
     model, gpu, B, c = args
     g = get_gpu(gpu)
     w, kv = weight_bytes(model, "bf16"), kv_bytes_per_token(model, "bf16")
     bw = g.hbm_bytes_per_s
+    memory = _step_times(model, gpu, B, c)[1]
+    no_attention = B * 2 * param_count(get_model(model)) / (g.tflops("bf16") * 1e12)
     wrong = {
+        "you left out the compute roof: this step is compute-bound, so it takes "
+        "max(FLOPs / peak, bytes / bandwidth), here the FLOPs": B / memory,
+        "you left out the attention FLOPs (4·L·H·d per cached position, per sequence)":
+            B / max(no_attention, memory),
         "you left out the KV cache each sequence reads every step": B * bw / w,
         "you read one KV cache for the whole batch: every sequence reads its own":
             B * bw / (w + c * kv),
@@ -146,19 +174,22 @@ def _decode_hint(args, kwargs, expected, got) -> str:
 def check_decode_bound(fn, seed: int | None = None) -> int:
     """Check ``fn(model, gpu, batch, context) -> tokens/s``: the upper bound of decode tokens
     per second (all sequences together), bf16 weights and cache. Llama-2-7B on an H100, batch
-    1 at 2048 tokens: 3.35e12 / 14,550,573,056 = 230.2 tokens/s."""
+    1 at 2048 tokens: 3.35e12 / 14,550,573,056 = 230.2 tokens/s. Every run has memory-bound
+    steps and one compute-bound step (a large batch at a short context)."""
     seed, rng = seeded(seed)
     m = _case_models(rng)
     gpu = lambda: rng.choice(BF16_GPUS)  # noqa: E731
     cases = [Case("the weights alone: batch 1, context 1", (rng.choice(DENSE), gpu(), 1, 1)),
              Case("the worked example: llama-2-7b on an h100, batch 1", ("llama-2-7b", "h100",
                                                                          1, 2048)),
+             Case("compute-bound: a large batch at a short context (FLOPs / peak > bytes / "
+                  "bandwidth)", _compute_bound(rng)),
              Case("MHA preset, a large batch", (m[0], gpu(), rng.randint(64, 256),
                                                 _context(rng, m[0], 512))),
              Case("GQA preset at its longest context", (m[1], gpu(), rng.randint(1, 32),
                                                         get_model(m[1]).max_positions or 8192)),
              Case("MQA preset", (m[2], gpu(), rng.randint(1, 32), _context(rng, m[2])))]
-    for _ in range(3):
+    for _ in range(2):
         name = rng.choice(DENSE)
         cases.append(Case("random dense preset, GPU, batch and context",
                           (name, gpu(), rng.randint(1, 128), _context(rng, name))))

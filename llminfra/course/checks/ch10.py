@@ -99,17 +99,28 @@ def _codes(expected, got):
 BASE = dict(model="llama-2-13b", gpu="a100-80gb", context_tokens=2048, concurrency=4,
             expected_speedup=1.0, batch=8, utilization=0.6)
 
-#: name -> changes to BASE; every rule alone, its edges, none and all
+#: name -> changes to BASE; every rule alone, each branch and edge of it, none and all. The
+#: memory rule also in GiB that 1e9-byte GB would misjudge, on two GPUs and with int4 weights;
+#: the latency rule through its TPOT target alone, and on two GPUs (tensor parallel).
 _FIXED = {
     "a sound plan (no mistake)": {},
-    "weights fit, the KV cache of 64 × 4096 tokens does not": dict(concurrency=64, context_tokens=4096),
+    "weights fit, the KV cache of 64 × 4096 tokens does not":
+        dict(concurrency=64, context_tokens=4096),
     "the weights alone do not fit (not a weights-only mistake)":
         dict(model="llama-2-70b", n_gpus=1, concurrency=1),
+    "weights + KV cache (74.7e9 bytes) fit 90 % of 80 GiB, not 90 % of 80 GB (80e9 bytes)":
+        dict(concurrency=29),
+    "two GPUs hold weights + KV cache that one GPU cannot, and meet a 15 ms TPOT target that "
+    "one GPU misses": dict(n_gpus=2, concurrency=64, tpot_target_s=0.015),
+    "int4 weights fit where bf16 ones would not; with the KV cache (bf16) they do not":
+        dict(model="llama-2-70b", dtype="int4", concurrency=32, context_tokens=4096, batch=1),
     "expects 24× where 2.5× was measured": dict(expected_speedup=24.0, measured_speedup=2.5),
     "expects 2× with nothing measured": dict(expected_speedup=2.0),
     "expects what was measured (not a mistake)": dict(expected_speedup=2.5, measured_speedup=2.5),
     "a batch of 256 prompts of 4096 tokens against a 0.2 s TTFT target":
         dict(batch=256, prompt_tokens=4096, ttft_target_s=0.2),
+    "TTFT meets its target, the time per output token misses a 15 ms TPOT target":
+        dict(tpot_target_s=0.015),
     "4 stages, 1 micro-batch (bubble 75 %)": dict(pipeline_stages=4, micro_batches=1),
     "2 stages, 1 micro-batch (bubble exactly 50 %)": dict(pipeline_stages=2, micro_batches=1),
     "4 stages, 4 micro-batches (bubble 43 %, fine)": dict(pipeline_stages=4, micro_batches=4),
@@ -128,10 +139,14 @@ def _mistakes_hint(args, kwargs, expected, got) -> str:
         parts.append(f"missed {missing}")
     if extra:
         parts.append(f"flagged {extra} although the plan does not make it")
-    rules = {"weights_only": "weights <= usable < weights + concurrency · context · KV bytes/token",
+    rules = {"weights_only": "weights <= usable < weights + concurrency · context · KV "
+                             "bytes/token, usable = n_gpus · memory_bytes · (1 - reserve) in "
+                             "bytes (GiB, not 1e9-byte GB); weights in d.dtype, KV cache in bf16",
              "headline_factor": "expected_speedup > measured_speedup (or > 1 when not measured)",
-             "throughput_over_ttft": "ttft_s(model, gpu, prompt_tokens, batch) > target, or "
-                                     "decode_time_per_token_s(model, gpu, batch, context) > target",
+             "throughput_over_ttft": "ttft_s(model, gpu, prompt_tokens, batch) > ttft_target_s, "
+                                     "or decode_time_per_token_s(model, gpu, batch, context) > "
+                                     "tpot_target_s, both with dtype=d.dtype and "
+                                     "tensor_parallel=d.n_gpus",
              "naive_pipeline": "stages > 1 and (p - 1) / (m + p - 1) >= 0.5",
              "low_utilization": "utilization < 0.3 (0.3 itself is fine)"}
     return "; ".join(parts) + " — the rule" + ("s: " if len(missing + extra) > 1 else ": ") + \
@@ -142,14 +157,18 @@ def _mistakes_hint(args, kwargs, expected, got) -> str:
 def check_find_mistakes(fn, seed: int | None = None) -> int:
     """Check ``fn(draft: DraftPlan) -> set[str]``: every rule alone, its edges (measured =
     expected, a bubble of exactly 50 %, utilisation exactly 0.3, weights that do not fit at
-    all), a sound plan and all mistakes at once; then random drafts."""
+    all), each branch of a rule (the TTFT and the TPOT target, one and two GPUs, int4 weights,
+    memory in GiB that GB would misjudge), a sound plan and all mistakes at once; then a
+    random draft."""
     seed, rng = seeded(seed)
     cases = [Case(name, (DraftPlan(**{**BASE, **change}),)) for name, change in _FIXED.items()]
-    for _ in range(5):
-        change = {"concurrency": rng.choice([1, 8, 32, 96]), "expected_speedup": rng.choice([1.0, 3.0]),
-                  "batch": rng.choice([1, 16, 128]), "pipeline_stages": rng.choice([1, 2, 4]),
-                  "micro_batches": rng.choice([1, 2, 8]), "utilization": rng.choice([0.1, 0.5, 0.9])}
-        cases.append(Case("random draft", (DraftPlan(**{**BASE, **change}),)))
+    change = {"concurrency": rng.choice([1, 8, 32, 96]), "expected_speedup": rng.choice([1.0, 3.0]),
+              "measured_speedup": rng.choice([None, 2.0]), "n_gpus": rng.choice([1, 2]),
+              "dtype": rng.choice(["bf16", "int8"]), "batch": rng.choice([1, 16, 128]),
+              "tpot_target_s": rng.choice([0.015, 0.05, 0.1]),
+              "pipeline_stages": rng.choice([1, 2, 4]), "micro_batches": rng.choice([1, 2, 8]),
+              "utilization": rng.choice([0.1, 0.5, 0.9])}
+    cases.append(Case("random draft", (DraftPlan(**{**BASE, **change}),)))
     return run_checks("find_mistakes", fn, find_mistakes, cases, hint=_mistakes_hint, seed=seed,
                       replay="ch10.check_find_mistakes", normalize=_codes)
 
