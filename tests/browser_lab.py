@@ -33,13 +33,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 START_TIMEOUT_S = 90
-#: autosave interval of the test's JupyterLab (default 120 s): a rewrite on open shows quickly.
-#: Not 1 s: with two browser tests at once on two cores, a chapter's save took longer than that,
-#: saves of one notebook overlapped, and JupyterLab showed "File Changed" (which then took the
-#: key press meant for a slider)
-AUTOSAVE_S = 5
-#: how long the saved file may stay incomplete before :func:`save_notebook` saves it itself
-SAVE_NUDGE_S = 4 * AUTOSAVE_S
+#: The test's JupyterLab does not autosave: every save is the test's own (the toolbar's button,
+#: :func:`save_notebook`). Autosaving every 5 s during a chapter's run re-serialized the whole
+#: notebook, plots and all, a dozen times: chapter 05 ran in 60 s instead of 31 s on 2 cores, and
+#: an autosave racing another save made JupyterLab ask "File Changed"
+AUTOSAVE = False
+#: how long :func:`save_notebook` waits for its save to land before clicking save again
+SAVE_NUDGE_S = 10
 #: not copied into the served repository
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache",
                                      ".hypothesis", ".jupyter-test", "docs", "*.egg-info",
@@ -74,11 +74,11 @@ def copy_repository(dest: Path) -> Path:
 
 def _write_settings(settings: Path) -> None:
     """The course's shipped settings (``llminfra.course.lab_setup.OVERRIDES``, what ``make
-    course`` installs), and the test's own: a short autosave, every cell drawn (not only those
+    course`` installs), and the test's own: no autosave, every cell drawn (not only those
     scrolled into view)."""
     from llminfra.course.lab_setup import OVERRIDES
     plugins = {**OVERRIDES,
-               "@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": AUTOSAVE_S},
+               "@jupyterlab/docmanager-extension:plugin": {"autosave": AUTOSAVE},
                "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
     for plugin, value in plugins.items():
         package, name = plugin.split(":")
@@ -473,55 +473,50 @@ def _save_from_toolbar(page) -> None:
         _menu(page, "File", "Save Notebook")
 
 
-def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 120_000, force: bool = False):
-    """The notebook on show as JupyterLab saved it (an ``nbformat`` node), once its autosave
-    (every :data:`AUTOSAVE_S`) has written it with every code cell run and nothing left unsaved.
-    The autosave is trusted first: a save of our own racing it makes JupyterLab ask "File
-    Changed" (seen in CI). But an autosave taken while the last cell ran was seen in CI to be
-    the last one (the tab no longer dirty, the file one cell short for 120 s): so once the file
-    has stayed incomplete for :data:`SAVE_NUDGE_S`, save it (the toolbar's button), answering
-    "File Changed" with Overwrite (what the page shows is the run being checked). ``force``:
-    save so at once (after widgets moved: the widget state is written by a save, and the file
-    already looks complete)."""
+def save_notebook(page, lab: Lab, path: str, timeout_ms: int = 120_000):
+    """Save the notebook on show (the toolbar's button: a key press would go to the widget
+    control last moved) and return the file as saved (an ``nbformat`` node), once the save has
+    landed with every code cell run and the tab is clean. A "File Changed" dialog is answered
+    with Overwrite (what the page shows is the run being checked); a save that has not landed
+    after :data:`SAVE_NUDGE_S` is clicked again."""
     import nbformat
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     file = lab.served / path
     with explained(page, f"saving {path}"):
         deadline = time.monotonic() + timeout_ms / 1000
-        nudge_at = time.monotonic() + (0 if force else SAVE_NUDGE_S)
+        before = file.stat().st_mtime_ns
+        nudge_at = 0.0
         unrun: list = ["(not read yet)"]
-        must_pass = None          # after a forced save: the file's mtime before it
         while True:
             if time.monotonic() > nudge_at:
-                if force:
-                    must_pass, force = file.stat().st_mtime_ns, False
                 _save_from_toolbar(page)
                 overwrite = page.locator(".jp-Dialog .jp-mod-accept")
                 try:
-                    overwrite.first.wait_for(timeout=2_000)
+                    overwrite.first.wait_for(timeout=1_000)
                     overwrite.first.click()
                 except PlaywrightTimeout:  # no dialog: the save went through
                     pass
                 nudge_at = time.monotonic() + SAVE_NUDGE_S
-            try:
-                nb = nbformat.reads(file.read_text(), as_version=4)
-                # a collapsed cell (the Colab cell) is judged by its outputs, which the caller
-                # compares with the stored ones: its count alone was seen missing in CI
-                unrun = [f"code cell {i}: {c.source.strip().splitlines()[0][:60]!r}"
-                         for i, c in enumerate(x for x in nb.cells if x.cell_type == "code")
-                         if c.source.strip() and c.execution_count is None
-                         and not c.metadata.get("jupyter", {}).get("source_hidden")]
-            except (ValueError, OSError):  # caught mid-write: read again
-                unrun = ["(caught mid-write)"]
-            landed = must_pass is None or file.stat().st_mtime_ns > must_pass
-            if not unrun and landed and page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0:
+            landed = file.stat().st_mtime_ns > before
+            if landed:
+                try:
+                    nb = nbformat.reads(file.read_text(), as_version=4)
+                    # a collapsed cell (the Colab cell) is judged by its outputs, which the
+                    # caller compares with the stored ones
+                    unrun = [f"code cell {i}: {c.source.strip().splitlines()[0][:60]!r}"
+                             for i, c in enumerate(x for x in nb.cells if x.cell_type == "code")
+                             if c.source.strip() and c.execution_count is None
+                             and not c.metadata.get("jupyter", {}).get("source_hidden")]
+                except (ValueError, OSError):  # caught mid-write: read again
+                    unrun = ["(caught mid-write)"]
+            if landed and not unrun and page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0:
                 return nb
             if time.monotonic() > deadline:
                 raise AssertionError(f"{path} was not saved with every cell run within "
-                                     f"{timeout_ms / 1000:.0f} s; not run in the saved file: "
-                                     f"{unrun}")
-            time.sleep(0.5)
+                                     f"{timeout_ms / 1000:.0f} s (saved: {landed}); not run in "
+                                     f"the saved file: {unrun}")
+            time.sleep(0.25)
 
 
 def _compared(outputs: list, patterns: list[tuple[str, str]]) -> dict:
