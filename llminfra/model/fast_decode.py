@@ -22,12 +22,18 @@ floor. Chapter 08.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from llminfra.model.transformer import Transformer, rope_inv_freq
+
+
+def _plain_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x · weightᵀ`` (``F.linear``), the weight as it is."""
+    return partial(F.linear, weight=weight)
 
 
 class FastDecoder:
@@ -37,9 +43,14 @@ class FastDecoder:
     ``max_len`` (default ``model.config.max_seq_len``) bounds prompt + new tokens; the cache
     holds ``2 · L · H_kv · max_len · d`` values. The fused matrices are copies: the decoder costs
     the projections' memory again (the embedding / output matrix is shared).
+
+    ``linear``: how a weight is applied, ``linear(W) -> f`` with ``f(x) = x · Wᵀ`` — by default
+    ``F.linear`` on ``W`` as it is; :func:`llminfra.quant.int4_linear` quantizes each fused matrix
+    (and the output matrix) to int4 and multiplies from the packed codes. Biases stay fp32.
     """
 
-    def __init__(self, model: Transformer, max_len: int | None = None):
+    def __init__(self, model: Transformer, max_len: int | None = None,
+                 linear: Callable[[torch.Tensor], Callable] | None = None):
         c = model.config
         self.config = c
         self.max_len = c.max_seq_len if max_len is None else int(max_len)
@@ -47,6 +58,7 @@ class FastDecoder:
             raise ValueError(f"max_len must be in [1, {c.max_seq_len}], got {max_len!r}")
         p = next(model.parameters())
         dtype, device = p.dtype, p.device
+        lin = _plain_linear if linear is None else linear
         with torch.no_grad():
             self.layers = []
             for block in model.layers:
@@ -55,12 +67,13 @@ class FastDecoder:
                         if a.wq.bias is not None else None)
                 self.layers.append((
                     block.attention_norm.weight.detach(),
-                    torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]).contiguous(), bias,
-                    a.wo.weight.detach(), block.ffn_norm.weight.detach(),
-                    torch.cat([f.w1.weight, f.w3.weight]).contiguous(), f.w2.weight.detach()))
+                    lin(torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]).contiguous()), bias,
+                    lin(a.wo.weight.detach()), block.ffn_norm.weight.detach(),
+                    lin(torch.cat([f.w1.weight, f.w3.weight]).contiguous()),
+                    lin(f.w2.weight.detach())))
         self.embedding = model.tok_embeddings.weight.detach()
         self.norm = model.norm.weight.detach()
-        self.output = model.output.weight.detach()
+        self.output = lin(model.output.weight.detach())
         d = c.head_dim
         self.split = (c.n_heads * d, c.n_kv_heads * d, c.n_kv_heads * d)
         shape = (c.n_layers, 1, c.n_kv_heads, self.max_len, d)
@@ -91,17 +104,34 @@ class FastDecoder:
         x = F.embedding(tokens, self.embedding)[None]  # (1, T, dim)
         for i, (attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2) in enumerate(self.layers):
             h = F.rms_norm(x, (dim,), attn_norm, c.norm_eps)
-            q, k, v = F.linear(h, wqkv, bqkv).split(self.split, dim=-1)
+            qkv = wqkv(h)
+            q, k, v = (qkv if bqkv is None else qkv + bqkv).split(self.split, dim=-1)
             q = self._rotate(q.view(1, T, c.n_heads, d), rot).transpose(1, 2)  # (1, H, T, d)
             k = self._rotate(k.view(1, T, c.n_kv_heads, d), rot).transpose(1, 2)
             self.k[i, :, :, pos:end] = k
             self.v[i, :, :, pos:end] = v.view(1, T, c.n_kv_heads, d).transpose(1, 2)
             out = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end],
                                                  is_causal=T > 1, enable_gqa=True)
-            x = x + F.linear(out.transpose(1, 2).reshape(1, T, nq), wo)
-            gate, up = F.linear(F.rms_norm(x, (dim,), ffn_norm, c.norm_eps), w13).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, w2)
-        return F.linear(F.rms_norm(x[0, -1], (dim,), self.norm, c.norm_eps), self.output)
+            x = x + wo(out.transpose(1, 2).reshape(1, T, nq))
+            gate, up = w13(F.rms_norm(x, (dim,), ffn_norm, c.norm_eps)).chunk(2, -1)
+            x = x + w2(F.silu(gate) * up)
+        return self.output(F.rms_norm(x[0, -1:], (dim,), self.norm, c.norm_eps))[0]
+
+    def weight_bytes_read(self) -> int:
+        """Bytes of weights one decode step reads: every matrix once, as the decoder holds it
+        (``f.nbytes`` where a ``linear`` says), and the norms; the embedding's one row is left
+        out."""
+        def nbytes(f) -> int:
+            if hasattr(f, "nbytes"):
+                return int(f.nbytes)
+            w = f.keywords["weight"]
+            return w.numel() * w.element_size()
+        total = nbytes(self.output) + self.norm.numel() * self.norm.element_size()
+        for attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2 in self.layers:
+            total += sum(nbytes(f) for f in (wqkv, wo, w13, w2))
+            total += sum(t.numel() * t.element_size() for t in (attn_norm, ffn_norm, bqkv)
+                         if t is not None)
+        return total
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """The ``max_new_tokens`` greedy tokens after ``prompt_ids`` (prompt not included)."""

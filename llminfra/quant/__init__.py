@@ -15,6 +15,7 @@ Taught in chapter 03 (``notebooks/03_precision_and_quantization.ipynb``).
 
 from __future__ import annotations
 
+from llminfra.quant.cpu_kernels import int4_linear
 from llminfra.quant.quant_linear import QuantLinear
 from llminfra.quant.quantize_model import fake_quantize_model, quantize_model
 from llminfra.quant.quantize_tensor import quantize
@@ -22,4 +23,4 @@ from llminfra.quant.schemes import STANDARD_SCHEMES, Scheme, parse_scheme
 from llminfra.quant.tensor import QuantizedTensor
 
 __all__ = ["quantize", "quantize_model", "fake_quantize_model", "QuantLinear", "QuantizedTensor",
-           "Scheme", "parse_scheme", "STANDARD_SCHEMES"]
+           "Scheme", "parse_scheme", "STANDARD_SCHEMES", "int4_linear"]

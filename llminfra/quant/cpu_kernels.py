@@ -102,3 +102,32 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, group: int,
     """``x (M, K) @ dequant(W)ᵀ -> (M, N)`` in ``x.dtype``, from the packed int4 codes."""
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group,
                                                       scale_zero.to(x.dtype))
+
+
+def int4_linear(group: int = 32, activations: torch.dtype = torch.bfloat16):
+    """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
+    to int4 once (round to nearest, groups of ``group`` along the input, a zero point: the
+    scheme ``int4-g{group}``) and ``f(x)`` multiplies from the packed codes with
+    :func:`int4_mm`, ``x`` cast to ``activations`` (bf16: the vectorized path, see
+    :func:`vectorized`) and the result cast back. ``ValueError`` for a weight the kernel cannot
+    take (``N`` a multiple of 16, ``K`` of ``group``)."""
+    from llminfra.quant.quantize_tensor import quantize
+    if group not in INT4_GROUPS:
+        raise ValueError(f"group must be one of {INT4_GROUPS}, got {group!r}")
+    if activations not in KERNEL_DTYPES:
+        raise ValueError(f"activations must be one of {KERNEL_DTYPES}, got {activations!r}")
+
+    def prepare(weight: torch.Tensor):
+        t = prepare_int4(quantize(weight.detach().float(), f"int4-g{group}"))
+        if t is None:
+            raise ValueError(f"a {tuple(weight.shape)} weight does not fit the int4 kernel: "
+                             f"rows a multiple of 16, columns of {group}")
+        packed, scale_zero = t["packed"], t["scale_zero"].to(activations)
+
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            y = int4_mm(x.reshape(-1, x.shape[-1]).to(activations), packed, group, scale_zero)
+            return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+        apply.nbytes = packed.numel() * packed.element_size() + \
+            scale_zero.numel() * scale_zero.element_size()
+        return apply
+    return prepare
