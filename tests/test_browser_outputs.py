@@ -8,7 +8,7 @@ import copy
 import nbformat
 import pytest
 
-from browser_lab import ROOT, output_mismatches
+from browser_lab import ROOT, output_mismatches, unsaved_widgets
 
 CHAPTER = ROOT / "notebooks" / "05_serving_and_continuous_batching.ipynb"
 
@@ -72,3 +72,17 @@ def test_what_nbval_forgives_is_forgiven(stored):
     next(o for o in _first_printing_cell(base, tagged=False).outputs
          if o.output_type == "stream").text += "took 27 ms\n"
     assert output_mismatches(timed, base) == []
+
+
+def test_a_widget_shown_but_not_saved_is_named():
+    """The browser test's save waits until every widget an output shows is in the saved widget
+    state: an output whose model is missing would say "model not found" when opened again."""
+    nb = nbformat.v4.new_notebook()
+    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "a", "version_major": 2,
+                                                         "version_minor": 0},
+            "text/plain": "[interactive widget]"}
+    nb.cells = [nbformat.v4.new_code_cell("w", outputs=[nbformat.v4.new_output(
+        "display_data", data=view)])]
+    assert unsaved_widgets(nb) == ["a"]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"a": {}}}}
+    assert unsaved_widgets(nb) == []
