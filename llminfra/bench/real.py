@@ -225,11 +225,13 @@ def run_hf_continuous(transformers, hf, work, prompts, pad_id: int, kv_blocks: i
                  [o.timestamps[-1] - t0 for o in outs])
 
 
-def decode_s_per_token(model, prompt: list[int], n: int, repeats: int) -> dict[str, float]:
+def decode_s_per_token(model, prompt: list[int], n: int,
+                       repeats: int) -> tuple[dict[str, float], int]:
     """Batch-1 decode seconds per token, keyed ``eager`` (:func:`generate` with a DenseKVCache),
     ``fast`` (:class:`llminfra.model.FastDecoder`) and ``fast_int4`` (the same with every matrix
     in int4, groups of :data:`FAST_INT4_GROUP`, through PyTorch's packed-int4 CPU kernel with bf16
-    activations): (best time of n + 1 tokens − best time of 1 token) / n, all timed in turn."""
+    activations): (best time of n + 1 tokens − best time of 1 token) / n, all timed in turn;
+    and the bytes of weights ``fast_int4`` reads a token (its floor's numerator)."""
     fast = FastDecoder(model, max_len=len(prompt) + n + 1)
     fast_int4 = FastDecoder(model, max_len=len(prompt) + n + 1,
                             linear=int4_linear(FAST_INT4_GROUP))
@@ -244,7 +246,7 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int) -> dict[s
             paths[p](k)
             if r:
                 best[p, k] = min(best[p, k], time.perf_counter() - t0)
-    return {p: (best[p, n + 1] - best[p, 1]) / n for p in paths}
+    return {p: (best[p, n + 1] - best[p, 1]) / n for p in paths}, fast_int4.weight_bytes_read()
 
 
 def run(quick: bool = False, n_requests: int | None = None, max_output: int | None = None,
@@ -316,11 +318,10 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
     cmp = _compare(transformers, model, tok, hf, work, prompts, size["repeats"], notes)
     best = cmp["best"]
     bw = measure_copy_bytes_per_s(repeats=3)
-    decode_s = decode_s_per_token(model, corpus_prompts(
+    decode_s, int4_bytes = decode_s_per_token(model, corpus_prompts(
         tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0], size["decode_tokens"],
         size["repeats"])
-    int4 = FastDecoder(model, max_len=2, linear=int4_linear(FAST_INT4_GROUP))
-    w_bytes = {"fp32": parameter_bytes(model), "int4": int4.weight_bytes_read()}
+    w_bytes = {"fp32": parameter_bytes(model), "int4": int4_bytes}
     n = len(work)
     result = {
         "environment": {**environment(), "cpu_name": cpu_name(),
