@@ -26,6 +26,8 @@ def serve(args) -> int:
                num_blocks=args.num_blocks,
                max_num_seqs=args.max_num_seqs, policy=args.policy,
                num_threads=args.threads, engine_process=not args.engine_in_thread,
+               speculative=args.speculative,
+               num_speculative_tokens=args.num_speculative_tokens,
                limit_concurrency=args.max_connections,
                timeout_keep_alive_s=args.keep_alive_timeout,
                **{k: v for k, v in (("max_body_bytes", args.max_body_bytes),
@@ -65,6 +67,11 @@ def add_serving_parsers(sub) -> None:
                    default=64, help="largest running batch")
     s.add_argument("--threads", type=integer(1, MAX_THREADS, unit="threads"), default=None,
                    help="torch threads")
+    s.add_argument("--speculative", default=None, choices=("ngram", "draft-int4"),
+                   help="speculative decoding: prompt lookup, or an int4 copy of the model "
+                        "drafting (adaptive γ; default: none)")
+    s.add_argument("--num-speculative-tokens", type=integer(1, 16, unit="tokens"), default=4,
+                   help="most drafts a step (default: 4)")
     s.add_argument("--log-level", default="info", choices=UVICORN_LOG_LEVELS,
                    help="uvicorn log level")
     s.add_argument("--engine-in-thread", action="store_true",

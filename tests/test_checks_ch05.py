@@ -10,6 +10,7 @@ from llminfra.course.checking import CheckFailed, NotAttempted
 from llminfra.course.checks import ch05
 from llminfra.engine.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
                                               ttft_tpot)
+from llminfra.engine.spec_decode import accept_greedy, expected_tokens_per_step
 
 
 def test_rules_by_hand():
@@ -237,3 +238,42 @@ def test_stub_reads_as_not_attempted():
         ch05.check_admission(lambda w, **kw: 1 / 0)
     with pytest.raises(CheckFailed, match="expected a function"):
         ch05.check_ttft_tpot(42)
+
+
+# ---------------------------------------------------------------- speculative decoding
+def _all_matches(t, d):
+    m = [x for x, y in zip(t, d) if x == y]
+    return m + [t[len(m)]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_speculative_checkers_pass_the_reference(seed):
+    assert ch05.check_accept_greedy(accept_greedy, seed=seed) == 13
+    assert ch05.check_expected_tokens(expected_tokens_per_step, seed=seed) == 12
+    assert ch05.check_accept_greedy(lambda t, d: tuple(accept_greedy(t, d)), seed=seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("wrong,message", [
+    (_all_matches, "FIRST mismatch"),
+    (lambda t, d: accept_greedy(t, d)[:-1], "target's"),
+    (lambda t, d: accept_greedy(t, d)[:-1] if len(accept_greedy(t, d)) == len(d) + 1
+     else accept_greedy(t, d), "gamma \\+ 1 tokens"),
+    (lambda t, d: accept_greedy(t, d) if len(accept_greedy(t, d)) == len(d) + 1
+     else d[:len(accept_greedy(t, d))], "replaces the draft"),
+])
+def test_accept_greedy_diagnoses(wrong, message, seed):
+    with pytest.raises(CheckFailed, match=message):
+        ch05.check_accept_greedy(wrong, seed=seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("wrong,message", [
+    (lambda a, g: (1 - a ** g) / (1 - a) if a < 1 else g, "gamma \\+ 1"),
+    (lambda a, g: a * (1 - a ** g) / (1 - a) if a < 1 else g, "at least one"),
+    (lambda a, g: 1 + g * a, "prefix"),
+    (lambda a, g: (1 - a ** (g + 1)) / (1 - a), "0 / 0"),
+])
+def test_expected_tokens_diagnoses(wrong, message, seed):
+    with pytest.raises(CheckFailed, match=message):
+        ch05.check_expected_tokens(wrong, seed=seed)

@@ -125,7 +125,22 @@ MALFORMED = [
     ("token id out of range", {"model": MODEL, "prompt": [1, 2, 999]}, 400, "prompt"),
     ("missing prompt", {"model": MODEL}, 400, "prompt"),
     ("stream of wrong type", {"model": MODEL, "prompt": "a", "stream": "yes"}, 400, "stream"),
-    ("logprobs asked for", {"model": MODEL, "prompt": "a", "logprobs": 2}, 400, "logprobs"),
+    ("logprobs above OpenAI's 5", {"model": MODEL, "prompt": "a", "logprobs": 6}, 400,
+     "logprobs"),
+    ("a field the server does not know", {"model": MODEL, "prompt": "a", "suffix": "b"}, 400,
+     "suffix"),
+    ("an unknown response_format", {"model": MODEL, "prompt": "a",
+                                    "response_format": {"type": "xml"}}, 400,
+     "response_format"),
+    ("a schema that does not compile", {"model": MODEL, "prompt": "a", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     400, "response_format"),
+    ("presence_penalty out of range", {"model": MODEL, "prompt": "a", "presence_penalty": 3},
+     400, "presence_penalty"),
+    ("logit_bias key not a token id", {"model": MODEL, "prompt": "a", "logit_bias": {"x": 1}},
+     400, "logit_bias"),
+    ("logit_bias token outside the vocabulary", {"model": MODEL, "prompt": "a",
+                                                 "logit_bias": {"300": 1}}, 400, "logit_bias"),
 ]
 
 
@@ -149,9 +164,13 @@ def test_malformed_chat_and_client_errors(server, client):
                                                                "x" * 400}], max_tokens=4)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="a", max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}],
-                                       max_tokens=4, logprobs=True, top_logprobs=2)
+                                       max_tokens=4, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}],
+                                       max_tokens=4, tools=[{"type": "function", "function":
+                                                             {"name": "f"}}])
     r = httpx.get(f"{server.base_url}/v1/nothing", timeout=10)
     assert r.status_code == 404 and "error" in r.json()
 

@@ -26,6 +26,8 @@ SUITES: dict[str, str] = {
     "serving": "llminfra.bench.serving",
     "roofline": "llminfra.bench.roofline",
     "real": "llminfra.bench.real",
+    "spec": "llminfra.bench.spec",
+    "structured": "llminfra.bench.structured",
 }
 
 

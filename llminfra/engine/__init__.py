@@ -6,7 +6,10 @@ carries the ragged batch through the model. Modules, one concept each:
 
 * :mod:`.sampling_params` — :class:`SamplingParams`;
 * :mod:`.sequence` — requests, sequences and their state machine;
-* :mod:`.scheduler` — the three policies, chunked prefill, admission by free blocks, preemption;
+* :mod:`.scheduler` — continuous batching, chunked prefill, admission by free blocks,
+  preemption, and ``update_from_output``, the one writer of a step's result;
+* :mod:`.static_batch` — the static and dynamic baselines (padding rows, worst-case reservation);
+* :mod:`.spec_decode` — speculative decoding: proposers, exact verification, the adaptive γ;
 * :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators;
 * :mod:`.engine` — :class:`LLMEngine`;
 * :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
@@ -20,7 +23,9 @@ from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+from llminfra.engine.spec_decode import SpeculativeConfig
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
            "summarize", "percentile", "Scheduler", "SchedulerConfig", "SchedulerOutput",
-           "Request", "Sequence", "SequenceStatus", "default_num_blocks"]
+           "Request", "Sequence", "SequenceStatus", "default_num_blocks",
+           "SpeculativeConfig"]

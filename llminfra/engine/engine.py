@@ -34,10 +34,12 @@ import torch
 
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import RequestOutput, request_output
-from llminfra.engine.sampler import sample_tokens
-from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, stop_at
+from llminfra.engine.sampler import sample_tokens, token_logprobs
+from llminfra.engine.sampling_params import InvalidParameter, SamplingParams
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+from llminfra.engine.spec_decode import SpeculativeConfig, Speculator
+from llminfra.engine.structured import request_grammar
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
@@ -73,7 +75,8 @@ class LLMEngine:
     ``max_prefill_chunk_tokens``, ``preemption``, ``dynamic_window_s`` configure the
     :class:`~llminfra.engine.scheduler.Scheduler`; ``num_blocks`` × ``block_size`` the paged KV
     pool (default :func:`default_num_blocks`); ``enable_prefix_caching`` reuses the K/V of
-    shared prompt prefixes. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
+    shared prompt prefixes; ``speculative`` (a :class:`~.spec_decode.SpeculativeConfig`) turns
+    on speculative decoding. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
     sampling of requests that give no seed of their own. Not thread-safe: a server calls
     ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
@@ -84,7 +87,7 @@ class LLMEngine:
                  enable_prefix_caching: bool = False, preemption: str = "recompute",
                  clock: Callable[[], float] = time.perf_counter,
                  max_prefill_chunk_tokens: int | None = None, dynamic_window_s: float = 0.05,
-                 seed: int = 0):
+                 seed: int = 0, speculative: SpeculativeConfig | None = None):
         if not hasattr(model, "config") or not callable(model):
             raise ValueError("model must be a llminfra Transformer (with .config), got "
                              f"{type(model).__name__}")
@@ -108,7 +111,11 @@ class LLMEngine:
             else None
         self.cache = PagedKVCache.for_model(cfg, num_blocks, block_size, w.dtype, w.device,
                                             allocator)
-        self.scheduler = Scheduler(self.config, self.cache)
+        self.scheduler = Scheduler(self.config, self.cache, self.stop_token_ids,
+                                   tokenizer.decode)
+        #: proposes and verifies speculative drafts (None: plain decoding)
+        self.speculator = (None if speculative is None
+                           else Speculator(speculative, cfg.max_seq_len))
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []
         self._ids = itertools.count()
@@ -160,6 +167,11 @@ class LLMEngine:
                 "max_tokens", f"the request may need {worst} KV blocks (prompt {len(ids)} + "
                               f"max_tokens {params.max_tokens}) but the pool has only "
                               f"{self.cache.allocator.num_blocks}; lower max_tokens or add blocks")
+        V = self.model.config.vocab_size
+        bad = [t for t in (params.logit_bias or ()) if t >= V]
+        if bad:
+            raise InvalidParameter("logit_bias", f"logit_bias names token ids outside the "
+                                                 f"vocabulary [0, {V}): {bad[:5]}")
         if params.n > self.config.max_num_seqs:
             raise InvalidParameter("n", f"n = {params.n} completions would never fit the running "
                                         f"batch: max_num_seqs = {self.config.max_num_seqs} "
@@ -175,7 +187,9 @@ class LLMEngine:
         req = Request(rid, text, ids, params, RequestMetrics(arrival_time=now))
         for j in range(params.n):
             req.seqs.append(Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
-                                     generator=self._generator(params, j)))
+                                     generator=self._generator(params, j),
+                                     grammar=request_grammar(params, self.tokenizer, V,
+                                                             self.stop_token_ids)))
         self.scheduler.add(req.seqs[0])
         req.forks_pending = req.seqs[1:]          # forked once sequence 0 has read the prompt
         self.requests[rid] = req
@@ -226,6 +240,8 @@ class LLMEngine:
         """Run one scheduling step; one output per request that got tokens or finished."""
         touched: dict[str, Request] = {r.request_id: r for r in self._pending}
         self._pending = []
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         sched = self.last_scheduled = self.scheduler.schedule(self.clock())
         if sched.scheduled:
             try:
@@ -239,11 +255,15 @@ class LLMEngine:
         for r in touched.values():
             if r.finished:
                 self.requests.pop(r.request_id, None)
+                if self.speculator is not None:
+                    for seq in r.seqs:
+                        self.speculator.free(seq)
         return outputs
 
     def _run(self, sched: SchedulerOutput, touched: dict) -> None:
         """One forward pass over the scheduled (sequence, new tokens) pairs and the padding
-        rows, then sampling for the scheduled ones only."""
+        rows; sampling (or verifying drafts) for every sequence that caught up; then the
+        scheduler writes the result (:meth:`Scheduler.update_from_output`)."""
         start = self.clock()
         scheduled, padding = sched.scheduled, sched.padding
         for seq, _ in scheduled:
@@ -251,106 +271,86 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = start
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
-        seqs = [s for s, _ in scheduled]
-        rows = [i for i, (s, n) in enumerate(scheduled)   # all known tokens in after this step
-                if s.num_computed_tokens + n == s.num_tokens]
-        logits = self._forward(scheduled, padding, rows)
+        # sequences that caught up get logits at their last token and at each draft
+        caught = [(seq, seq.num_computed_tokens + n - seq.num_tokens)
+                  for seq, n in scheduled if seq.num_computed_tokens + n >= seq.num_tokens]
+        logits = self._forward(scheduled, padding)
         self.counters["num_steps"] += 1
-        self._advance(scheduled)
-        picked, logit_rows = [seqs[i] for i in rows], list(range(len(rows)))
-        for r, seq in enumerate(list(picked)):
-            forks = self._fork_siblings(seq)
-            picked += forks
-            logit_rows += [r] * len(forks)
-        tokens = sample_tokens(logits[logit_rows], [s.params for s in picked],
-                               [s.generator for s in picked], errors="return")
+        sampled = self._sample(caught, logits)
         now = self.clock()
         if self.step_log is not None:
-            self.step_log.append(([(n, s.num_computed_tokens) for s, n in scheduled]
-                                  + [(1, self.cache.tables[s.cache_seq].num_tokens)
-                                     for s in padding], now - start))
-        for seq, token in zip(picked, tokens):
-            if seq.status.is_finished:             # a sibling failed earlier in this step
+            self.step_log.append(([(n, s.num_computed_tokens + n) for s, n in scheduled]
+                                  + [(1, self.cache.seq_len(s.cache_seq)) for s in padding],
+                                  now - start))
+        result = self.scheduler.update_from_output(sched, sampled)
+        for seq, got in result.items():
+            if isinstance(got, Exception):         # this request fails, the others go on
+                self._fail(seq.request, got, touched)
                 continue
-            err = token if isinstance(token, Exception) else self._take(seq, token)
-            if err is not None:                    # this request fails, the others go on
-                self._fail(seq.request, err, touched)
-                continue
-            if seq.request.metrics.record_token(now, seq.request.finished):
-                self.counters["num_finished"] += 1
+            self.counters["generation_tokens_total"] += got
+            for _ in range(got):
+                if seq.request.metrics.record_token(now, seq.request.finished, seq.index == 0):
+                    self.counters["num_finished"] += 1
             touched[seq.request.request_id] = seq.request
 
-    def _take(self, seq: Sequence, token: int) -> Exception | None:
-        """:meth:`_append` the token; the exception it raised (a stop-string check that
-        cannot decode, say), or None."""
-        try:
-            self._append(seq, token)
-        except Exception as err:  # noqa: BLE001 - handed to _fail by the caller
-            return err
-        return None
+    def _sample(self, caught: list[tuple[Sequence, int]], logits: torch.Tensor) -> dict:
+        """The tokens of each caught-up sequence: one sampled token (shared logits for the
+        siblings that fork from it now), or its verified drafts and one more; an exception in
+        its place if that fails."""
+        plain, rows, out, row = [], [], {}, 0
+        for seq, drafts in caught:
+            if drafts:
+                try:
+                    out[seq] = self.speculator.verify(seq, logits[row:row + drafts + 1],
+                                                      seq.spec_token_ids[:drafts])
+                except Exception as err:  # noqa: BLE001 - fails this request only
+                    out[seq] = err
+            else:
+                req = seq.request
+                forks = (req.forks_pending if seq.index == 0 and not seq.output_token_ids
+                         else [])
+                plain += [seq] + forks
+                rows += [row] * (1 + len(forks))
+            row += drafts + 1
+        chosen = logits[rows]
+        for i, seq in enumerate(plain):             # structured output: only what the JSON allows
+            if seq.grammar is not None:
+                chosen[i] = chosen[i].masked_fill(~seq.grammar.allowed(chosen.shape[-1]),
+                                                  float("-inf"))
+        tokens = sample_tokens(chosen, [s.params for s in plain],
+                               [s.generator for s in plain], errors="return",
+                               histories=[(s.prompt_token_ids, s.output_token_ids)
+                                          for s in plain])
+        for seq, token, row in zip(plain, tokens, rows):
+            out[seq] = token if isinstance(token, Exception) else [token]
+            if seq.params.logprobs is not None and not isinstance(token, Exception):
+                seq.output_logprobs.append(token_logprobs(logits[row], token,
+                                                          seq.params.logprobs))
+        return out
 
-    def _forward(self, scheduled: list[tuple[Sequence, int]], padding: list[Sequence],
-                 rows: list[int]) -> torch.Tensor:
-        """Reserve the step's slots and run the model on its flat batch: the scheduled tokens,
-        then one :data:`PAD_TOKEN_ID` per padding row at its next position. Logits come out for
-        ``rows`` (of ``scheduled``) and then for every padding row: a fixed-shape baseline
-        computes those too, though nothing is sampled from them."""
+    def _forward(self, scheduled: list[tuple[Sequence, int]],
+                 padding: list[Sequence]) -> torch.Tensor:
+        """Reserve the step's slots and run the model on its flat batch: the scheduled tokens
+        (drafts included), then one :data:`PAD_TOKEN_ID` per padding row at its next position.
+        Logits come out for each caught-up sequence's last token and drafts, then for every
+        padding row: a fixed-shape baseline computes those too, though nothing is sampled
+        from them."""
         seqs = [s for s, _ in scheduled] + padding
-        flat = [t for s, n in scheduled
-                for t in s.token_ids()[s.num_computed_tokens:s.num_computed_tokens + n]]
+        flat, last = [], []
+        for s, n in scheduled:
+            c = s.num_computed_tokens
+            flat += (s.token_ids() + s.spec_token_ids)[c:c + n]
+            if c + n >= s.num_tokens:                      # the last token and any drafts
+                last += range(len(flat) - (c + n - s.num_tokens) - 1, len(flat))
         flat += [PAD_TOKEN_ID] * len(padding)
-        pad = [1] * len(padding)                           # one token, a decode, per row
+        last += range(len(flat) - len(padding), len(flat))
         meta = self.cache.prepare_step([s.cache_seq for s in seqs],
-                                       [n for _, n in scheduled] + pad,
-                                       [s.is_prefill for s, _ in scheduled] + [False] * len(pad))
-        last = rows + list(range(len(scheduled), len(seqs)))
-        meta = meta.with_logits_indices([int(meta.query_start_loc[i + 1]) - 1 for i in last])
+                                       [n for _, n in scheduled] + [1] * len(padding),
+                                       [s.is_prefill for s, _ in scheduled]
+                                       + [False] * len(padding))
+        meta = meta.with_logits_indices(last)
         with torch.no_grad():
             return self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
-
-    def _advance(self, scheduled: list[tuple[Sequence, int]]) -> None:
-        """Count the step's tokens as computed; offer newly full blocks to the prefix cache."""
-        B = self.cache.block_size
-        for seq, n in scheduled:
-            seq.num_computed_tokens += n
-            filled = seq.num_computed_tokens // B > (seq.num_computed_tokens - n) // B
-            if self.config.enable_prefix_caching and filled:   # a block became full
-                self.cache.cache_prefix(seq.cache_seq,
-                                        seq.token_ids()[:seq.num_computed_tokens])
-
-    def _fork_siblings(self, seq: Sequence) -> list[Sequence]:
-        """Parallel sampling (n > 1): when sequence 0 has just read its prompt, its siblings
-        share its blocks (:meth:`PagedKVCache.fork`, copy-on-write on their first own token,
-        Kwon et al. 2023, arXiv:2309.06180, §4.4) and sample from the same logits."""
-        req = seq.request
-        if seq.index != 0 or not req.forks_pending or seq.output_token_ids:
-            return []
-        forks, req.forks_pending = req.forks_pending, []
-        for sib in forks:
-            sib.cache_seq = self.cache.fork(seq.cache_seq)
-            sib.num_computed_tokens = seq.num_computed_tokens
-            sib.set_status(SequenceStatus.RUNNING)
-            self.scheduler.running.append(sib)
-        return forks
-
-    def _append(self, seq: Sequence, token: int) -> None:
-        """Add a sampled token and retire the sequence if it is done."""
-        seq.output_token_ids.append(token)
-        self.counters["generation_tokens_total"] += 1
-        status = None
-        stops = seq.params.stop_strings
-        if stops:
-            text = self.tokenizer.decode(seq.output_token_ids)
-            end = stop_at(text, stops)
-            if end is not None:
-                seq.stop_text, status = text[:end], SequenceStatus.FINISHED_STOPPED
-        if status is None and not seq.params.ignore_eos and token in self.stop_token_ids:
-            status = SequenceStatus.FINISHED_STOPPED
-        if status is None and (len(seq.output_token_ids) >= seq.max_tokens
-                               or seq.num_tokens > self.model.config.max_seq_len):
-            status = SequenceStatus.FINISHED_LENGTH
-        if status is not None:
-            self.scheduler.finish(seq, status)
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None
@@ -385,6 +385,8 @@ class LLMEngine:
                "kv_blocks_used": alloc.num_blocks - alloc.num_free,
                "kv_blocks_total": alloc.num_blocks,
                "num_preemptions": self.scheduler.num_preemptions, **self.counters}
+        if self.speculator is not None:
+            out.update(self.speculator.stats())
         if isinstance(alloc, PrefixCachingAllocator):
             out["prefix_cache_hit_rate"] = alloc.hit_rate()
         return out

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    """Timestamps of one request. ``token_times`` holds the time of every engine step that gave
-    the request new tokens (one per token when n = 1); ``num_output_tokens`` counts the tokens
-    of all its completions."""
+    """Timestamps of one request. ``token_times`` holds the time of every token of its first
+    completion; ``num_output_tokens`` counts the tokens of all its completions; ``num_draft_tokens`` / ``num_accepted_tokens`` the speculative
+    drafts proposed for it and kept."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -32,12 +32,15 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
     num_output_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
-    def record_token(self, now: float, finished: bool) -> bool:
-        """A token arrived at ``now`` (one entry in ``token_times`` per step, however many
-        completions got one); ``finished``: the request is done. True if this made it
-        finish (its ``finished_time`` set now)."""
-        if not self.token_times or self.token_times[-1] != now:
+    def record_token(self, now: float, finished: bool, first_completion: bool = True) -> bool:
+        """A token arrived at ``now``; ``finished``: the request is done. ``token_times`` gets
+        one entry per token of the first completion (``first_completion``; a speculative step
+        that keeps several tokens gives several entries at one time, so TPOT counts tokens, not
+        steps). True if this made it finish (its ``finished_time`` set now)."""
+        if first_completion:
             self.token_times.append(now)
         if self.first_token_time is None:
             self.first_token_time = now

@@ -24,12 +24,14 @@ class CompletionOutput:
     (``None`` while running, ``"stop"``, ``"length"``, ``"abort"`` or ``"error"``). While it
     runs, ``text`` leaves out an end that may still become a stop string
     (:func:`~llminfra.engine.sampling_params.held_back`), so each snapshot's text extends the
-    previous one and the last one is the finished text."""
+    previous one and the last one is the finished text. ``logprobs`` (when the request asked):
+    one ``(token, logprob, [(id, logprob), …])`` per token of ``token_ids``."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[tuple] | None = None
 
     @property
     def finished(self) -> bool:
@@ -77,7 +79,8 @@ def visible_text(seq: Sequence, tokenizer, stop_token_ids: frozenset[int]) -> st
 def request_output(req: Request, tokenizer, stop_token_ids: frozenset[int]) -> RequestOutput:
     """The snapshot of ``req`` after a step: one :class:`CompletionOutput` per sequence."""
     comps = [CompletionOutput(s.index, visible_text(s, tokenizer, stop_token_ids),
-                              list(s.output_token_ids), s.status.finish_reason)
+                              list(s.output_token_ids), s.status.finish_reason,
+                              list(s.output_logprobs) if s.params.logprobs is not None else None)
              for s in req.seqs]
     return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps,
                          req.finished, req.metrics, req.error)

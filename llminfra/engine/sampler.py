@@ -1,4 +1,8 @@
-"""Turn each sequence's logits into its next token: greedy, temperature, top-k, top-p.
+"""Turn each sequence's logits into its next token: logits processors (bias, penalties), then
+greedy, or temperature, top-k, top-p and min-p. The rules themselves are
+:mod:`llminfra.model.sampling`, which :func:`llminfra.model.generate` draws through too; here
+they are applied per request, with its :class:`SamplingParams` and generator, for the engine and
+for speculative verification (:func:`probabilities`).
 
 For logits z ``(V,)`` and temperature T > 0: z' = z / T; top-k keeps the k largest z' (Fan et al.
 2018, arXiv:1805.04833, §5.4); top-p keeps the smallest set of most likely tokens whose
@@ -7,11 +11,7 @@ drawn from softmax of what is kept, with the sequence's own ``torch.Generator`` 
 request gives the same tokens whatever else shares its batch. T = 0 is argmax, and so is any
 T below :data:`~llminfra.engine.sampling_params.MIN_TEMPERATURE` (z / 1e-39 overflows float32).
 
-Worked example (top-p): probabilities [0.5, 0.3, 0.15, 0.05], p = 0.8 -> the sorted cumulative
-sums before each token are [0, 0.5, 0.8, 0.95]; a token is kept while the mass before it is
-< p, so {0.5, 0.3} survive. The most likely token is always kept: its mass before is 0, and a
-p as small as 1e-46 rounds to 0 in float32, which would otherwise drop every token and leave
-softmax nothing but -inf (NaN). Taught in chapter 05.
+Taught in chapter 05.
 """
 
 from __future__ import annotations
@@ -21,38 +21,49 @@ from collections.abc import Sequence
 import torch
 
 from llminfra.engine.sampling_params import SamplingParams
+from llminfra.model.sampling import apply_penalties, filter_logits
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
-    """Set every logit outside the top-k and the top-p nucleus to -inf (the most likely token
-    always stays). ``(V,)`` -> ``(V,)``."""
-    z = logits.clone()
-    if top_k is not None and top_k < z.numel():
-        kth = torch.topk(z, top_k).values[-1]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if top_p < 1.0:
-        p_sorted, order = torch.sort(torch.softmax(z, dim=-1), descending=True)
-        mass_before = torch.cumsum(p_sorted, dim=-1) - p_sorted
-        drop = mass_before >= top_p
-        drop[0] = False                                   # the nucleus is never empty
-        z[order[drop]] = float("-inf")
-    return z
+def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
+                   output_ids: Sequence[int]) -> torch.Tensor:
+    """The request's logits processors on one row ``(V,)``
+    (:func:`llminfra.model.sampling.apply_penalties`); ``logits`` as it is when ``params`` has
+    none."""
+    if not params.has_processors:
+        return logits
+    return apply_penalties(logits, prompt_ids, output_ids, logit_bias=params.logit_bias,
+                           repetition_penalty=params.repetition_penalty,
+                           presence_penalty=params.presence_penalty,
+                           frequency_penalty=params.frequency_penalty)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampling ``params`` draws from: softmax of the filtered
+    ``logits / temperature``; ``(..., V)`` -> ``(..., V)`` (speculative verification compares
+    drafts against it, row by row)."""
+    if logits.dim() == 1:
+        z = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p,
+                          params.min_p)
+    else:
+        z = torch.stack([filter_logits(r.float() / params.temperature, params.top_k,
+                                       params.top_p, params.min_p) for r in logits])
+    return torch.softmax(z, dim=-1)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator) -> int:
     """One token drawn from ``logits`` ``(V,)`` at ``params``' temperature, top-k and top-p
     (a sampling, not a greedy, ``params``)."""
-    z = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(z, dim=-1)
+    probs = probabilities(logits, params)
     return int(torch.multinomial(probs.to(generator.device), 1, generator=generator))
 
 
 def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
                   generators: Sequence[torch.Generator | None], *,
-                  errors: str = "raise") -> list:
+                  errors: str = "raise", histories: Sequence | None = None) -> list:
     """One token per row of ``logits`` ``(n, V)``; row i uses ``params[i]`` and
-    ``generators[i]`` (needed when it samples: temperature >= ``MIN_TEMPERATURE``).
+    ``generators[i]`` (needed when it samples: temperature >= ``MIN_TEMPERATURE``), and, where
+    ``params[i]`` has logits processors, ``histories[i]`` = (prompt ids, output ids).
 
     ``errors="return"``: a row whose sampling raises gets the exception in its place and the
     other rows are still drawn, each from its own generator as if nothing had failed (the
@@ -66,15 +77,30 @@ def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     out = []
     for i, (p, g) in enumerate(zip(params, generators)):
         try:
+            row = logits[i]
+            if p.has_processors:
+                if histories is None:
+                    raise ValueError(f"row {i} has logits processors but no history")
+                row = process_logits(row, p, *histories[i])
             if p.greedy:
-                out.append(int(greedy[i]))
+                out.append(int(row.argmax()) if p.has_processors else int(greedy[i]))
                 continue
             if g is None:
                 raise ValueError(f"row {i} samples (temperature {p.temperature}) but has no "
                                  "torch.Generator")
-            out.append(sample_token(logits[i], p, g))
+            out.append(sample_token(row, p, g))
         except Exception as err:  # noqa: BLE001 - handed back when errors="return"
             if errors == "raise":
                 raise
             out.append(err)
     return out
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple:
+    """``(token, logprob, [(id, logprob) of the top most likely])`` under the model's raw
+    distribution log_softmax(``logits``) ``(V,)`` — what vLLM reports by default, before any
+    processor or temperature."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(lp, top) if top else None
+    pairs = [] if best is None else [(int(i), float(v)) for v, i in zip(*best)]
+    return int(token), float(lp[token]), pairs

@@ -11,12 +11,27 @@ the object is made:
   ``torch.Generator`` seeded ``(seed + j) mod 2**64``: :meth:`SamplingParams.seed_of`), ``stop``
   strings that end a completion (the stop string itself is not returned), ``max_tokens`` new
   tokens at most; ``ignore_eos`` keeps generating past the model's end-of-sequence tokens
-  (vLLM's extension, for load tests that want outputs of a set length).
+  (vLLM's extension, for load tests that want outputs of a set length);
+* logits processors, applied before temperature (:func:`llminfra.engine.sampler.process_logits`,
+  greedy requests too): ``logit_bias`` {token id: bias} added to the logits (OpenAI: bias in
+  [-100, 100]); ``presence_penalty`` and ``frequency_penalty`` (OpenAI, in [-2, 2]) lower a
+  generated token's logit by presence + count · frequency; ``repetition_penalty`` r > 0 (Keskar
+  et al. 2019, arXiv:1909.05858, §4.1; vLLM's and transformers' rule) divides a positive logit of
+  any token already in the prompt or the output by r and multiplies a negative one by r;
+  ``min_p`` (Nguyen et al. 2024, arXiv:2407.01082) drops tokens whose probability is below
+  min_p times the most likely one's;
+* ``logprobs`` N: with each generated token, its log-probability and the N most likely tokens'
+  (under the model's raw distribution, as vLLM reports them by default);
+* ``json_schema``: the output must be JSON matching this schema (``{"type": "object"}``: any
+  object), enforced token by token (:mod:`llminfra.engine.structured`);
+* ``num_speculative_tokens``: this request's γ for speculative decoding (None: the engine's;
+  a request with logits processors, logprobs or a JSON schema is not speculated: its drafts
+  would need them at every position).
 
 Every value the validator accepts must be safe to sample with: a temperature below
 :data:`MIN_TEMPERATURE` acts as greedy (z / T with T = 1e-39 is ±inf in float32, and softmax of
 it NaN; vLLM treats T < 1e-5 as greedy for the same reason), and the nucleus always keeps the
-most likely token (:func:`llminfra.engine.sampler.filter_logits`), however small ``top_p``.
+most likely token (:func:`llminfra.model.sampling.filter_logits`), however small ``top_p``.
 
 Stop strings follow one rule (:func:`stop_at`, :func:`held_back`), which the engine applies
 to every output, streamed or not: a completion ends before the first occurrence of any stop
@@ -36,6 +51,9 @@ from dataclasses import dataclass
 MIN_TEMPERATURE = 1e-5
 #: seeds are what ``torch.Generator.manual_seed`` takes: 0 .. 2**64 - 1
 SEED_MODULUS = 2**64
+#: most entries of ``logit_bias`` (OpenAI allows 300) and most ``logprobs`` per token (20)
+MAX_LOGIT_BIAS = 300
+MAX_LOGPROBS = 20
 #: at most this many characters of a bad value are echoed in an error message
 MAX_ECHO_CHARS = 200
 
@@ -98,6 +116,14 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | tuple[str, ...] | None = None
     ignore_eos: bool = False
+    num_speculative_tokens: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    json_schema: dict | None = None
 
     def __post_init__(self):
         def positive_int(name, value):
@@ -129,9 +155,53 @@ class SamplingParams:
                 raise InvalidParameter("stop", f"stop must be a non-empty string or a list of "
                                                f"them, got {clip_repr(self.stop)}")
         object.__setattr__(self, "stop", stop)
+        g = self.num_speculative_tokens
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 0):
+            raise InvalidParameter("num_speculative_tokens", f"num_speculative_tokens must be "
+                                   f"None (the engine's setting) or an int >= 0 (0 = never "
+                                   f"speculate), got {clip_repr(g)}")
+        self._check_processors()
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise InvalidParameter("response_format", f"json_schema must be a dict (a JSON "
+                                   f"schema), got {clip_repr(self.json_schema)}")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParameter("ignore_eos", f"ignore_eos must be a bool, got "
                                                  f"{clip_repr(self.ignore_eos)}")
+
+    def _check_processors(self) -> None:
+        def number(name, lo, hi, lo_open=False):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < lo or v > hi or (lo_open and v == lo):
+                side = "(" if lo_open else "["
+                raise InvalidParameter(name, f"{name} must be a number in {side}{lo}, {hi}], got "
+                                             f"{clip_repr(v)}")
+        number("presence_penalty", -2.0, 2.0)
+        number("frequency_penalty", -2.0, 2.0)
+        number("repetition_penalty", 0.0, 100.0, lo_open=True)
+        number("min_p", 0.0, 1.0)
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+                raise InvalidParameter("logit_bias", f"logit_bias must be a dict of at most "
+                                       f"{MAX_LOGIT_BIAS} token id -> bias, got {clip_repr(bias)}")
+            for k, v in bias.items():
+                if isinstance(k, bool) or not isinstance(k, int) or k < 0 or isinstance(v, bool) \
+                        or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                    raise InvalidParameter("logit_bias", f"logit_bias maps token ids (ints >= 0) "
+                                           f"to biases in [-100, 100], got {clip_repr(k)}: "
+                                           f"{clip_repr(v)}")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int)
+                               or not 0 <= lp <= MAX_LOGPROBS):
+            raise InvalidParameter("logprobs", f"logprobs must be None or an int in [0, "
+                                               f"{MAX_LOGPROBS}], got {clip_repr(lp)}")
+
+    @property
+    def has_processors(self) -> bool:
+        """True when a logits processor (penalty, bias, min-p) changes the distribution."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0 or self.min_p)
 
     @property
     def greedy(self) -> bool:

@@ -14,7 +14,8 @@ A sequence preempted by *recompute* loses its K/V and waits again (state ``PREEM
 head of the waiting queue); its prompt and the tokens it has generated are run again as one
 prefill. One preempted by *swap* keeps its K/V in CPU memory (Kwon et al. 2023,
 arXiv:2309.06180, §4.5). ``num_computed_tokens`` counts the tokens whose K/V are in the cache;
-the step schedules the rest (a prefill chunk, or the one new token of a decode).
+the step schedules the rest (a prefill chunk, or the one new token of a decode, with any
+``spec_token_ids`` — drafts a proposer guessed — after it, for the model to verify).
 
 Taught in chapter 05.
 """
@@ -86,6 +87,9 @@ class Sequence:
     cache_seq: int | None = None
     swapped: object | None = None
     stop_text: str | None = None
+    spec_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[tuple] = field(default_factory=list)
+    grammar: object | None = None
 
     def set_status(self, new: SequenceStatus) -> None:
         """Move to ``new``; ``ValueError`` if the state machine does not allow it."""

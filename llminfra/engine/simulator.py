@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig
-from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+from llminfra.engine.sequence import Request, Sequence
 from llminfra.engine.workload import WorkloadRequest
 from llminfra.kvcache.paged_cache import PagedKVCache
 
@@ -132,8 +132,9 @@ class Simulator:
                 break
             out = sched.schedule(now)
             if not out.scheduled:
-                events = [t for t in (pending[i].arrival_time_s if i < len(pending) else None,
-                                      sched.next_event_time(now)) if t is not None and t > now]
+                arrival = pending[i].arrival_time_s if i < len(pending) else None
+                events = [t for t in (arrival, sched.batches.next_event_time(now))
+                          if t is not None and t > now]
                 if not events:
                     raise RuntimeError("the simulation is stuck: nothing can be scheduled")
                 now = min(events)
@@ -144,7 +145,7 @@ class Simulator:
             dt = float(self.step_time_fn(batch))
             result.steps.append((now, batch, dt))
             now += dt
-            self._advance(sched, out.scheduled, now)
+            self._advance(sched, out, now)
         result.num_preemptions = sched.num_preemptions
         return result
 
@@ -164,23 +165,19 @@ class Simulator:
         sched.add(req.seqs[0])
         return metrics
 
-    def _advance(self, sched: Scheduler, scheduled, now: float) -> None:
-        for seq, n in scheduled:
-            m = seq.request.metrics
-            if m.first_scheduled_time is None:
-                m.first_scheduled_time = now
-            seq.num_computed_tokens += n
-            if seq.num_computed_tokens < seq.num_tokens:
-                continue                                    # mid-prompt chunk: no token yet
-            seq.output_token_ids.append(0)
-            m.token_times.append(now)
-            m.num_output_tokens += 1
-            if m.first_token_time is None:
-                m.first_token_time = now
-            if len(seq.output_token_ids) >= seq.max_tokens or \
-                    seq.num_tokens > self.config.max_seq_len:
-                sched.finish(seq, SequenceStatus.FINISHED_LENGTH)
-                m.finished_time = now
+    def _advance(self, sched: Scheduler, out, now: float) -> None:
+        """The step is over at ``now``: every sequence that caught up gets a token (its
+        value is of no interest here), and the scheduler writes the result as it does for
+        the engine."""
+        sampled = {}
+        for seq, n in out.scheduled:
+            if seq.request.metrics.first_scheduled_time is None:
+                seq.request.metrics.first_scheduled_time = now
+            if seq.num_computed_tokens + n >= seq.num_tokens:
+                sampled[seq] = [0]
+        for seq, got in sched.update_from_output(out, sampled).items():
+            for _ in range(got):
+                seq.request.metrics.record_token(now, seq.status.is_finished)
 
 
 def fit_overhead_s(measured: Seq[tuple[list[tuple[int, int]], float]],

@@ -63,9 +63,12 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 class BlockTable:
     """One sequence's blocks, in token order, and how many tokens they hold.
 
+    ``blocks_to_append(n)`` says how many blocks ``append(n)`` would take from the pool;
     ``append(n)`` reserves slots for ``n`` new tokens (allocating blocks, copying a shared last
     block first) and returns their slots plus the block copies the storage must perform;
-    ``fork()`` returns a child that shares every block; ``free()`` lets every block go.
+    ``snapshot()`` / ``restore(snap, copies)`` undo appends; ``truncate(n)`` drops the tokens past
+    the first ``n`` (rejected speculative tokens); ``fork()`` returns a child that shares every
+    block; ``free()`` lets every block go.
     """
 
     def __init__(self, allocator: BlockAllocator):
@@ -78,26 +81,33 @@ class BlockTable:
         """Token slots per block (the allocator's)."""
         return self.allocator.block_size
 
+    def blocks_to_append(self, n: int) -> int:
+        """Blocks :meth:`append` of ``n`` tokens takes from the pool: the new blocks past the
+        last, plus one if the last block is shared and gets written (copy-on-write)."""
+        n = _check_int("n (tokens to append)", n)
+        if n < 0:
+            raise ValueError(f"cannot append {n} tokens; n must be >= 0")
+        B = self.block_size
+        new = blocks_needed(self.num_tokens + n, B) - len(self.blocks)
+        writes_last = n > 0 and self.num_tokens % B != 0
+        return new + int(writes_last and self.allocator.ref_count(self.blocks[-1]) > 1)
+
     def append(self, n: int) -> tuple[list[int], list[tuple[int, int]]]:
         """Reserve ``n`` slots; return ``(slots, copies)`` with ``copies`` as ``(src, dst)`` pairs.
 
         All or nothing: if the pool cannot provide every block needed, nothing changes and
         :class:`BlockPoolExhausted` is raised.
         """
-        n = _check_int("n (tokens to append)", n)
-        if n < 0:
-            raise ValueError(f"cannot append {n} tokens; n must be >= 0")
-        B = self.block_size
-        writes_last = n > 0 and self.num_tokens % B != 0
-        cow = writes_last and self.allocator.ref_count(self.blocks[-1]) > 1
-        new = blocks_needed(self.num_tokens + n, B) - len(self.blocks)
-        if new + cow > self.allocator.num_free:
+        need = self.blocks_to_append(n)
+        if need > self.allocator.num_free:
             raise BlockPoolExhausted(
-                f"sequence needs {new + cow} more blocks for {n} tokens but only "
+                f"sequence needs {need} more blocks for {n} tokens but only "
                 f"{self.allocator.num_free} are free; preempt a running sequence, swap one out "
                 "to CPU memory, or make this request wait")
+        B = self.block_size
+        new = blocks_needed(self.num_tokens + n, B) - len(self.blocks)
         copies = []
-        if writes_last:
+        if n > 0 and self.num_tokens % B != 0:
             op = copy_on_write(self.allocator, self.blocks, -1)
             if op is not None:
                 copies.append(op)
@@ -105,6 +115,35 @@ class BlockTable:
         positions = list(range(self.num_tokens, self.num_tokens + n))
         self.num_tokens += n
         return slot_mapping(self.blocks, positions, B), copies
+
+    def snapshot(self) -> tuple[tuple[int, ...], int]:
+        """What :meth:`restore` returns the table to: its blocks and token count now."""
+        return tuple(self.blocks), self.num_tokens
+
+    def restore(self, snap: tuple[tuple[int, ...], int],
+                copies: list[tuple[int, int]] = ()) -> None:
+        """Undo the appends since ``snap``: blocks added since go back to the pool, and each
+        ``(src, dst)`` copy-on-write those appends made gives ``src`` its holder back."""
+        blocks, num_tokens = snap
+        for src, _ in copies:
+            self.allocator.incref(src)
+        for b in self.blocks:
+            if b not in blocks:
+                self.allocator.free(b)
+        self.blocks, self.num_tokens = list(blocks), num_tokens
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` tokens; blocks wholly past them go back to the pool
+        (the slots of rejected speculative tokens). The kept last block's later slots are
+        simply written again."""
+        num_tokens = _check_int("num_tokens", num_tokens)
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"truncate to {num_tokens} tokens: must be in [0, "
+                             f"{self.num_tokens}] (the tokens held)")
+        keep = blocks_needed(num_tokens, self.block_size)
+        for b in self.blocks[keep:]:
+            self.allocator.free(b)
+        self.blocks, self.num_tokens = self.blocks[:keep], num_tokens
 
     def slots(self) -> list[int]:
         """Slots of all tokens held, in order (what paged attention gathers)."""

@@ -119,6 +119,27 @@ class PagedKVCache:
             raise ValueError("prefix caching needs a PrefixCachingAllocator")
         register_prefix(self.allocator, self._table(seq), list(tokens))
 
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks nobody holds (a prefix cache's evictable blocks included)."""
+        return self.allocator.num_free
+
+    def blocks_to_append(self, seq: int, n: int) -> int:
+        """Blocks ``n`` more tokens of ``seq`` take from the pool (copy-on-write included);
+        a sequence not yet added needs ``blocks_needed(n)``."""
+        if seq is None:
+            return -(-n // self.block_size)
+        return self._table(seq).blocks_to_append(n)
+
+    def can_append(self, seq: int | None, n: int, promised: int = 0) -> bool:
+        """True if ``n`` more tokens of ``seq`` fit the free blocks, ``promised`` of which are
+        already spoken for by this step."""
+        return self.blocks_to_append(seq, n) <= self.num_free_blocks - promised
+
+    def truncate(self, seq: int, num_tokens: int) -> None:
+        """Keep ``seq``'s first ``num_tokens`` tokens (:meth:`BlockTable.truncate`)."""
+        self._table(seq).truncate(num_tokens)
+
     def seq_len(self, seq: int) -> int:
         """Tokens held by ``seq``."""
         return self._table(seq).num_tokens
@@ -159,7 +180,7 @@ class PagedKVCache:
         slots, done = [], []
         for seq, n in zip(seq_ids, query_lens):
             table = self._table(seq)
-            before = (list(table.blocks), table.num_tokens)
+            before = table.snapshot()
             try:
                 new, copies = table.append(n)
             except BlockPoolExhausted:
@@ -196,15 +217,9 @@ class PagedKVCache:
         return self.prepare_step(self.batch, [T] * B)
 
     def _undo_appends(self, done: list) -> None:
-        """Give back what the sequences appended: their new blocks, and the shared blocks that
-        copy-on-write had let go."""
-        for table, (blocks, num_tokens), copies in reversed(done):
-            for src, _ in copies:
-                self.allocator.incref(src)
-            for b in table.blocks:
-                if b not in blocks:
-                    self.allocator.free(b)
-            table.blocks, table.num_tokens = blocks, num_tokens
+        """Give back what the sequences appended (:meth:`BlockTable.restore`)."""
+        for table, snap, copies in reversed(done):
+            table.restore(snap, copies)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
                meta: StepMetadata | None = None) -> tuple[torch.Tensor, torch.Tensor]:

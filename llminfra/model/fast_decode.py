@@ -76,9 +76,7 @@ class FastDecoder:
         self.output = lin(model.output.weight.detach())
         d = c.head_dim
         self.split = (c.n_heads * d, c.n_kv_heads * d, c.n_kv_heads * d)
-        shape = (c.n_layers, 1, c.n_kv_heads, self.max_len, d)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.dtype, self._cache = dtype, None              # its own cache: made on first use
         inv_freq = rope_inv_freq(d, c.rope_theta, c.rope_scaling, device)
         angles = torch.outer(torch.arange(self.max_len, device=device, dtype=torch.float32),
                              inv_freq)  # (max_len, d/2)
@@ -89,18 +87,40 @@ class FastDecoder:
         xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (1, T, heads, d/2)
         return torch.view_as_real(xc * rot[:, None]).flatten(-2).to(x.dtype)
 
+    def new_cache(self, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """An empty K/V cache of ``max_len`` positions (default the decoder's) for
+        :meth:`forward`'s ``cache``: one per sequence when a decoder serves several (a
+        speculative draft model does)."""
+        c = self.config
+        n = self.max_len if max_len is None else int(max_len)
+        if not 1 <= n <= self.max_len:
+            raise ValueError(f"max_len must be in [1, {self.max_len}], got {max_len!r}")
+        shape = (c.n_layers, 1, c.n_kv_heads, n, c.head_dim)
+        device = self.embedding.device
+        return (torch.zeros(shape, dtype=self.dtype, device=device),
+                torch.zeros(shape, dtype=self.dtype, device=device))
+
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: int,
+                cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Logits ``(V,)`` of the last of ``tokens`` ``(T,)`` at positions pos .. pos+T-1; their
-        K/V are written to the cache. A prompt starts at pos 0; later calls feed one token."""
+        K/V are written to ``cache`` (default the decoder's own), whose positions before
+        ``pos`` must hold this sequence's earlier tokens."""
         c, (nq, nkv, _) = self.config, self.split
+        if cache is None:
+            if self._cache is None:
+                self._cache = self.new_cache()
+            cache = self._cache
+        kc, vc = cache
         T, d, dim = tokens.shape[0], c.head_dim, c.dim
-        if T > 1 and pos != 0:
-            raise ValueError(f"several tokens ({T}) only at pos 0 (a prompt), got pos {pos}")
         end = pos + T
-        if end > self.max_len:
-            raise ValueError(f"positions up to {end - 1} do not fit max_len {self.max_len}")
+        if pos < 0 or end > kc.shape[3]:
+            raise ValueError(f"positions {pos} .. {end - 1} do not fit the cache's "
+                             f"{kc.shape[3]} positions")
         rot = self.rotation[pos:end]
+        # a query at position pos + i sees the keys 0 .. pos + i (causal, after the cached ones)
+        mask = (torch.ones(T, end, dtype=torch.bool, device=kc.device).tril(diagonal=pos)
+                if T > 1 else None)
         x = F.embedding(tokens, self.embedding)[None]  # (1, T, dim)
         for i, (attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2) in enumerate(self.layers):
             h = F.rms_norm(x, (dim,), attn_norm, c.norm_eps)
@@ -108,10 +128,10 @@ class FastDecoder:
             q, k, v = (qkv if bqkv is None else qkv + bqkv).split(self.split, dim=-1)
             q = self._rotate(q.view(1, T, c.n_heads, d), rot).transpose(1, 2)  # (1, H, T, d)
             k = self._rotate(k.view(1, T, c.n_kv_heads, d), rot).transpose(1, 2)
-            self.k[i, :, :, pos:end] = k
-            self.v[i, :, :, pos:end] = v.view(1, T, c.n_kv_heads, d).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, self.k[i, :, :, :end], self.v[i, :, :, :end],
-                                                 is_causal=T > 1, enable_gqa=True)
+            kc[i, :, :, pos:end] = k
+            vc[i, :, :, pos:end] = v.view(1, T, c.n_kv_heads, d).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, kc[i, :, :, :end], vc[i, :, :, :end],
+                                                 attn_mask=mask, enable_gqa=True)
             x = x + wo(out.transpose(1, 2).reshape(1, T, nq))
             gate, up = w13(F.rms_norm(x, (dim,), ffn_norm, c.norm_eps)).chunk(2, -1)
             x = x + w2(F.silu(gate) * up)

@@ -18,13 +18,16 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from llminfra.model.sampling import filter_logits
+
 
 def sample_next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
                       generator: torch.Generator | None = None) -> int:
     """One token id from ``logits`` ``(vocab,)``.
 
     temperature == 0: argmax (greedy). Otherwise p = softmax(logits / temperature) restricted to
-    the ``top_k`` largest logits (Fan et al. 2018, arXiv:1805.04833, section 5.4), drawn with
+    the ``top_k`` largest logits (:func:`llminfra.model.sampling.filter_logits`, the serving
+    engine's filter too; Fan et al. 2018, arXiv:1805.04833, section 5.4), drawn with
     ``torch.multinomial`` from ``generator`` (which must be on the logits' device). Sampling
     without a generator is refused: torch's global generator would be hidden state.
     """
@@ -35,11 +38,7 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int
     if generator is None:
         raise ValueError(f"temperature {temperature} samples: pass generator=torch.Generator()"
                          ".manual_seed(...) (or temperature=0 for greedy decoding)")
-    scaled = logits.float() / temperature
-    if top_k is not None and top_k < scaled.numel():
-        kth = torch.topk(scaled, top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -24,6 +24,8 @@ from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, UVICORN
 
 log = logging.getLogger(__name__)
 
+#: ``--speculative`` choices (None: plain decoding)
+SPECULATIVE = (None, "ngram", "draft-int4")
 #: seconds uvicorn lets open responses finish after SIGINT / SIGTERM
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -31,22 +33,34 @@ GRACEFUL_SHUTDOWN_S = 5
 def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  policy: str = "continuous", enable_chunked_prefill: bool = True,
-                 enable_prefix_caching: bool = False, num_threads: int | None = None):
+                 enable_prefix_caching: bool = False, num_threads: int | None = None,
+                 speculative: str | None = None, num_speculative_tokens: int = 4):
     """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
     ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
-    threads in the process that calls it (the engine's)."""
+    threads in the process that calls it (the engine's). ``speculative``: None, ``"ngram"``
+    (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
+    rule and at most ``num_speculative_tokens`` drafts a step."""
     import torch
 
-    from llminfra.engine import LLMEngine
-    from llminfra.model import load_model
+    from llminfra.engine import LLMEngine, SpeculativeConfig
+    from llminfra.model import FastDecoder, load_model
+    from llminfra.quant import int4_linear
 
+    if speculative not in SPECULATIVE:
+        raise ValueError(f"speculative {speculative!r}; allowed: {SPECULATIVE}")
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     net, tokenizer = load_model(model)
+    spec = None
+    if speculative == "ngram":
+        spec = SpeculativeConfig("ngram", num_speculative_tokens, adaptive=True)
+    elif speculative == "draft-int4":
+        spec = SpeculativeConfig("draft", num_speculative_tokens, adaptive=True,
+                                 draft=FastDecoder(net, linear=int4_linear(64)))
     return LLMEngine(net, tokenizer, num_blocks=num_blocks, block_size=block_size,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
-                     enable_prefix_caching=enable_prefix_caching)
+                     enable_prefix_caching=enable_prefix_caching, speculative=spec)
 
 
 def served_name(model: str) -> str:

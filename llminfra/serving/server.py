@@ -19,10 +19,8 @@ a 500 (or, mid-stream, an error event) while the engine serves the others; ``/he
 503 when the engine loop is stopped or has made no progress for ``stall_timeout_s``. Bodies,
 slow senders and connections are bounded (:mod:`llminfra.serving.http_limits`).
 
-Streaming and bytes: a token can be half of a UTF-8 character (every token of the byte-level
-tiny model is one byte; a BPE token of the real model can end inside a Korean syllable or an
-emoji); ``CompletionOutput.text`` then ends in U+FFFD until the next byte arrives. Deltas
-therefore hold back trailing U+FFFD until the request finishes (:func:`stable_delta`).
+Streaming (:mod:`llminfra.serving.streaming`): deltas hold back a trailing half UTF-8
+character until the next byte arrives (:func:`~llminfra.serving.streaming.stable_delta`).
 
 Taught in chapter 05.
 """
@@ -30,13 +28,12 @@ Taught in chapter 05.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llminfra.serving import openai_protocol as api
@@ -44,6 +41,7 @@ from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLo
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
 from llminfra.engine.sampling_params import clip, clip_repr
 from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics
+from llminfra.serving.streaming import sse_response, stable_delta  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +70,6 @@ class APIError(Exception):
                             status_code=self.status)
 
 
-def stable_delta(text: str, sent: str, finished: bool) -> tuple[str, str]:
-    """``(delta, new_sent)``: the new part of cumulative ``text`` after ``sent``, holding back
-    trailing U+FFFD (an unfinished UTF-8 character) unless ``finished``.
-    ``stable_delta("ab\\ufffd", "a", False) == ("b", "ab")``."""
-    stable = text if finished else text.rstrip("\ufffd")
-    if not stable.startswith(sent):
-        return "", sent
-    return stable[len(sent):], stable
-
-
 def _validation_error(exc: RequestValidationError) -> APIError:
     err = exc.errors()[0] if exc.errors() else {}
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
@@ -89,6 +77,9 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, f"the body is not valid JSON: {err.get('msg', '')}")
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
+    if err.get("type") == "extra_forbidden":
+        return APIError(400, f"{where}: this server does not support the field {where!r} "
+                             f"(it refuses what it would otherwise ignore)", param=param)
     return APIError(400, f"{where}: {err.get('msg', 'invalid value')} "
                          f"(got {clip_repr(err.get('input'))})", param=param)
 
@@ -147,8 +138,10 @@ class _Service:
         return ids
 
     def sampling(self, req, n_prompt: int, max_tokens: int | None):
-        if req.wants_logprobs:
-            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+        try:
+            logprobs = req.num_logprobs
+        except ValueError as e:
+            raise APIError(400, str(e), param="top_logprobs") from None
         if req.n > self.max_n:
             raise APIError(400, f"n must be at most {self.max_n}, got {req.n}", param="n")
         room = self.max_model_len - n_prompt
@@ -163,7 +156,12 @@ class _Service:
                 max_tokens=max_tokens,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_k=req.top_k, top_p=1.0 if req.top_p is None else req.top_p, n=req.n,
-                seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos)
+                seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos, logprobs=logprobs,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=(1.0 if req.repetition_penalty is None
+                                    else req.repetition_penalty),
+                min_p=req.min_p or 0.0, logit_bias=req.logit_bias, json_schema=req.json_schema)
         except ValueError as e:
             raise APIError(400, str(e), param=getattr(e, "param", None)) from None
 
@@ -194,8 +192,8 @@ class _Service:
             self.metrics.client_disconnects.inc()
             raise APIError(CLIENT_CLOSED_REQUEST, "the client closed the connection")
         last = run.result()
-        choices = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
-                   for c in last.outputs]
+        choices = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                    "logprobs": c.logprobs} for c in last.outputs]
         return choices, api.usage(n_prompt, sum(len(c.token_ids) for c in last.outputs))
 
     @staticmethod
@@ -213,56 +211,23 @@ class _Service:
                            type_="server_error")
         return last
 
+    def token_text(self, token: int) -> str:
+        """One token's text, as the logprobs objects show it."""
+        return self.tokenizer.decode([token])
+
+    def logprobs_object(self, entries: list[tuple] | None, chat: bool,
+                        offset: int = 0) -> dict | None:
+        """The API's ``logprobs`` object for ``entries`` (None when none were asked for);
+        ``offset``: where the first token starts in the completion's text."""
+        if entries is None:
+            return None
+        return (api.chat_logprobs(entries, self.token_text) if chat
+                else api.completion_logprobs(entries, self.token_text, offset))
+
     def sse(self, stream, rid, n_prompt, chat: bool, include_usage: bool, prefix: str = ""):
-        """Streaming: one SSE event per new text of one choice, then ``[DONE]``."""
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        async def events():
-            sent, n_tokens, finished = {}, {}, False
-            try:
-                async for out in stream:
-                    finished = out.finished
-                    if out.error is not None:       # this request failed in the engine
-                        yield json.dumps(api.error_body(
-                            f"the engine failed this request: {out.error}", "server_error"))
-                        return
-                    for c in out.outputs:
-                        if c.index not in sent:
-                            sent[c.index] = ""
-                            first = ({"role": "assistant", "content": ""} if chat else prefix)
-                            if chat or prefix:
-                                yield json.dumps(
-                                    api.chat_chunk(rid, self.model_name, c.index, first, None)
-                                    if chat else api.completion_chunk(
-                                        rid, self.model_name, c.index, prefix, None))
-                        delta, sent[c.index] = stable_delta(c.text, sent[c.index],
-                                                            c.finish_reason is not None)
-                        n_tokens[c.index] = len(c.token_ids)
-                        if not delta and c.finish_reason is None:
-                            continue
-                        yield json.dumps(
-                            api.chat_chunk(rid, self.model_name, c.index,
-                                           {"content": delta} if delta else {}, c.finish_reason)
-                            if chat else api.completion_chunk(rid, self.model_name, c.index,
-                                                              delta, c.finish_reason))
-                if include_usage:
-                    yield json.dumps(api.usage_chunk(rid, self.model_name, obj,
-                                                     api.usage(n_prompt, sum(n_tokens.values()))))
-                yield "[DONE]"
-            except EngineDeadError as e:
-                finished = True                     # nothing left to abort
-                yield json.dumps(api.error_body(str(e), "server_error"))
-            finally:
-                if not finished:                    # the client left mid-stream
-                    self.loop.abort(rid)
-                    self.metrics.client_disconnects.inc()
-
-        async def sse_lines():
-            async for data in events():
-                yield f"data: {data}\n\n"
-
-        return StreamingResponse(sse_lines(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        """Streaming: one SSE event per new text of one choice, then ``[DONE]``
+        (:func:`llminfra.serving.streaming.sse_response`)."""
+        return sse_response(self, stream, rid, n_prompt, chat, include_usage, prefix)
 
 
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
@@ -363,6 +328,9 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
         choices, use = await svc.complete(stream, len(ids), rid, request)
         for c in choices:
             c["text"] = echo + c["text"]
+            if c["logprobs"] is not None:
+                c["logprobs"] = api.completion_logprobs(c["logprobs"], svc.token_text,
+                                                        len(echo))
         return api.completion_response(rid, model_name, choices, use)
 
     @app.post("/v1/chat/completions")
@@ -380,6 +348,8 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
         if req.stream:
             return svc.sse(stream, rid, len(ids), True, req.include_usage)
         choices, use = await svc.complete(stream, len(ids), rid, request)
+        for c in choices:
+            c["logprobs"] = svc.logprobs_object(c["logprobs"], True)
         return api.chat_response(rid, model_name, choices, use)
 
     return app

@@ -5,7 +5,10 @@ One :class:`prometheus_client.CollectorRegistry` per server (no process-global r
 * gauges / counters read from the engine loop's latest ``stats()`` snapshot at scrape time —
   ``llminfra_num_requests_running``, ``…_waiting``, ``…_swapped``, ``llminfra_kv_blocks_used``,
   ``llminfra_kv_blocks_total``, ``llminfra_num_preemptions_total``,
-  ``llminfra_prompt_tokens_total``, ``llminfra_generation_tokens_total``;
+  ``llminfra_prompt_tokens_total``, ``llminfra_generation_tokens_total``, and under
+  speculative decoding ``llminfra_spec_decode_num_draft_tokens_total``,
+  ``…_num_accepted_tokens_total`` and ``llminfra_spec_decode_acceptance_rate`` (vLLM's
+  ``vllm:spec_decode_*``);
 * histograms observed in the engine thread when a request finishes —
   ``llminfra_time_to_first_token_seconds`` (TTFT = first token − arrival),
   ``llminfra_time_per_output_token_seconds`` (TPOT = (finish − first token) / (tokens − 1)),
@@ -44,11 +47,17 @@ _GAUGES = {
     "num_requests_swapped": ("num_swapped", "requests preempted to CPU memory"),
     "kv_blocks_used": ("kv_blocks_used", "KV-cache blocks held by requests"),
     "kv_blocks_total": ("kv_blocks_total", "KV-cache blocks in the pool"),
+    "spec_decode_acceptance_rate": ("spec_acceptance_rate", "speculative drafts kept / "
+                                                            "proposed (0 without speculation)"),
 }
 _COUNTERS = {
     "num_preemptions": ("num_preemptions", "requests preempted so far"),
     "prompt_tokens": ("prompt_tokens_total", "prompt tokens processed (prefill)"),
     "generation_tokens": ("generation_tokens_total", "tokens generated (decode)"),
+    "spec_decode_num_draft_tokens": ("spec_draft_tokens_total", "speculative draft tokens "
+                                                                "proposed"),
+    "spec_decode_num_accepted_tokens": ("spec_accepted_tokens_total", "speculative draft "
+                                                                      "tokens kept"),
 }
 
 
