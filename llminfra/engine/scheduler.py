@@ -336,12 +336,12 @@ class Scheduler:
             accepted = min(drafts, len(tokens) - 1) if isinstance(tokens, list) else 0
             before = seq.num_computed_tokens
             seq.num_computed_tokens += n - drafts + accepted
-            verified = seq.token_ids() + seq.spec_token_ids[:accepted]
-            seq.spec_token_ids = []
+            kept, seq.spec_token_ids = seq.spec_token_ids[:accepted], []
             if drafts > accepted:                      # the rejected drafts' slots go back
                 self.cache.truncate(seq.cache_seq, seq.num_computed_tokens)
             if self.config.enable_prefix_caching and seq.num_computed_tokens // B > before // B:
-                self.cache.cache_prefix(seq.cache_seq, verified[:seq.num_computed_tokens])
+                self.cache.cache_prefix(seq.cache_seq, (seq.token_ids() + kept)
+                                        [:seq.num_computed_tokens])
             if tokens is not None and seq.index == 0 and seq.request.forks_pending:
                 self._fork_siblings(seq)
         for seq, tokens in sampled.items():

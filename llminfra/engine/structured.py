@@ -80,8 +80,8 @@ class JsonMatcher:
     """The grammar state of one sequence: :meth:`allowed` before a token, :meth:`advance`
     after it, :meth:`finished` once the JSON is complete."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self._m, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, has_stop: bool):
+        self._m, self.vocab_size, self._has_stop = matcher, vocab_size, has_stop
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
 
     def allowed(self, width: int) -> torch.Tensor:
@@ -103,8 +103,6 @@ class JsonMatcher:
         """True once the JSON is complete (only a stop token could follow)."""
         return self._m.is_stopped() or self._m.is_accepting() and not self._has_stop
 
-    _has_stop = True
-
 
 def json_matcher(tokenizer, vocab_size: int, stop_token_ids, schema: dict) -> JsonMatcher:
     """A fresh matcher for ``schema`` (a JSON schema; ``{"type": "object"}`` for any object)
@@ -120,9 +118,7 @@ def json_matcher(tokenizer, vocab_size: int, stop_token_ids, schema: dict) -> Js
     m = llguidance.LLMatcher(_ll_tokenizer(text, vocab_size, stops), grammar, log_level=0)
     if m.is_error():
         raise ValueError(f"cannot compile the JSON schema: {m.get_error()}")
-    out = JsonMatcher(m, vocab_size)
-    out._has_stop = bool(stops)
-    return out
+    return JsonMatcher(m, vocab_size, has_stop=bool(stops))
 
 
 def request_grammar(params, tokenizer, vocab_size: int, stop_token_ids) -> JsonMatcher | None:

@@ -24,7 +24,7 @@ import torch
 
 from llminfra.attention.step_metadata import StepMetadata
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import BlockTable
+from llminfra.kvcache.block_table import BlockTable, blocks_needed
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
 from llminfra.model.cache import check_update
 
@@ -128,7 +128,7 @@ class PagedKVCache:
         """Blocks ``n`` more tokens of ``seq`` take from the pool (copy-on-write included);
         a sequence not yet added needs ``blocks_needed(n)``."""
         if seq is None:
-            return -(-n // self.block_size)
+            return blocks_needed(n, self.block_size)
         return self._table(seq).blocks_to_append(n)
 
     def can_append(self, seq: int | None, n: int, promised: int = 0) -> bool:
