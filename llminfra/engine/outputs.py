@@ -57,6 +57,8 @@ class RequestOutput:
 def output_text(seq: Sequence, tokenizer, stop_token_ids: frozenset[int]) -> str:
     """The text of a sequence's output, without the stop token that ended it (its id stays in
     ``token_ids``, as vLLM reports it)."""
+    if seq.detok is not None:            # decoded a few tokens at a time as they came
+        return seq.detok.text
     ids = seq.output_token_ids
     if ids and ids[-1] in stop_token_ids and not seq.params.ignore_eos:
         ids = ids[:-1]

@@ -367,7 +367,8 @@ class Scheduler:
         ``max_tokens``, context); retire it then. The count appended, or the exception a
         stop-string check raised."""
         for k, token in enumerate(tokens, 1):
-            seq.output_token_ids.append(int(token))
+            seq.append_output(int(token), self.decode, int(token) in self.stop_token_ids
+                              and not seq.params.ignore_eos)
             try:
                 status = self._check_stop(seq, int(token))
             except Exception as err:  # noqa: BLE001 - the caller fails this request
@@ -386,7 +387,7 @@ class Scheduler:
         if stops:
             if self.decode is None:
                 raise ValueError("stop strings need the scheduler's decode (token ids -> text)")
-            text = self.decode(seq.output_token_ids)
+            text = seq.detok.text if seq.detok is not None else ""
             end = stop_at(text, stops)
             if end is not None:
                 seq.stop_text = text[:end]

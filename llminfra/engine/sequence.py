@@ -28,6 +28,7 @@ from types import MappingProxyType
 
 import torch
 
+from llminfra.engine.detokenizer import IncrementalDetokenizer
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.sampling_params import SamplingParams
 
@@ -90,6 +91,17 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[tuple] = field(default_factory=list)
     grammar: object | None = None
+    detok: IncrementalDetokenizer | None = None
+
+    def append_output(self, token: int, decode, is_stop: bool) -> None:
+        """Append one generated token (the scheduler's write, once per token) and, unless it
+        is the stop token that ends the sequence (its id is kept, its text is not) or there is
+        no ``decode``, give it to the incremental detokenizer behind :attr:`detok`."""
+        self.output_token_ids.append(token)
+        if decode is not None and not is_stop:
+            if self.detok is None:
+                self.detok = IncrementalDetokenizer(decode)
+            self.detok.add([token])
 
     def set_status(self, new: SequenceStatus) -> None:
         """Move to ``new``; ``ValueError`` if the state machine does not allow it."""

@@ -17,11 +17,12 @@ is kept in its simplest form:
   the engine's process is stopped — what ``/health`` reads to tell a wedged engine from an idle
   one.
 
-:class:`EngineLoop` is the caller side; :class:`AsyncEngine` runs the engine in a thread of
-this process (drain commands → if work is left, ``step()`` and deliver → else block on the
-command queue for ``idle_wait_s``), and :class:`~llminfra.serving.engine_process.EngineProcess`
-runs it in a process of its own. An ``abort`` of a running request frees its KV blocks at the
-next turn of the loop, which is how a client that disconnects mid-stream gives memory back.
+:class:`EngineLoop` is the caller side; the engine side is one function,
+:func:`~llminfra.serving.engine_core.run_engine_loop`, with one message format (commands and
+events as tuples), behind two transports: :class:`AsyncEngine` runs it in a thread of this
+process, :class:`~llminfra.serving.engine_process.EngineProcess` in a process of its own. An
+``abort`` of a running request frees its KV blocks at the next turn of the loop, which is how a
+client that disconnects mid-stream gives memory back.
 
 Taught in chapter 05.
 """
@@ -37,6 +38,9 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from llminfra.engine.sampling_params import InvalidParameter
+from llminfra.serving.engine_core import NO_COMMAND, run_engine_loop
+
 log = logging.getLogger(__name__)
 
 
@@ -48,11 +52,6 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     accepted: Future
-
-
-@dataclass
-class _Abort:
-    request_id: str
 
 
 class EngineDeadError(RuntimeError):
@@ -79,6 +78,7 @@ class EngineLoop:
         self.stats: dict = {}
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()   # streams are touched by callers and the delivering side
+        self._pending: dict[str, _Add] = {}
         self._error: BaseException | None = None
         self._last_progress = time.monotonic()
 
@@ -93,11 +93,9 @@ class EngineLoop:
     def is_running(self) -> bool:
         raise NotImplementedError
 
-    def _submit(self, cmd: "_Add") -> None:
-        """Hand an accepted-or-refused request to the engine (resolves ``cmd.accepted``)."""
-        raise NotImplementedError
-
-    def _send_abort(self, request_id: str) -> None:
+    def _send(self, msg) -> None:
+        """Move one command (:mod:`~llminfra.serving.engine_core`'s format) to the engine;
+        ``EngineDeadError`` if it cannot arrive (``None``, stop, never raises)."""
         raise NotImplementedError
 
     @property
@@ -150,10 +148,57 @@ class EngineLoop:
         """Ask the engine to abort ``request_id`` (no-op if it already finished)."""
         self._send_abort(request_id)
 
-    # ------------------------------------------------------------- delivering side
-    def _register(self, cmd: "_Add") -> None:
+    def _submit(self, cmd: "_Add") -> None:
+        """Register the request's stream (before the engine can produce its first output),
+        then send the ``add`` command; ``cmd.accepted`` resolves on the engine's answer."""
         with self._lock:
             self._streams[cmd.request_id] = (cmd.loop, cmd.outputs)
+            self._pending[cmd.request_id] = cmd
+        try:
+            self._send(("add", cmd.request_id, cmd.prompt, cmd.params))
+        except EngineDeadError as e:
+            self._forget(cmd.request_id)
+            with self._lock:
+                self._pending.pop(cmd.request_id, None)
+            cmd.accepted.set_exception(e)
+
+    def _send_abort(self, request_id: str) -> None:
+        if self._forget(request_id):
+            try:
+                self._send(("abort", request_id))
+            except EngineDeadError:
+                pass                     # nothing left to abort
+
+    # ------------------------------------------------------------- delivering side
+    def _on_event(self, msg: tuple) -> None:
+        """Apply one event of the engine loop (:mod:`~llminfra.serving.engine_core`), in
+        order: every event is a sign of progress."""
+        self._progressed()
+        kind = msg[0]
+        if kind == "step":
+            self.stats = msg[2]
+            self._deliver(msg[1])
+        elif kind == "stats":
+            self.stats = msg[1]
+        elif kind in ("accepted", "refused"):
+            with self._lock:
+                cmd = self._pending.pop(msg[1], None)
+            if cmd is None:
+                return
+            if kind == "accepted":
+                cmd.accepted.set_result(msg[1])
+            else:
+                self._forget(msg[1])
+                cmd.accepted.set_exception(InvalidParameter(msg[3], msg[2]) if msg[3]
+                                           else ValueError(msg[2]))
+
+    def _fail_pending(self, err: BaseException) -> None:
+        """Every request still waiting for its ``accepted`` gets ``err``."""
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for cmd in pending:
+            if not cmd.accepted.done():
+                cmd.accepted.set_exception(err)
 
     def _forget(self, request_id: str) -> bool:
         with self._lock:
@@ -191,7 +236,8 @@ class EngineLoop:
 
 
 class AsyncEngine(EngineLoop):
-    """Runs ``engine`` in one background thread of this process.
+    """Runs ``engine`` in one background thread of this process: the transport is a
+    ``queue.Queue`` of commands one way and direct calls of the event handler the other.
 
     Simple, and enough for a notebook or a test: but the thread shares the interpreter lock
     with the web layer, so every token the server streams is Python work the engine waits for
@@ -203,7 +249,7 @@ class AsyncEngine(EngineLoop):
         super().__init__(idle_wait_s=idle_wait_s, on_finished=on_finished)
         self.engine = engine
         self._commands: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self.stats = dict(engine.stats())
 
@@ -212,6 +258,7 @@ class AsyncEngine(EngineLoop):
         """Start the loop thread (idempotent)."""
         if self._thread is None:
             self._progressed()
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="llminfra-engine",
                                             daemon=True)
             self._thread.start()
@@ -219,8 +266,8 @@ class AsyncEngine(EngineLoop):
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop; every open stream gets an :class:`EngineDeadError`."""
-        self._stop.set()
-        self._commands.put(None)  # wake the loop if it is idle
+        self._stopping = True
+        self._commands.put(None)         # the loop returns when it reads it
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -231,66 +278,33 @@ class AsyncEngine(EngineLoop):
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._error is None
+        return (self._thread is not None and self._thread.is_alive() and self._error is None
+                and not self._stopping)
 
-    def _submit(self, cmd: "_Add") -> None:
-        self._commands.put(cmd)
-
-    def _send_abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+    def _send(self, msg) -> None:
+        if msg is not None and not self.is_running:
+            raise EngineDeadError(f"the engine loop is not running ({self._error!r})")
+        self._commands.put(msg)
 
     # ------------------------------------------------------------------ engine thread
+    def _next_command(self, wait_s: float):
+        try:
+            return (self._commands.get(timeout=wait_s) if wait_s > 0
+                    else self._commands.get_nowait())
+        except queue.Empty:
+            return NO_COMMAND
+
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                busy = self.engine.has_unfinished_requests()
-                self._drain(block=not busy)
-                if self._stop.is_set():
-                    break
-                if self.engine.has_unfinished_requests():
-                    self._deliver(self.engine.step())
-                self.stats = dict(self.engine.stats())
-                self._progressed()
+            run_engine_loop(self.engine, self._next_command, self._on_event,
+                            idle_wait_s=self.idle_wait_s, heartbeat_s=0.0)
         except BaseException as e:  # noqa: BLE001 - reported to every waiting caller
             log.exception("engine loop crashed")
             self._error = e
         finally:
+            err = EngineDeadError(f"the engine loop stopped ({self._error!r})")
             self._close_streams()
-            self._fail_queued()
-
-    def _drain(self, block: bool) -> None:
-        """Apply every queued command; wait up to ``idle_wait_s`` for one when idle."""
-        try:
-            cmd = (self._commands.get(timeout=self.idle_wait_s) if block
-                   else self._commands.get_nowait())
-        except queue.Empty:
-            return
-        while True:
-            if cmd is not None:
-                self._apply(cmd)
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
-
-    def _apply(self, cmd) -> None:
-        if isinstance(cmd, _Add):
-            try:
-                self.engine.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id)
-            except Exception as e:  # noqa: BLE001 - handed back to the caller
-                cmd.accepted.set_exception(e)
-                return
-            self._register(cmd)
-            cmd.accepted.set_result(cmd.request_id)
-        elif isinstance(cmd, _Abort) and self._forget(cmd.request_id):
-            self.engine.abort_request(cmd.request_id)
-
-    def _fail_queued(self) -> None:
-        err = EngineDeadError(f"the engine loop stopped ({self._error!r})")
-        while not self._commands.empty():
-            cmd = self._commands.get_nowait()
-            if isinstance(cmd, _Add) and not cmd.accepted.done():
-                cmd.accepted.set_exception(err)
+            self._fail_pending(err)
 
 
 def _put_all(items) -> None:

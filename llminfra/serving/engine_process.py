@@ -10,16 +10,12 @@ scheduler and the model in an *engine-core* process, and the API server (HTTP, d
 streaming) in another, talking over ZeroMQ (vLLM blog, "vLLM V1: A Major Upgrade to vLLM's Core
 Architecture", 27 January 2025, "Optimized execution loop & API server").
 
-Here the two processes talk over two ``multiprocessing`` pipes:
-
-* commands, web → engine: ``("add", request_id, prompt, params)``, ``("abort", request_id)``,
-  ``None`` (stop);
-* results, engine → web: ``("ready", stats)``, ``("accepted", request_id)``,
-  ``("refused", request_id, message, param)`` (``param``: the field at fault, or None),
-  ``("step", outputs, stats)`` once per step with every ``RequestOutput`` of the step,
-  ``("stats", stats)`` after commands and, while idle, every :data:`HEARTBEAT_S` (every message
-  is a sign of progress: a stopped engine process sends none), and
-  ``("dead", error type, message)`` if the engine cannot be built or crashes.
+Here the two processes talk over two ``multiprocessing`` pipes, carrying the commands and
+events of :mod:`~llminfra.serving.engine_core` (the same tuples the thread version queues) plus
+two of the process's own: ``("ready", stats)`` once the engine is built, and
+``("dead", error type, message)`` if it cannot be built or crashes. The child runs the one loop,
+:func:`~llminfra.serving.engine_core.run_engine_loop`, with an idle heartbeat every
+:data:`HEARTBEAT_S` (a stopped engine process sends nothing: what ``/health`` notices).
 
 A reader thread in the web process routes each step's outputs to the per-request queues (the
 same :class:`~llminfra.serving.async_engine.EngineLoop` caller side as the thread version). The
@@ -41,8 +37,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from llminfra.serving.async_engine import EngineDeadError, EngineLoop, _Add
-from llminfra.engine.sampling_params import InvalidParameter
+from llminfra.serving.async_engine import EngineDeadError, EngineLoop
+from llminfra.serving.engine_core import NO_COMMAND, run_engine_loop
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +63,6 @@ class EngineProcess(EngineLoop):
         self._proc = None
         self._commands = self._results = None
         self._send_lock = threading.Lock()
-        self._pending: dict[str, _Add] = {}
         self._reader: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -146,65 +141,24 @@ class EngineProcess(EngineLoop):
                 if msg is not None:
                     raise EngineDeadError(f"the engine process is gone ({e!r})") from None
 
-    def _submit(self, cmd: _Add) -> None:
-        self._register(cmd)              # before the engine can produce the first output
-        with self._lock:
-            self._pending[cmd.request_id] = cmd
-        try:
-            self._send(("add", cmd.request_id, cmd.prompt, cmd.params))
-        except EngineDeadError as e:
-            self._forget(cmd.request_id)
-            with self._lock:
-                self._pending.pop(cmd.request_id, None)
-            cmd.accepted.set_exception(e)
-
-    def _send_abort(self, request_id: str) -> None:
-        if self._forget(request_id):
-            try:
-                self._send(("abort", request_id))
-            except EngineDeadError:
-                pass                     # nothing left to abort
-
     def _read(self) -> None:
-        """The reader thread: apply every message of the engine process, in order."""
+        """The reader thread: hand every event of the engine process to the caller side, in
+        order."""
         try:
             while True:
                 msg = self._results.recv()
-                self._progressed()
-                kind = msg[0]
-                if kind == "step":
-                    self.stats = msg[2]
-                    self._deliver(msg[1])
-                elif kind == "stats":
-                    self.stats = msg[1]
-                elif kind in ("accepted", "refused"):
-                    with self._lock:
-                        cmd = self._pending.pop(msg[1], None)
-                    if cmd is None:
-                        continue
-                    if kind == "accepted":
-                        cmd.accepted.set_result(msg[1])
-                    else:
-                        self._forget(msg[1])
-                        cmd.accepted.set_exception(InvalidParameter(msg[3], msg[2]) if msg[3]
-                                                   else ValueError(msg[2]))
-                elif kind == "dead":
+                if msg[0] == "dead":
+                    self._progressed()
                     self._error = RuntimeError(f"the engine process failed: {msg[2]}")
                     log.error("%s", self._error)
                     break
+                self._on_event(msg)
         except (EOFError, OSError) as e:
             if self._error is None:
                 self._error = EngineDeadError(f"the engine process ended ({e!r})")
         finally:
             self._close_streams()
             self._fail_pending(EngineDeadError(f"the engine loop stopped ({self._error!r})"))
-
-    def _fail_pending(self, err: BaseException) -> None:
-        with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
-        for cmd in pending:
-            if not cmd.accepted.done():
-                cmd.accepted.set_exception(err)
 
 
 # ---------------------------------------------------------------------- engine process
@@ -218,42 +172,13 @@ def engine_main(factory: Callable, commands, results, idle_wait_s: float) -> Non
         results.send(("dead", type(e).__name__, str(e)))
         return
     results.send(("ready", dict(engine.stats())))
+    def next_command(wait_s: float):
+        return commands.recv() if commands.poll(wait_s) else NO_COMMAND
+
     try:
-        _serve(engine, commands, results, idle_wait_s)
+        run_engine_loop(engine, next_command, results.send, idle_wait_s=idle_wait_s,
+                        heartbeat_s=HEARTBEAT_S)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return                           # the web process is gone: nobody to serve
     except BaseException:  # noqa: BLE001 - reported to the web process
         results.send(("dead", "crash", traceback.format_exc(limit=8)))
-
-
-def _serve(engine, commands, results, idle_wait_s: float) -> None:
-    last_sent = time.monotonic()
-    while True:
-        wait = 0.0 if engine.has_unfinished_requests() else idle_wait_s
-        applied = False
-        while commands.poll(wait):
-            cmd = commands.recv()
-            if cmd is None:
-                return
-            _apply(engine, cmd, results)
-            applied, wait = True, 0.0
-        if engine.has_unfinished_requests():
-            results.send(("step", engine.step(), dict(engine.stats())))
-        elif applied or time.monotonic() - last_sent >= HEARTBEAT_S:
-            results.send(("stats", dict(engine.stats())))     # also the idle heartbeat
-        else:
-            continue
-        last_sent = time.monotonic()
-
-
-def _apply(engine, cmd, results) -> None:
-    kind, request_id = cmd[0], cmd[1]
-    if kind == "add":
-        try:
-            engine.add_request(cmd[2], cmd[3], request_id=request_id)
-        except ValueError as e:
-            results.send(("refused", request_id, str(e), getattr(e, "param", None)))
-            return
-        results.send(("accepted", request_id))
-    elif kind == "abort":
-        engine.abort_request(request_id)
