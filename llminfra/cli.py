@@ -43,15 +43,20 @@ def _check_memory_args(args) -> None:
 
 def _memory(args) -> dict:
     _check_memory_args(args)
+    window = args.sliding_window
     if args.gpu:
         reserve = mem.DEFAULT_RESERVE_FRACTION if args.reserve is None else args.reserve
         result = mem.fits(args.model, args.gpu, args.dtype, args.kv_dtype, args.context,
-                          args.batch, reserve)
+                          args.batch, reserve, sliding_window=window)
         result["max_batch"] = mem.max_batch(args.model, args.gpu, args.context, args.dtype,
-                                            args.kv_dtype, reserve)
+                                            args.kv_dtype, reserve, sliding_window=window)
     else:
         result = mem.inference_memory(args.model, args.dtype, args.kv_dtype, args.context,
-                                      args.batch).to_dict()
+                                      args.batch, sliding_window=window).to_dict()
+    from llminfra.calc.step import weight_bytes_read
+    result["decode_weight_bytes_read"] = weight_bytes_read(args.model, args.dtype, args.batch)
+    result["kv_bytes_windowed"] = mem.kv_bytes(args.model, args.context, args.batch,
+                                               result["kv_dtype"], sliding_window=True)
     return result
 
 
@@ -60,7 +65,16 @@ def _format_memory(r: dict) -> str:
              f"KV cache in {r['kv_dtype']}, {r['batch']} x {r['context']} tokens"]
     for key in ("weight_bytes", "kv_bytes", "activation_bytes", "total_bytes"):
         lines.append(f"  {key:<18} {mem.gb(r[key]):10.3f} GB  {mem.gib(r[key]):10.3f} GiB")
-    lines.append(f"  kv_bytes_per_token {r['kv_bytes_per_token']:,} bytes")
+    lines.append(f"  kv_bytes_per_token {r['kv_bytes_per_token']:,} bytes ({r['attention']})")
+    if r["active_params"] != r["params"]:
+        lines.append(f"  mixture of experts: all {r['params']:,} parameters stored, "
+                     f"{r['active_params']:,} used per token; a decode step of the batch reads "
+                     f"{mem.gb(r['decode_weight_bytes_read']):.3f} GB of weights")
+    if r["sliding_window"]:
+        lines.append(f"  sliding window {r['sliding_window']:,}: KV "
+                     f"{mem.gb(r['kv_bytes_windowed']):.3f} GB with a rolling buffer of the window "
+                     f"(--sliding-window), {mem.gb(r['kv_bytes_full_attention']):.3f} GB with "
+                     f"every token kept; counted above: {r['kv_tokens_per_sequence']:,} tokens")
     if "gpu" in r:
         lines.append(f"  on {r['gpu']} ({mem.gib(r['gpu_memory_bytes']):.4g} GiB, "
                      f"{r['reserve_fraction']:.0%} reserved, source confidence: "
@@ -75,7 +89,8 @@ def _models() -> list[dict]:
     for name in model_names():
         s = get_model(name)
         d = s.to_dict()
-        d.update(params=param_count(s), active_params=active_param_count(s),
+        d.update(params=param_count(s), total_params=param_count(s),
+                 active_params=active_param_count(s),
                  kv_bytes_per_token_bf16=mem.kv_bytes_per_token(s, "bf16"))
         d["sources"] = list(d["sources"])
         rows.append(d)
@@ -83,10 +98,11 @@ def _models() -> list[dict]:
 
 
 def _format_models(rows: list[dict]) -> str:
-    out = [f"{'name':<15} {'params':>16} {'attn':>4} {'layers':>6} {'hidden':>6} "
+    out = [f"{'name':<16} {'params':>17} {'active':>17} {'attn':>4} {'layers':>6} {'hidden':>6} "
            f"{'heads':>5} {'kv':>3} {'KV B/token (bf16)':>18}"]
     for r in rows:
-        out.append(f"{r['name']:<15} {r['params']:>16,} {r['attention']:>4} {r['num_layers']:>6} "
+        out.append(f"{r['name']:<16} {r['params']:>17,} {r['active_params']:>17,} "
+                   f"{r['attention']:>4} {r['num_layers']:>6} "
                    f"{r['hidden_size']:>6} {r['num_heads']:>5} {r['num_kv_heads']:>3} "
                    f"{r['kv_bytes_per_token_bf16']:>18,}")
     return "\n".join(out)
@@ -199,7 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("memory", help="weights + KV cache + activations for serving a model")
     m.add_argument("--model", required=True, help="preset name (see `llminfra models`)")
     m.add_argument("--dtype", default="bf16", help="weight dtype: fp32 bf16 fp16 fp8 int8 int4 nf4")
-    m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the compute dtype)")
+    m.add_argument("--kv-dtype", default=None,
+                   help="KV cache dtype: bf16 fp16 fp32 fp8 int8 int4 (default: the compute "
+                        "dtype; quantized caches are counted with per-tensor scales)")
+    m.add_argument("--sliding-window", action="store_true",
+                   help="keep only the model's sliding window of tokens per layer (a rolling "
+                        "buffer, Mistral-7B: 4096); default: every token kept")
     m.add_argument("--context", type=integer(1, unit="tokens"), default=2048,
                    help="tokens per sequence")
     m.add_argument("--batch", type=integer(1, MAX_BATCH, unit="sequences"), default=1,

@@ -12,6 +12,14 @@ CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, f
                   max_seq_len=64)
 
 
+def step(model, cache, seqs, tokens):
+    """One engine step over rows: row r of ``tokens (B, T)`` is the next T tokens of sequence
+    ``seqs[r]`` (the step protocol: prepare_step, then the ragged call) -> logits (B, T, V)."""
+    B, T = tokens.shape
+    meta = cache.prepare_step(list(seqs), [T] * B)
+    return model(tokens.reshape(-1), cache, meta=meta).view(B, T, -1)
+
+
 @pytest.fixture(scope="module")
 def model():
     return Transformer(CFG, generator=torch.Generator().manual_seed(1234)).eval()
@@ -40,11 +48,12 @@ def test_generation_identical_on_every_cache(model, prompt, block_size, seed):
 def test_paged_logits_equal_dense(model, gen):
     tokens = torch.randint(0, 256, (3, 13), generator=gen)
     dense, paged = DenseKVCache(CFG.n_layers), PagedKVCache.for_model(CFG, 30, block_size=4)
+    seqs = [paged.add_sequence() for _ in range(3)]
     a = model(tokens[:, :9], cache=dense)
-    b = model(tokens[:, :9], cache=paged)
+    b = step(model, paged, seqs, tokens[:, :9])
     torch.testing.assert_close(a, b)
     a = model(tokens[:, 9:], cache=dense, start_pos=9)
-    b = model(tokens[:, 9:], cache=paged, start_pos=9)
+    b = step(model, paged, seqs, tokens[:, 9:])
     torch.testing.assert_close(a, b)
     assert paged.allocator.num_used == 3 * 4      # 13 tokens -> 4 blocks of 4, per sequence
 
@@ -56,11 +65,12 @@ def test_forked_samples_match_independent_runs(model, gen):
     prompt = torch.randint(0, 256, (1, 10), generator=gen)
     nxt = torch.randint(0, 256, (3, 4), generator=gen)
     paged = PagedKVCache.for_model(CFG, 40, block_size=4)
-    model(prompt, cache=paged)
-    paged.batch = [0, paged.fork(0), paged.fork(0)]
+    s0 = paged.add_sequence()
+    step(model, paged, [s0], prompt)
+    seqs = [s0, paged.fork(s0), paged.fork(s0)]
     used_before = paged.allocator.num_used
     for t in range(4):
-        got = model(nxt[:, t:t + 1], cache=paged, start_pos=10 + t)
+        got = step(model, paged, seqs, nxt[:, t:t + 1])
         if t == 0:                                # 3rd block (2 tokens) copied for 2 children
             assert paged.allocator.num_used == used_before + 2
     for i in range(3):
@@ -78,16 +88,14 @@ def test_prefix_hit_returns_identical_kv(model, gen):
     first = system + [1, 2, 3]
     seq, n = cache.add_prefix_sequence(first)
     assert n == 0
-    cache.batch = [seq]
-    model(torch.tensor([first]), cache=cache)
+    step(model, cache, [seq], torch.tensor([first]))
     cache.cache_prefix(seq, first)
     k_first = [gather_kv(cache.k[layer], cache.tables[seq].blocks, 8) for layer in range(2)]
     cache.free(seq)
     second = system + [9, 9]
     seq2, n = cache.add_prefix_sequence(second)
     assert n == 8                                 # two full blocks of the system prompt
-    cache.batch = [seq2]
-    logits = model(torch.tensor([second[n:]]), cache=cache, start_pos=n)
+    logits = step(model, cache, [seq2], torch.tensor([second[n:]]))
     want = model(torch.tensor([second]), cache=DenseKVCache(CFG.n_layers))
     torch.testing.assert_close(logits[:, -1], want[:, -1])
     for layer in range(2):
@@ -98,7 +106,7 @@ def test_prefix_hit_returns_identical_kv(model, gen):
 @torch.no_grad()
 def test_swap_out_and_in_restores_kv(model, gen):
     cache = PagedKVCache.for_model(CFG, 12, block_size=4)
-    model(torch.randint(0, 256, (1, 10), generator=gen), cache=cache)
+    step(model, cache, [cache.add_sequence()], torch.randint(0, 256, (1, 10), generator=gen))
     before = [gather_kv(cache.k[i], cache.tables[0].blocks, 10) for i in range(2)]
     blocker = cache.add_sequence()
     cache.tables[blocker].append(4)               # hold block 3 so the swap-in gets new ids
@@ -114,7 +122,7 @@ def test_swap_out_and_in_restores_kv(model, gen):
 def test_model_on_a_full_pool_raises_a_helpful_error(model, gen):
     cache = PagedKVCache.for_model(CFG, 2, block_size=4)
     with pytest.raises(BlockPoolExhausted, match="preempt.*swap.*wait"):
-        model(torch.randint(0, 256, (1, 9), generator=gen), cache=cache)
+        step(model, cache, [cache.add_sequence()], torch.randint(0, 256, (1, 9), generator=gen))
     cache.allocator.check_invariants()
     assert cache.allocator.num_free == 2          # nothing leaked
 
@@ -125,21 +133,23 @@ def test_full_pool_mid_batch_changes_no_row(model, gen):
     error must leave row 0 as it was (0 tokens, blocks back in the pool), and the same with a
     forked batch whose copy-on-write had already run; a smaller step then succeeds."""
     cache = PagedKVCache.for_model(CFG, 3, block_size=4)
+    rows = [cache.add_sequence(), cache.add_sequence()]
     with pytest.raises(BlockPoolExhausted):
-        model(torch.randint(0, 256, (2, 6), generator=gen), cache=cache)
-    assert [cache.seq_len(s) for s in cache.batch] == [0, 0]
+        step(model, cache, rows, torch.randint(0, 256, (2, 6), generator=gen))
+    assert [cache.seq_len(s) for s in rows] == [0, 0]
     assert cache.allocator.num_free == 3
     cache.allocator.check_invariants()
-    model(torch.randint(0, 256, (2, 2), generator=gen), cache=cache)   # 1 block each
+    step(model, cache, rows, torch.randint(0, 256, (2, 2), generator=gen))   # 1 block each
     forked = PagedKVCache.for_model(CFG, 4, block_size=4)
-    model(torch.randint(0, 256, (1, 6), generator=gen), cache=forked)   # blocks 0, 1
-    forked.batch = [0, forked.fork(0), forked.fork(0)]                  # block 1 shared by 3
+    s0 = forked.add_sequence()
+    step(model, forked, [s0], torch.randint(0, 256, (1, 6), generator=gen))  # blocks 0, 1
+    rows = [s0, forked.fork(s0), forked.fork(s0)]                           # block 1 shared by 3
     refs = forked.allocator.ref_counts()
     with pytest.raises(BlockPoolExhausted):     # row 0 takes the 2 free blocks (copy + new)
-        model(torch.randint(0, 256, (3, 3), generator=gen), cache=forked, start_pos=6)
+        step(model, forked, rows, torch.randint(0, 256, (3, 3), generator=gen))
     assert forked.allocator.ref_counts() == refs
-    assert [forked.seq_len(s) for s in forked.batch] == [6, 6, 6]
-    assert all(forked.tables[s].blocks == [0, 1] for s in forked.batch)
+    assert [forked.seq_len(s) for s in rows] == [6, 6, 6]
+    assert all(forked.tables[s].blocks == [0, 1] for s in rows)
     forked.allocator.check_invariants()
 
 
@@ -150,3 +160,12 @@ def test_contiguous_cache_refuses_overflow(gen):
     with pytest.raises(ValueError, match="max_seq_len"):
         cache.update(0, k[:, :, :2], k[:, :, :2])
     assert cache.used_bytes * 5 == cache.nbytes * 4
+
+
+@torch.no_grad()
+def test_a_paged_cache_refuses_the_dense_call_by_name(model):
+    """No side channel: the dense (B, T) call cannot guess which sequences the rows are."""
+    cache = PagedKVCache.for_model(CFG, 8, block_size=4)
+    with pytest.raises(ValueError, match="prepare_step"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    assert not hasattr(cache, "batch") and cache.allocator.num_free == 8

@@ -27,7 +27,7 @@ ALLOWED = {
     "quant": {"attention", "model", "specs", "calc"},
     "parallel": {"attention", "model", "specs", "calc"},
     "engine": {"attention", "model", "kvcache", "specs", "calc"},
-    "serving": {"engine", "model", "kvcache", "quant", "specs", "calc"},
+    "serving": {"engine", "model", "kvcache", "quant", "parallel", "specs", "calc"},
     "ledger": {"attention", "calc", "kvcache", "model", "parallel", "quant", "engine", "specs"},
     "planning": {"calc", "engine", "kvcache", "model", "parallel", "quant", "specs"},
 }

@@ -17,8 +17,8 @@ from llminfra.attention.flash import flash_attention
 from llminfra.attention.flash_triton import flash_attention_triton
 from llminfra.attention.io_accounting import IOCounter, flash_block_sizes, measure_io
 from llminfra.attention.naive import naive_attention
-from llminfra.attention.online_softmax import (merge_stats, online_softmax, online_softmax_stats,
-                                               safe_softmax)
+from llminfra.attention.online_softmax import (merge_partials, merge_stats, online_softmax,
+                                               online_softmax_stats, safe_softmax)
 from llminfra.attention.paged import contiguous_decode_attention, gather_kv, paged_attention
 from llminfra.attention.paged_triton import paged_attention_triton
 from llminfra.attention.ragged import ragged_attention
@@ -27,6 +27,6 @@ from llminfra.attention.step_metadata import StepMetadata
 
 __all__ = ["naive_attention", "flash_attention", "flash_attention_triton", "IOCounter",
            "flash_block_sizes", "measure_io", "online_softmax", "online_softmax_stats",
-           "merge_stats", "safe_softmax", "reference_attention", "sdpa_attention", "causal_mask",
+           "merge_stats", "merge_partials", "safe_softmax", "reference_attention", "sdpa_attention", "causal_mask",
            "paged_attention", "paged_attention_triton", "contiguous_decode_attention",
            "gather_kv", "ragged_attention", "StepMetadata"]

@@ -73,3 +73,34 @@ def online_softmax(x: torch.Tensor, block_size: int = 1) -> torch.Tensor:
     m, l = online_softmax_stats(x, block_size)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     return torch.exp(x - m) / torch.where(l == 0, torch.ones_like(l), l)
+
+
+def merge_partials(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention results over disjoint key sets into the result over their union.
+
+    A partial result is the normalised output ``o = Σ_j e^(s_j - lse) v_j`` over its keys and its
+    log-sum-exp ``lse = log Σ_j e^(s_j)``. Read as softmax statistics it is ``(m, l) = (lse, 1)``,
+    so :func:`merge_stats` gives ``(m, l)`` for the union and::
+
+        lse = m + log l,    o = (o_a e^(lse_a - m) + o_b e^(lse_b - m)) / l
+
+    This is line 12 of FlashAttention's Algorithm 1 (Dao et al. 2022, arXiv:2205.14135) applied
+    to two whole blocks: how ring attention (Liu, Zaharia, Abbeel 2023, arXiv:2310.01889) merges
+    the block that just arrived, and how Flash-Decoding (Dao et al. 2023, "Flash-Decoding for
+    long-context inference", blog, Oct 2023) reduces its split-KV partials. A row with no keys
+    (``lse = -inf``, ``o = 0``) is the empty set: merging with it changes nothing, and two empty
+    rows stay empty.
+
+    Shapes: o ``(..., T, d)``, lse ``(..., T, 1)``; returns ``(o, lse)`` of the same shapes.
+    Worked example (d = 1): a row with keys scores [0] and values [1] (o = 1, lse = 0) merged with
+    scores [0], values [3] (o = 3, lse = 0) → o = 2, lse = log 2 = 0.6931. Taught in chapters 06
+    and 11.
+    """
+    l_a = (lse_a > float("-inf")).to(lse_a.dtype)  # 1 for a non-empty partial, 0 for empty
+    l_b = (lse_b > float("-inf")).to(lse_b.dtype)
+    m, l = merge_stats(lse_a, l_a, lse_b, l_b)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w_a, w_b = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
+    o = (o_a * w_a + o_b * w_b) / torch.where(l == 0, torch.ones_like(l), l)
+    return o, m + torch.log(l)

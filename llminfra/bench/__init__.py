@@ -28,6 +28,7 @@ SUITES: dict[str, str] = {
     "real": "llminfra.bench.real",
     "spec": "llminfra.bench.spec",
     "structured": "llminfra.bench.structured",
+    "router": "llminfra.bench.router",
 }
 
 

@@ -9,6 +9,9 @@ Rules, each worked by hand in ``tests/test_memory.py``:
   blocks' linear weights are quantized, each group of ``group_size`` weights adds one fp16 scale
   (and one zero point for asymmetric schemes), and the rest stays in 16 bits;
 * KV cache per token: ``2 · layers · kv_heads · head_dim · bytes(kv_dtype)`` (K and V);
+  for multi-head latent attention ``layers · (kv_lora_rank + qk_rope_head_dim) · bytes``;
+  a sliding window bounds the tokens held, and quantized KV may add group scales
+  (:mod:`llminfra.calc.kv_layout`);
 * inference activations: the live tensors of one layer for the tokens in flight, plus the
   last position's logits in fp32 (see :func:`activation_bytes_inference`);
 * training activations: Korthikanti et al., 2022 (arXiv:2205.05198), eq. 1 per layer;
@@ -28,7 +31,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from llminfra.calc.params import active_param_count, linear_weight_count, param_count
+from llminfra.calc.kv_layout import (kv_bytes_per_token_layer, kv_share_per_rank,
+                                     kv_tokens_held)
+from llminfra.calc.params import (active_param_count, linear_shapes, linear_weight_count,
+                                  param_count)
 from llminfra.specs.formats import DTYPE_BYTES, dtype_bytes
 from llminfra.specs.gpus import get_gpu
 from llminfra.specs.models import ModelSpec, get_model
@@ -106,29 +112,38 @@ def weight_bytes(model: str | ModelSpec, dtype: str = "bf16", group_size: int | 
         _positive_int("group_size", group_size)
     linear = linear_weight_count(spec)
     if group_size is None:  # per output channel: one group per row of each matrix
-        h, kv, i = spec.hidden_size, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
-        rows = 2 * h + 2 * kv + (2 * i + h if spec.mlp == "gated" else i + h) * spec.num_experts
-        groups = spec.num_layers * rows
+        groups = sum(rows * count for rows, _, count in linear_shapes(spec))
     else:
         groups = -(-linear // group_size)
     overhead = groups * (2 + (2 if zero_point else 0))
     return int(linear * b + overhead + (total - linear) * dtype_bytes(rest_dtype))
 
 
-def kv_bytes_per_token(model: str | ModelSpec, kv_dtype: str = "bf16") -> int:
-    """``2 · layers · kv_heads · head_dim · bytes``: one token's keys and values, all layers.
+def kv_bytes_per_token(model: str | ModelSpec, kv_dtype: str = "bf16",
+                       kv_group_size: int | None = None) -> int:
+    """``2 · layers · kv_heads · head_dim · bytes``: one token's keys and values, all layers;
+    multi-head latent attention: ``layers · (kv_lora_rank + qk_rope_head_dim) · bytes``
+    (DeepSeek-V2, arXiv:2405.04434, §2.1 and Table 1). ``kv_group_size``: one fp16 scale per
+    group of that many elements (quantized KV only; see :mod:`llminfra.calc.kv_layout`).
 
-    Llama-2-7B in bf16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes (512 KiB).
+    Llama-2-7B in bf16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes (512 KiB); DeepSeek-V3 in bf16:
+    61 · (512 + 64) · 2 = 70,272 bytes. Taught in chapters 02 and 11.
     """
     spec = get_model(model)
-    return int(2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * dtype_bytes(kv_dtype))
+    return spec.num_layers * kv_bytes_per_token_layer(spec, kv_dtype, kv_group_size)
 
 
-def kv_bytes(model: str | ModelSpec, context: int, batch: int = 1, kv_dtype: str = "bf16") -> int:
-    """KV cache of ``batch`` sequences of ``context`` tokens each."""
+def kv_bytes(model: str | ModelSpec, context: int, batch: int = 1, kv_dtype: str = "bf16",
+             sliding_window: bool = False, kv_group_size: int | None = None) -> int:
+    """KV cache of ``batch`` sequences of ``context`` tokens each:
+    ``kv_bytes_per_token · tokens_held · batch``, where ``tokens_held = min(context, W)`` for a
+    model with a sliding window ``W`` when ``sliding_window`` (a rolling-buffer cache that
+    evicts what left the window, Mistral-7B, arXiv:2310.06825, §2), else ``context``.
+    Mistral-7B, bf16, 32,768 tokens: 131,072 · 4,096 = 0.537 GB windowed, 4.29 GB without."""
     spec = get_model(model)
     context = _check_context(spec, context)
-    return kv_bytes_per_token(spec, kv_dtype) * context * _positive_int("batch", batch)
+    held = kv_tokens_held(spec, context, sliding_window)
+    return kv_bytes_per_token(spec, kv_dtype, kv_group_size) * held * _positive_int("batch", batch)
 
 
 def activation_bytes_inference(model: str | ModelSpec, batch: int = 1, tokens: int = 1,
@@ -140,15 +155,28 @@ def activation_bytes_inference(model: str | ModelSpec, batch: int = 1, tokens: i
     intermediate tensors (3·I when gated: gate, up, their product; 2·I when plain), all per
     token in ``dtype``; plus ``heads · tokens²`` scores per sequence when ``attention="naive"``
     (FlashAttention never forms them) and the last position's logits in fp32 (4 · vocab bytes
-    per sequence, as serving engines compute only those).
+    per sequence, as serving engines compute only those). Wider heads (Qwen3's explicit
+    head_dim) and latent attention use their own q / k / v / output widths; a mixture-of-experts
+    layer with ``moe_intermediate_size`` runs ``experts_per_token + num_shared_experts`` expert
+    MLPs per token, so its MLP width is that many ``moe_intermediate_size`` (the widest of the
+    dense and MoE layers counts). Mixtral (no ``moe_intermediate_size``) keeps the one-MLP
+    width it always had here.
     """
     spec = get_model(model)
     batch, tokens = _positive_int("batch", batch), _positive_int("tokens", tokens)
     if attention not in ("flash", "naive"):
         raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
     b = dtype_bytes(dtype)
-    h, kv, i = spec.hidden_size, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
-    per_token = 4 * h + 2 * kv + (3 if spec.mlp == "gated" else 2) * i
+    h, H = spec.hidden_size, spec.num_heads
+    q, out = H * spec.head_dim, H * spec.value_head_dim
+    k_v = (H * (spec.head_dim + spec.value_head_dim) if spec.is_mla
+           else 2 * spec.num_kv_heads * spec.head_dim)
+    i = spec.intermediate_size if spec.num_moe_layers < spec.num_layers else 0
+    if spec.num_moe_layers and spec.moe_intermediate_size is not None:
+        i = max(i, (spec.experts_per_token + spec.num_shared_experts) * spec.moe_intermediate_size)
+    elif spec.num_moe_layers:
+        i = spec.intermediate_size
+    per_token = 2 * h + q + k_v + out + (3 if spec.mlp == "gated" else 2) * i
     total = batch * tokens * per_token * b
     if attention == "naive":
         total += batch * spec.num_heads * tokens * tokens * b
@@ -208,6 +236,10 @@ class InferenceMemory:
     kv_bytes_per_token: int
     kv_bytes: int
     activation_bytes: int
+    attention: str = "MHA"
+    sliding_window: int | None = None
+    kv_tokens_per_sequence: int = 0
+    kv_bytes_full_attention: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -221,10 +253,15 @@ class InferenceMemory:
 
 def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str | None = None,
                      context: int = 2048, batch: int = 1, group_size: int | None = 128,
-                     prefill_chunk: int | None = None) -> InferenceMemory:
+                     prefill_chunk: int | None = None, sliding_window: bool = False,
+                     kv_group_size: int | None = None) -> InferenceMemory:
     """Weights + KV cache + activations for serving. ``kv_dtype`` defaults to the 16-bit
     compute dtype (``bf16`` for quantized weights). Activations are for a prefill of
-    ``prefill_chunk`` tokens per sequence (default: the whole context) with FlashAttention."""
+    ``prefill_chunk`` tokens per sequence (default: the whole context) with FlashAttention.
+    Weights count every expert of a mixture-of-experts (all must be resident); ``params`` and
+    ``active_params`` say how many exist and how many one token uses. ``sliding_window`` and
+    ``kv_group_size`` as in :func:`kv_bytes`; ``kv_bytes_full_attention`` is the cache without
+    the window (equal to ``kv_bytes`` when none applies)."""
     spec = get_model(model)
     for name, d in (("dtype", dtype), ("kv_dtype", kv_dtype)):
         if d is not None and str(d).strip().lower() not in DTYPE_BYTES:
@@ -239,9 +276,12 @@ def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str 
         model=spec.name, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
         params=param_count(spec), active_params=active_param_count(spec),
         weight_bytes=weight_bytes(spec, dtype, group_size),
-        kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype),
-        kv_bytes=kv_bytes(spec, context, batch, kv_dtype),
-        activation_bytes=activation_bytes_inference(spec, batch, chunk, compute))
+        kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype, kv_group_size),
+        kv_bytes=kv_bytes(spec, context, batch, kv_dtype, sliding_window, kv_group_size),
+        activation_bytes=activation_bytes_inference(spec, batch, chunk, compute),
+        attention=spec.attention, sliding_window=spec.sliding_window,
+        kv_tokens_per_sequence=kv_tokens_held(spec, context, sliding_window),
+        kv_bytes_full_attention=kv_bytes(spec, context, batch, kv_dtype, False, kv_group_size))
 
 
 @dataclass(frozen=True)
@@ -272,7 +312,7 @@ class KVBudget:
 
 def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | None = None,
               context: int = 2048, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-              num_gpus: int = 1) -> KVBudget:
+              num_gpus: int = 1, sliding_window: bool = False) -> KVBudget:
     """The one answer to "how much is left for the KV cache beside the weights, and how many
     sequences fit", as vLLM sizes its cache (Kwon et al., 2023, arXiv:2309.06180, §4.3 and
     ``gpu_memory_utilization``):
@@ -286,7 +326,10 @@ def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | 
       ``max_sequences = kv_budget_tokens // context``. On ``n = num_gpus`` GPUs (tensor
       parallel) each holds ``ceil(H_kv / n)`` of the KV heads — a whole head when there are
       fewer heads than GPUs, which vLLM replicates — so a token costs ``r = ceil(H_kv / n) · n /
-      H_kv`` times its KV bytes (r = 1 when n divides H_kv).
+      H_kv`` times its KV bytes (r = 1 when n divides H_kv). Multi-head latent attention
+      shares its latent across heads, so every GPU keeps all of it: r = n.
+    * with ``sliding_window`` a sequence holds ``min(context, W)`` tokens
+      (:func:`llminfra.calc.kv_layout.kv_tokens_held`), so ``max_sequences`` divides by that.
 
     OPT-13B in fp16 on an A100-40GB (40,960 MiB = 42,949,672,960 bytes), 10 % reserve, context
     2048: usable 38,654,705,664; weights 25,706,946,560; activations 2048 · 143,360 + 4 · 50,272
@@ -297,24 +340,24 @@ def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | 
     if not 0 <= reserve_fraction < 1:
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
     num_gpus = _positive_int("num_gpus", num_gpus)
-    one = inference_memory(spec, dtype, kv_dtype, context, batch=1)
+    one = inference_memory(spec, dtype, kv_dtype, context, batch=1, sliding_window=sliding_window)
     memory = g.memory_bytes * num_gpus
     usable = int(memory * (1 - reserve_fraction))
     left = max(0, usable - one.weight_bytes - one.activation_bytes)
-    copies = -(-spec.num_kv_heads // num_gpus) * num_gpus  # KV heads held, replicas included
-    tokens = left * spec.num_kv_heads // (one.kv_bytes_per_token * copies)
+    stored = one.kv_bytes_per_token * kv_share_per_rank(spec, num_gpus) * num_gpus  # replicas
+    tokens = int(left // stored)
     return KVBudget(model=spec.name, gpu=g.name, num_gpus=num_gpus, dtype=one.dtype,
                     kv_dtype=one.kv_dtype, context=one.context,
                     reserve_fraction=reserve_fraction, gpu_memory_bytes=int(memory),
                     gpu_memory_source=g.memory_source, usable_bytes=usable,
                     weight_bytes=one.weight_bytes, activation_bytes=one.activation_bytes,
                     kv_budget_bytes=left, kv_bytes_per_token=one.kv_bytes_per_token,
-                    kv_budget_tokens=tokens, max_sequences=tokens // one.context)
+                    kv_budget_tokens=tokens, max_sequences=tokens // one.kv_tokens_per_sequence)
 
 
 def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
          context: int = 2048, batch: int = 1, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-         num_gpus: int = 1) -> dict:
+         num_gpus: int = 1, sliding_window: bool = False) -> dict:
     """Whether ``batch`` sequences of ``context`` tokens fit on ``num_gpus`` of ``gpu``: the
     weights, the batch's KV cache and the activations of ONE ``context``-token prefill (see
     :func:`kv_budget`) within ``usable_bytes``; so ``fits`` is exactly
@@ -322,8 +365,9 @@ def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | 
     (``activation_bytes`` for one prefill) plus ``fits``, ``gpu_memory_bytes``,
     ``gpu_memory_source``, ``usable_bytes``, ``kv_budget_bytes``, ``max_sequences``,
     ``reserve_fraction``, ``gpu``, ``num_gpus``, ``gpu_confidence``."""
-    budget = kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction, num_gpus)
-    est = inference_memory(model, dtype, kv_dtype, context, batch)
+    budget = kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction, num_gpus,
+                       sliding_window)
+    est = inference_memory(model, dtype, kv_dtype, context, batch, sliding_window=sliding_window)
     d = est.to_dict()
     d.update(activation_bytes=budget.activation_bytes,
              total_bytes=est.weight_bytes + est.kv_bytes + budget.activation_bytes,
@@ -338,8 +382,9 @@ def fits(model: str | ModelSpec, gpu: str, dtype: str = "bf16", kv_dtype: str | 
 
 def max_batch(model: str | ModelSpec, gpu: str, context: int = 2048, dtype: str = "bf16",
               kv_dtype: str | None = None, reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-              num_gpus: int = 1) -> int:
+              num_gpus: int = 1, sliding_window: bool = False) -> int:
     """The largest batch of ``context``-token sequences that fits (0 if even one does not):
-    ``kv_budget(...).max_sequences``, the KV budget in tokens divided by the context."""
+    ``kv_budget(...).max_sequences``, the KV budget in tokens divided by the tokens a sequence
+    holds (the context, or ``min(context, W)`` with ``sliding_window``)."""
     return kv_budget(model, gpu, dtype, kv_dtype, context, reserve_fraction,
-                     num_gpus).max_sequences
+                     num_gpus, sliding_window).max_sequences

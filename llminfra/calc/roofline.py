@@ -28,8 +28,9 @@ from dataclasses import dataclass, replace
 
 from llminfra.calc.communication import (Interconnect, get_interconnect,
                                          ring_allreduce_time_s)
-from llminfra.calc.memory import _compute_dtype, weight_bytes
-from llminfra.calc.step import step_bytes, step_flops
+from llminfra.calc.kv_layout import kv_share_per_rank
+from llminfra.calc.memory import _compute_dtype
+from llminfra.calc.step import step_bytes, step_flops, weight_bytes_read
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import GPUSpec, get_gpu
 from llminfra.specs.models import ModelSpec, get_model
@@ -131,8 +132,10 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     ``memory_s`` = bytes per rank / bandwidth, ``comm_s`` (0 for one rank), ``overhead_s``,
     ``bound`` (``"compute"`` or ``"memory"``), ``time_s``.
 
-    Per rank of ``n = tensor_parallel``: weights / n, KV bytes · ceil(H_kv / n) / H_kv (KV heads
-    are split, and replicated when there are fewer heads than ranks, as vLLM does). The
+    Per rank of ``n = tensor_parallel``: weights read / n (a mixture-of-experts reads only the
+    routed experts, :func:`llminfra.calc.step.weight_bytes_read`), KV bytes · ceil(H_kv / n) /
+    H_kv (KV heads are split, and replicated when there are fewer heads than ranks, as vLLM
+    does; a latent-attention cache is whole on every rank). The
     all-reduces run over ``interconnect`` (default :func:`default_interconnect`) with
     ``latency_s`` per ring step.
     """
@@ -145,10 +148,9 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
         kv_dtype = _compute_dtype(dtype)
     flops = step_flops(spec, batch)
     total = step_bytes(spec, batch, dtype, kv_dtype)
-    weights = weight_bytes(spec, dtype)
+    weights = weight_bytes_read(spec, dtype, sum(new for new, _ in batch))
     kv = total - weights  # read and written KV of every sequence
-    heads_per_rank = -(-spec.num_kv_heads // n)
-    per_rank = weights / n + kv * heads_per_rank / spec.num_kv_heads
+    per_rank = weights / n + kv * float(kv_share_per_rank(spec, n))
     compute_s = flops / (n * roof.peak_flops_per_s)
     memory_s = per_rank / roof.bytes_per_s
     comm_s = 0.0
@@ -219,7 +221,8 @@ def layer_point(model: str | ModelSpec, batch, dtype: str = "bf16",
     2·32·128·2 = 404,783,104: intensity 1.0.
     """
     spec = get_model(model)
-    one, two = replace(spec, num_layers=1), replace(spec, num_layers=2)
+    # a DeepSeek block is the typical MoE one (its first_dense_layers are dense)
+    one, two = (replace(spec, num_layers=n, first_dense_layers=0) for n in (1, 2))
     flops = step_flops(two, batch) - step_flops(one, batch)
     nbytes = step_bytes(two, batch, dtype, kv_dtype) - step_bytes(one, batch, dtype, kv_dtype)
     return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}

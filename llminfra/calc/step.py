@@ -5,14 +5,19 @@ includes the new tokens): decode is ``(1, c)``, a whole-prompt prefill ``(c, c)`
 chunk anything between. :func:`step_flops` and :func:`step_bytes` are the accounting of
 :mod:`llminfra.calc.roofline` (and so of the serving simulator); the ``decode_*`` functions are
 their batch-of-decodes case, taught in chapter 01. The bytes build on the memory model
-(:mod:`llminfra.calc.memory`): weights once per step, each sequence's KV cache.
+(:mod:`llminfra.calc.memory`): weights once per step, each sequence's KV cache. A
+mixture-of-experts model stores every expert but a step reads only the experts its tokens
+were routed to (:func:`weight_bytes_read`): one decode token of DeepSeek-V3 reads 8 of 256
+routed experts per layer, a long prefill reads them all.
 """
 
 from __future__ import annotations
 
-from llminfra.calc.memory import (_check_context, _compute_dtype, _positive_int,
+from llminfra.calc.kv_layout import QUANTIZED_KV
+from llminfra.calc.memory import (_check_context, _compute_dtype, _dtype_key, _positive_int,
                                   kv_bytes_per_token, weight_bytes)
-from llminfra.calc.params import active_param_count
+from llminfra.calc.params import active_param_count, expected_experts_touched, expert_param_count
+from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.models import ModelSpec, get_model
 
 
@@ -44,7 +49,9 @@ def step_flops(model: str | ModelSpec, batch) -> int:
 
     Per sequence with ``n`` new tokens at context ``c``: ``2 · active_params · n`` (a multiply
     and an add per weight, Kaplan et al., 2020, arXiv:2001.08361, Table 1, C_forward ≈ 2N) plus
-    causal attention, ``4 · L · H · head_dim`` per attended (query, key) pair (QKᵀ and AV): new
+    causal attention, ``2 · L · H · (d_qk + d_v)`` per attended (query, key) pair (QKᵀ and AV;
+    ``4 · L · H · head_dim`` when d_qk = d_v; latent attention counted in its plain,
+    non-absorbed form: d_qk = d_h + d_h^R = 192, d_v = 128 for DeepSeek): new
     token ``j`` sits at position ``c - n + j`` and attends to that many keys, so the pairs number
     ``n · c - n(n-1)/2`` (decode, n = 1: ``c``; whole-prompt prefill, n = c: ``c(c+1)/2``).
 
@@ -52,7 +59,7 @@ def step_flops(model: str | ModelSpec, batch) -> int:
     = 13,477,355,520. Taught in chapters 01 (decode) and 08 (roofline).
     """
     spec = get_model(model)
-    per_pair = 4 * spec.num_layers * spec.num_heads * spec.head_dim
+    per_pair = 2 * spec.num_layers * spec.num_heads * (spec.head_dim + spec.value_head_dim)
     per_token = 2 * active_param_count(spec)
     total = 0
     for n, c in _step_pairs(spec, batch):
@@ -60,12 +67,38 @@ def step_flops(model: str | ModelSpec, batch) -> int:
     return total
 
 
+def weight_bytes_read(model: str | ModelSpec, dtype: str = "bf16", tokens: int = 1,
+                      group_size: int | None = 128) -> int:
+    """Weight bytes one step over ``tokens`` new tokens reads: :func:`weight_bytes` for a dense
+    model; for mixture-of-experts everything but the routed experts no token picked:
+    ``weight_bytes - L_moe · (E - E_touched) · expert_bytes`` with ``E_touched`` from
+    :func:`llminfra.calc.params.expected_experts_touched` (uniform routing; rounded to whole
+    bytes) and ``expert_bytes`` one expert's weights in ``dtype`` (+ one 2-byte scale per
+    ``group_size`` weights when quantized).
+
+    DeepSeek-V3 in bf16, one token: 2 · (671,026,419,200 - 58 · 248 · 44,040,192) =
+    75,104,594,944 bytes of 1,342,052,838,400 stored (5.6 %). Taught in chapter 11.
+    """
+    spec = get_model(model)
+    stored = weight_bytes(spec, dtype, group_size)
+    if not spec.num_moe_layers:
+        return stored
+    n = expert_param_count(spec)
+    expert = n * dtype_bytes(dtype)
+    if _dtype_key(dtype) in QUANTIZED_KV and group_size is not None:
+        expert += 2 * -(-n // group_size)
+    untouched = spec.num_experts - expected_experts_touched(spec, tokens)
+    return int(round(stored - spec.num_moe_layers * untouched * expert))
+
+
 def step_bytes(model: str | ModelSpec, batch, dtype: str = "bf16",
                kv_dtype: str | None = None) -> int:
     """Bytes moved to and from GPU memory by one forward step over ``batch`` (pairs of
     ``(new_tokens, context_tokens)``, as in :func:`step_flops`):
 
-    ``weight_bytes(dtype)`` once per step (shared by the batch) + per sequence the cached
+    :func:`weight_bytes_read` once per step (shared by the batch: every weight of a dense
+    model; a mixture-of-experts reads only the experts the step's tokens were routed to) +
+    per sequence the cached
     keys and values read, ``(c - n) · kv_bytes_per_token``, and the new tokens' written,
     ``n · kv_bytes_per_token`` — together ``c · kv_bytes_per_token``. The new tokens' keys and
     values are counted once: a fused kernel uses them from on-chip memory (FlashAttention
@@ -81,14 +114,17 @@ def step_bytes(model: str | ModelSpec, batch, dtype: str = "bf16",
     if kv_dtype is None:
         kv_dtype = _compute_dtype(dtype)
     kv = kv_bytes_per_token(spec, kv_dtype)
-    return weight_bytes(spec, dtype) + sum(kv * c for _, c in _step_pairs(spec, batch))
+    pairs = _step_pairs(spec, batch)
+    tokens = sum(n for n, _ in pairs)
+    return weight_bytes_read(spec, dtype, tokens) + sum(kv * c for _, c in pairs)
 
 
 def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 2048,
                       dtype: str = "bf16", kv_dtype: str | None = None) -> int:
     """Bytes of one decode step of ``batch`` sequences at ``context`` tokens:
-    :func:`step_bytes` of ``batch`` pairs ``(1, context)`` — every weight once plus each
-    sequence's KV cache, ``weight_bytes(dtype) + batch · context · kv_bytes_per_token``.
+    :func:`step_bytes` of ``batch`` pairs ``(1, context)`` — the weights once (for
+    mixture-of-experts only the experts the ``batch`` tokens reach) plus each sequence's KV
+    cache, ``weight_bytes_read(dtype, batch) + batch · context · kv_bytes_per_token``.
 
     Llama-2-7B, bf16, batch 1, context 1: 13,476,831,232 + 524,288 bytes.
     Taught in chapter 01 (why decode is memory-bound) and chapter 08 (roofline).

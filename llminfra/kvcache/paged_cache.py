@@ -10,9 +10,9 @@ pool through the block tables (Kwon et al., 2023, arXiv:2309.06180, §4.3):
 :func:`llminfra.attention.paged.paged_attention` in PyTorch, or the fused Triton kernel
 :func:`llminfra.attention.paged_triton.paged_attention_triton` on a GPU.
 
-Sequences: a serving engine names the sequences of a step in ``prepare_step``. For a dense
-``model(tokens (B, T), cache, start_pos)`` call, ``cache.batch`` lists the sequence ids of the B
-rows (one new sequence per row is created when it is empty). ``fork(seq)`` adds a sequence that
+Sequences: ``add_sequence()`` names a new one; a serving engine (and
+:func:`llminfra.model.generate`) names the sequences of each step in ``prepare_step`` — there is
+no dense ``(B, T)`` call and no hidden "current batch". ``fork(seq)`` adds a sequence that
 shares every block of ``seq`` (parallel sampling, beam search).
 
 Taught in chapter 04; the serving engine of chapter 05 runs on it.
@@ -33,8 +33,7 @@ class PagedKVCache:
     """K/V of many sequences in a pool of ``num_blocks`` blocks of ``block_size`` tokens.
 
     Works on ragged steps (``needs_step_metadata``): ``meta = prepare_step(seq_ids,
-    query_lens)``, then ``model(tokens, cache, meta=meta)``; a dense ``model(tokens, cache,
-    start_pos)`` call becomes one such step through :meth:`rows_step`.
+    query_lens)``, then ``model(tokens, cache, meta=meta)``.
 
     ``PagedKVCache(n_layers, n_kv_heads, head_dim, num_blocks, block_size)``; pass an
     ``allocator`` (e.g. a :class:`~llminfra.kvcache.prefix_cache.PrefixCachingAllocator`) to
@@ -59,7 +58,6 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.n_layers = n_layers
         self.tables: dict[int, BlockTable] = {}
-        self.batch: list[int] = []
         self._next_id = 0
         self._step = 0                                 # id of the latest prepare_step
         self._undo: list | None = None                 # what rollback_step gives back
@@ -93,10 +91,9 @@ class PagedKVCache:
         return child
 
     def free(self, seq: int) -> None:
-        """Release ``seq``'s blocks and forget it (also drops it from ``batch``)."""
+        """Release ``seq``'s blocks and forget it."""
         self._table(seq).free()
         del self.tables[seq]
-        self.batch = [s for s in self.batch if s != seq]
 
     def add_prefix_sequence(self, tokens: list[int]) -> tuple[int, int]:
         """A new sequence starting with the longest cached prefix of ``tokens``.
@@ -201,20 +198,6 @@ class PagedKVCache:
             self._undo_appends(self._undo)
             self._undo = None
             self._step += 1
-
-    def rows_step(self, B: int, T: int, start_pos: int) -> StepMetadata:
-        """A dense ``(B, T)`` forward pass as one step: row r is sequence ``batch[r]`` (B new
-        sequences are created when ``batch`` is empty); each must hold ``start_pos`` tokens."""
-        if not self.batch:
-            self.batch = [self.add_sequence() for _ in range(B)]
-        if len(self.batch) != B:
-            raise ValueError(f"the forward pass has {B} rows but cache.batch lists "
-                             f"{len(self.batch)} sequences {self.batch}")
-        held = [self._table(s).num_tokens for s in self.batch]
-        if any(h != start_pos for h in held):
-            raise ValueError(f"start_pos {start_pos} but the sequences {self.batch} hold "
-                             f"{held} tokens")
-        return self.prepare_step(self.batch, [T] * B)
 
     def _undo_appends(self, done: list) -> None:
         """Give back what the sequences appended (:meth:`BlockTable.restore`)."""

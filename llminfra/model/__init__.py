@@ -7,7 +7,8 @@ Contract (the names notebooks, checkers and tests call; details in the module do
 ``model(tokens (N,), cache, meta=StepMetadata) -> logits (N, V)``, ``model.set_attention(fn)``,
 ``DenseKVCache``, ``ByteTokenizer``, ``load_tiny()``, ``generate(...)``, ``perplexity(...)``,
 ``heldout_tokens()``; a real checkpoint: ``load_pretrained("smollm2-135m" | file.gguf | folder)
--> (model, BPETokenizer)``; a fast batch-1 greedy path: ``FastDecoder(model).generate(ids, n)``.
+-> (model, BPETokenizer)``; a fast batch-1 greedy path: ``FastDecoder(model).generate(ids, n)``;
+mixture of experts (chapter 11): ``MoEFeedForward``, ``route``, ``tiny_moe_model(seed)``.
 """
 
 from llminfra.attention.reference import causal_mask, reference_attention, sdpa_attention
@@ -20,12 +21,14 @@ from llminfra.model.corpus import corpus_tokens, heldout_tokens
 from llminfra.model.fast_decode import FastDecoder
 from llminfra.model.generate import generate, mean_nll, perplexity, sample_next_token
 from llminfra.model.gguf_file import GGUFFile
+from llminfra.model.moe import (MoEFeedForward, RouterOutput, expert_capacity, route,
+                                tiny_moe_config)
 from llminfra.model.pretrained import (load_model, load_pretrained, load_tokenizer,
                                        pretrained_names, pretrained_path)
 from llminfra.model.tokenizer import ByteTokenizer
 from llminfra.model.transformer import (Attention, FeedForward, RMSNorm, Transformer,
                                         TransformerBlock, apply_rotary, rotary_angles,
-                                        rotary_angles_at)
+                                        rotary_angles_at, tiny_moe_model)
 
 __all__ = [
     "ModelConfig", "config_names", "Transformer", "TransformerBlock", "Attention",
@@ -34,5 +37,6 @@ __all__ = [
     "sample_next_token", "perplexity", "mean_nll", "heldout_tokens", "corpus_tokens",
     "load_tiny", "load_checkpoint", "save_checkpoint", "TINY_CHECKPOINT",
     "load_pretrained", "load_model", "load_tokenizer", "pretrained_names", "pretrained_path", "BPETokenizer", "GGUFFile",
-    "FastDecoder",
+    "FastDecoder", "MoEFeedForward", "RouterOutput", "route", "expert_capacity",
+    "tiny_moe_config", "tiny_moe_model",
 ]

@@ -41,7 +41,11 @@ class ModelConfig:
     * ``qkv_bias`` — q, k, v projections carry a bias (Qwen2);
     * ``rope_scaling`` — ``None``, or sorted ``(key, value)`` pairs of a Hugging Face
       ``rope_scaling`` dict of type ``"linear"`` or ``"llama3"`` (see
-      :func:`llminfra.model.transformer.rope_inv_freq`).
+      :func:`llminfra.model.transformer.rope_inv_freq`);
+    * ``num_experts`` E, ``experts_per_token`` k, ``moe_gating`` (``"softmax"`` or
+      ``"sigmoid"``) — with E > 1 every block's MLP is a mixture of E SwiGLU experts of inner
+      size I, k per token (:class:`llminfra.model.moe.MoEFeedForward`, chapter 11); E = 1 is
+      the dense model.
 
     Parameters (no biases, untied embeddings, RMSNorm weights only)::
 
@@ -63,10 +67,13 @@ class ModelConfig:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     rope_scaling: tuple | None = None
+    num_experts: int = 1
+    experts_per_token: int = 1
+    moe_gating: str = "softmax"
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
-                     "max_seq_len"):
+                     "max_seq_len", "num_experts", "experts_per_token"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
@@ -85,6 +92,12 @@ class ModelConfig:
             if kind not in ("linear", "llama3"):
                 raise ValueError(f"rope_scaling type {kind!r} is not supported; allowed: "
                                  f"'linear', 'llama3' (or None)")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token {self.experts_per_token} exceeds num_experts "
+                             f"{self.num_experts} (a token picks k of the E experts)")
+        if self.moe_gating not in ("softmax", "sigmoid"):
+            raise ValueError(f"moe_gating {self.moe_gating!r} is not supported; allowed: "
+                             f"'softmax', 'sigmoid'")
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ValueError(f"rope_theta ({self.rope_theta}) and norm_eps ({self.norm_eps}) "
                              f"must be > 0")
@@ -124,12 +137,17 @@ class ModelConfig:
                          vocab_size=self.vocab_size, max_positions=self.max_seq_len,
                          mlp="gated", positions="rotary", norm="rmsnorm",
                          tied_embeddings=self.tie_embeddings, qkv_bias=self.qkv_bias,
-                         linear_bias=False,
+                         linear_bias=False, num_experts=self.num_experts,
+                         experts_per_token=self.experts_per_token,
                          sources=("llminfra.model.config",))
 
     def to_dict(self) -> dict:
-        """Plain dict of the fields (stored inside checkpoints)."""
+        """Plain dict of the fields (stored inside checkpoints); a dense model (E = 1) leaves the
+        mixture-of-experts fields out, so its dict is what it always was."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.num_experts == 1:
+            for key in ("num_experts", "experts_per_token", "moe_gating"):
+                d.pop(key)
         if d["rope_scaling"] is not None:
             d["rope_scaling"] = dict(d["rope_scaling"])
         return d

@@ -52,6 +52,9 @@ class FastDecoder:
     def __init__(self, model: Transformer, max_len: int | None = None,
                  linear: Callable[[torch.Tensor], Callable] | None = None):
         c = model.config
+        if getattr(c, "num_experts", 1) > 1:
+            raise ValueError(f"FastDecoder supports dense models only; this one has "
+                             f"num_experts={c.num_experts} (run it with the plain model)")
         self.config = c
         self.max_len = c.max_seq_len if max_len is None else int(max_len)
         if not 1 <= self.max_len <= c.max_seq_len:

@@ -78,7 +78,8 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     :func:`sample_next_token` from ``generator``. ``cache=None`` recomputes the whole sequence
     at every step; an EMPTY cache (``DenseKVCache(model.config.n_layers)`` or one of
     :mod:`llminfra.kvcache`) is filled by the prefill (positions 0 .. P-1) and then one token
-    per step, at ``start_pos`` = tokens so far. One sequence (batch 1); the device is the
+    per step, at ``start_pos`` = tokens so far; a paged cache (``needs_step_metadata``) gets a
+    new sequence and one ``prepare_step`` per model call, as a serving engine's steps do. One sequence (batch 1); the device is the
     model's. Needs P + max_new_tokens - 1 <= ``model.config.max_seq_len``.
     """
     ids = _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k, generator)
@@ -86,7 +87,17 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
     new: list[int] = []
     if max_new_tokens == 0:
         return new
-    logits = model(torch.tensor([ids], device=device), cache=cache, start_pos=0)  # (1, P, V)
+    if getattr(cache, "needs_step_metadata", False):   # a paged cache: the step protocol
+        seq = cache.add_sequence()
+
+        def run(tokens: list[int], start_pos: int) -> torch.Tensor:
+            meta = cache.prepare_step([seq], [len(tokens)])
+            return model(torch.tensor(tokens, device=device), cache, meta=meta)[None]
+    else:
+        def run(tokens: list[int], start_pos: int) -> torch.Tensor:
+            return model(torch.tensor([tokens], device=device), cache=cache,
+                         start_pos=start_pos)
+    logits = run(ids, 0)  # (1, P, V)
     for step in range(max_new_tokens):
         token = sample_next_token(logits[0, -1], temperature, top_k, generator)
         new.append(token)
@@ -95,8 +106,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature:
         if cache is None:  # recompute every position
             logits = model(torch.tensor([ids + new], device=device))
         else:  # feed only the new token
-            logits = model(torch.tensor([[token]], device=device), cache=cache,
-                           start_pos=len(ids) + step)
+            logits = run([token], len(ids) + step)
     return new
 
 

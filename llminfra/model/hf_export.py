@@ -68,6 +68,9 @@ def export_hf_folder(model: Transformer, tokenizer: BPETokenizer, folder: str | 
                          f" (the byte tokenizer exports to GGUF: llminfra.quant.gguf_export)")
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(str, _DTYPES))}, got {dtype!r}")
+    if getattr(model.config, "num_experts", 1) > 1:
+        raise ValueError(f"only dense models export; this one has "
+                         f"num_experts={model.config.num_experts}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     c = model.config

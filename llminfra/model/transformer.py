@@ -9,6 +9,9 @@ attention kernels are applied from outside, by replacing the ``nn.Linear`` layer
     h   = x + wo · attn_fn(rope(wq · rms(x)), rope(wk · rms(x)), wv · rms(x))
     out = h + w2 · (silu(w1 · rms(h)) ⊙ (w3 · rms(h)))
 
+With ``config.num_experts > 1`` the MLP is a mixture of experts
+(:class:`llminfra.model.moe.MoEFeedForward`; :func:`tiny_moe_model` builds a small one, chapter 11).
+
 Taught in chapter 01; every later chapter runs on it.
 """
 
@@ -24,6 +27,7 @@ from llminfra.attention.ragged import ragged_attention
 from llminfra.attention.reference import reference_attention, sdpa_attention
 from llminfra.attention.step_metadata import StepMetadata
 from llminfra.model.config import ModelConfig
+from llminfra.model.moe import MoEFeedForward, tiny_moe_config
 
 #: attn_fn(q (B, H, T, d), k (B, H_kv, S, d), v (B, H_kv, S, d), causal) -> (B, H, T, d)
 AttentionFn = Callable[..., torch.Tensor]
@@ -181,12 +185,14 @@ class FeedForward(nn.Module):
 
 class TransformerBlock(nn.Module):
     """One pre-norm decoder block: attention then SwiGLU, each behind an RMSNorm and a
-    residual (Touvron et al. 2023, arXiv:2302.13971, section 2.2)."""
+    residual (Touvron et al. 2023, arXiv:2302.13971, section 2.2); the MLP is a
+    :class:`~llminfra.model.moe.MoEFeedForward` when ``config.num_experts > 1``."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, attn_fn: AttentionFn):
         super().__init__()
         self.attention = Attention(config, layer_idx, attn_fn)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = (FeedForward(config) if config.num_experts == 1
+                             else MoEFeedForward.from_config(config))
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
@@ -209,7 +215,7 @@ class Transformer(nn.Module):
     * dense: ``model(tokens (B, T) long, cache=None, start_pos=0) -> logits (B, T, vocab_size)``.
       ``start_pos`` is the position of ``tokens[:, 0]`` (the number of tokens already in the
       cache); positions must stay below ``config.max_seq_len``. A cache that works on ragged
-      steps only (:class:`llminfra.kvcache.PagedKVCache`) is handed the rows as one step.
+      steps only (:class:`llminfra.kvcache.PagedKVCache`) needs the ragged call below.
     * ragged (one serving step): ``model(tokens (N,) long, cache, meta=meta) -> logits (N, V)``
       (or ``(len(meta.logits_indices), V)``), with ``meta`` the
       :class:`llminfra.attention.StepMetadata` that ``cache.prepare_step(seq_ids, query_lens)``
@@ -269,9 +275,9 @@ class Transformer(nn.Module):
             return self.forward_step(tokens, cache, meta)
         self._check_inputs(tokens, start_pos)
         if cache is not None and getattr(cache, "needs_step_metadata", False):
-            B, T = tokens.shape  # rows become the sequences of one ragged step
-            step = cache.rows_step(B, T, start_pos)
-            return self.forward_step(tokens.reshape(-1), cache, step).view(B, T, -1)
+            raise ValueError(f"{type(cache).__name__} works in steps: meta = "
+                             f"cache.prepare_step(seq_ids, query_lens), then "
+                             f"model(tokens (N,), cache, meta=meta)")
         T = tokens.shape[1]
         cos, sin = rotary_angles(self.config.head_dim, start_pos, T, self.config.rope_theta,
                                  device=tokens.device,
@@ -335,3 +341,13 @@ class Transformer(nn.Module):
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range "
                              f"[{lo}, {hi}]")
+
+
+def tiny_moe_model(seed: int = 0, num_experts: int = 4, experts_per_token: int = 2,
+                   gating: str = "softmax") -> Transformer:
+    """A small mixture-of-experts decoder with random weights drawn from ``seed``
+    (:func:`llminfra.model.moe.tiny_moe_config`: byte vocabulary, so the tiny model's
+    :class:`~llminfra.model.ByteTokenizer` serves it), in eval mode. Runs through
+    ``llminfra.engine.LLMEngine`` like the dense model. Taught in chapter 11."""
+    config = tiny_moe_config(num_experts, experts_per_token, gating)
+    return Transformer(config, generator=torch.Generator().manual_seed(seed)).eval()

@@ -65,6 +65,10 @@ def apply_tensor_parallel(model: nn.Module, world: World) -> nn.Module:
     ``ValueError`` leaves the model untouched.
     """
     cfg = model.config
+    if getattr(cfg, "num_experts", 1) > 1:
+        raise ValueError(f"apply_tensor_parallel shards dense MLPs; this model has "
+                         f"num_experts={cfg.num_experts}: shard its experts with "
+                         f"llminfra.parallel.expert_parallel")
     for total, what in ((cfg.n_heads, "number of query heads"),
                         (cfg.n_kv_heads, "number of key/value heads"),
                         (cfg.ffn_dim, "MLP inner size (ffn_dim)")):

@@ -13,7 +13,9 @@ Collectives (all return new tensors and never modify their input, so autograd st
 
 * ``all_reduce(x)``  — every rank gets ``Σ_r x_r``;
 * ``all_gather(x, dim)`` — every rank gets ``cat([x_0, …, x_{n-1}], dim)``;
-* ``send(x, dst)`` / ``recv(shape, dtype, src)`` — point to point (pipeline parallelism).
+* ``send(x, dst)`` / ``recv(shape, dtype, src)`` — point to point (pipeline parallelism);
+* ``all_to_all([x_0, …, x_{n-1}])`` — item j goes to rank j; every rank gets what each rank
+  sent it, in source order; first dimensions may differ (expert parallelism, chapter 11).
 
 A test ties the two: the same layers give the same numbers on both
 (``tests/test_parallel_dist.py``).
@@ -43,6 +45,15 @@ class World:
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenation of every rank's ``x`` along ``dim``, in rank order (one shape and
         dtype on every rank, as for ``all_reduce``)."""
+        raise NotImplementedError
+
+    def all_to_all(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Personalised exchange: ``tensors[j]`` goes to rank ``j``; returns ``[from rank 0, …,
+        from rank n-1]`` (what each rank sent to me). ``len(tensors) == size``; the first
+        dimension may differ item by item (0 rows too), every other dimension and the dtype are
+        one for all items on all ranks (``ValueError`` otherwise). MPI's ``MPI_Alltoallv``;
+        the dispatch and combine of expert parallelism (GShard, Lepikhin et al. 2020,
+        arXiv:2006.16668, §3.2). Taught in chapter 11."""
         raise NotImplementedError
 
     def send(self, x: torch.Tensor, dst: int) -> None:
@@ -90,6 +101,29 @@ def check_rank(rank: int, size: int) -> None:
         raise ValueError(f"world size must be a positive integer, got {size!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"rank must be an integer in 0..{size - 1}, got {rank!r}")
+
+
+#: dtypes :meth:`DistributedWorld.all_to_all` can describe to its peers (by index)
+_A2A_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+_A2A_MAX_DIMS = 6
+
+
+def check_all_to_all(tensors, size: int) -> tuple[tuple[int, ...], torch.dtype]:
+    """``(trailing shape, dtype)`` shared by the items of an ``all_to_all``; ``ValueError``
+    unless ``tensors`` is a list of ``size`` tensors of ≥ 1 dimension (at most 6) that differ
+    only in their first dimension."""
+    if not isinstance(tensors, (list, tuple)) or len(tensors) != size \
+            or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError(f"all_to_all wants a list of {size} tensors (item j goes to rank j), "
+                         f"got {type(tensors).__name__} of length "
+                         f"{len(tensors) if hasattr(tensors, '__len__') else '?'}")
+    kinds = {(tuple(t.shape[1:]), t.dtype) for t in tensors}
+    if len(kinds) != 1 or not 1 <= tensors[0].dim() <= _A2A_MAX_DIMS:
+        got = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors)
+        raise ValueError(f"all_to_all items must have 1..{_A2A_MAX_DIMS} dimensions and share "
+                         f"the dtype and every dimension but the first; got {got}")
+    return kinds.pop()
 
 
 class _Meeting:
@@ -151,6 +185,16 @@ class SimulatedWorld(World):
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         values = self._exchange_alike("all_gather", x)
         return torch.cat([v.clone() for v in values], dim=dim)
+
+    def all_to_all(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        kind = check_all_to_all(tensors, self.size)
+        values = self._m.exchange(self.rank, (kind, [t.detach() for t in tensors]))
+        if any(v[0] != kind for v in values):
+            got = ", ".join(f"rank {r}: (*, {', '.join(map(str, v[0][0]))}) {v[0][1]}"
+                            for r, v in enumerate(values))
+            raise ValueError(f"all_to_all needs one trailing shape and dtype on every rank, "
+                             f"got {got}")
+        return [values[src][1][self.rank].clone() for src in range(self.size)]
 
     def send(self, x: torch.Tensor, dst: int) -> None:
         check_rank(dst, self.size)
@@ -255,6 +299,30 @@ class DistributedWorld(World):
         parts = [torch.empty_like(x) for _ in range(self.size)]
         self._dist.all_gather(parts, x, group=self.group)
         return torch.cat(parts, dim=dim)
+
+    def all_to_all(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Two ``all_to_all_single`` calls (gloo's list ``all_to_all`` wants equal sizes, torch
+        2.13): first each item's row count and shape/dtype code, then the rows with uneven
+        splits."""
+        trailing, dtype = check_all_to_all(tensors, self.size)
+        device = tensors[0].device
+        code = [_A2A_DTYPES.index(dtype) if dtype in _A2A_DTYPES else -1, len(trailing),
+                *trailing, *[-1] * (_A2A_MAX_DIMS - 1 - len(trailing))]
+        meta = torch.tensor([[t.shape[0], *code] for t in tensors], dtype=torch.int64,
+                            device=device)  # (size, 1 + 2 + 5): rows, dtype, ndim-1, dims
+        got = torch.empty_like(meta)
+        self._dist.all_to_all_single(got, meta, group=self.group)
+        if code[0] < 0 or any(row[1:].tolist() != code for row in got):
+            raise ValueError(f"all_to_all needs one trailing shape and dtype on every rank "
+                             f"(dtype one of {[str(d) for d in _A2A_DTYPES]}); this rank has "
+                             f"(*, {trailing}) {dtype}, peers sent codes {got[:, 1:].tolist()}")
+        out_rows = got[:, 0].tolist()
+        x = torch.cat([t.detach() for t in tensors]).contiguous()
+        out = torch.empty((sum(out_rows), *trailing), dtype=dtype, device=device)
+        self._dist.all_to_all_single(out, x, output_split_sizes=out_rows,
+                                     input_split_sizes=[t.shape[0] for t in tensors],
+                                     group=self.group)
+        return list(out.split(out_rows))
 
     def send(self, x: torch.Tensor, dst: int) -> None:
         check_rank(dst, self.size)

@@ -34,6 +34,9 @@ def export_gguf(model, path: str | Path, qtype: str = "Q8_0") -> Path:
     import gguf
     if qtype not in QTYPES:
         raise KeyError(f"unknown GGUF type {qtype!r}; allowed: {QTYPES}")
+    if getattr(model.config, "num_experts", 1) > 1:
+        raise ValueError(f"only dense models export; this one has "
+                         f"num_experts={model.config.num_experts}")
     c = model.config
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("llminfra-tiny")

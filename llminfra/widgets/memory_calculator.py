@@ -31,7 +31,7 @@ from llminfra.widgets.panel import Panel, natural_size
 
 #: dtypes offered for the weights and for the KV cache
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
-KV_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
 #: context slider range for models whose config gives no maximum (Falcon)
 FALLBACK_MAX_CONTEXT = 8192
 CONTEXT_STEP = 256
@@ -39,7 +39,8 @@ CONTEXT_STEP = 256
 
 def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | None = None,
                      context: int = 2048, batch: int = 1,
-                     reserve_fraction: float = DEFAULT_RESERVE_FRACTION) -> dict:
+                     reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+                     sliding_window: bool = False) -> dict:
     """Everything the calculator shows, as data (bytes are ints).
 
     The keys of :func:`llminfra.calc.memory.fits` (``weight_bytes``, ``kv_bytes``,
@@ -49,12 +50,14 @@ def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | 
     ``max_batch`` (largest batch of ``context``-token sequences that fits, 0 if none: the
     ``max_sequences`` of :func:`llminfra.calc.memory.kv_budget`, which ``fits`` carries),
     ``max_context`` (the model's window, ``None`` if its config has none) and ``gpu_source``.
+    ``sliding_window``: keep only the model's attention window per layer (Mistral-7B: 4096),
+    as :func:`llminfra.calc.memory.kv_bytes` does; no effect on models without one.
 
     Example: OPT-13B in fp16, 2048 tokens, batch 1 on an A100-40GB (40,960 MiB, 10 % reserve):
     weights 12,853,473,280 · 2 = 25.71 GB, KV 2 · 40 · 5120 · 2 · 2048 = 1.678 GB.
     """
     est = fits(model, gpu, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
-               reserve_fraction=reserve_fraction)
+               reserve_fraction=reserve_fraction, sliding_window=sliding_window)
     g, spec = get_gpu(gpu), get_model(model)
     est.update(
         reserve_bytes=est["gpu_memory_bytes"] - est["usable_bytes"],
@@ -71,12 +74,24 @@ def _both(n_bytes: float) -> str:
 def summary_lines(data: dict) -> list[str]:
     """The calculator's verdict as plain lines, every size in GB (1e9) and GiB (2**30)."""
     verdict = "FITS" if data["fits"] else "DOES NOT FIT"
+    notes = []
+    if data.get("attention") == "MLA":
+        notes.append("KV cache    multi-head latent attention: one latent + RoPE key per token "
+                     "and layer, shared by all heads")
+    if data.get("sliding_window"):
+        notes.append(f"KV cache    sliding window {data['sliding_window']:,}: "
+                     f"{data['kv_tokens_per_sequence']:,} tokens kept per sequence and layer "
+                     f"(every token kept: {_both(data['kv_bytes_full_attention'])})")
+    if data.get("active_params", data["params"]) != data["params"]:
+        notes.append(f"experts     all experts stored; {data['active_params'] / 1e9:.4g} B of "
+                     f"{data['params'] / 1e9:.4g} B params used per token")
     return [
         f"{data['model']} ({data['params'] / 1e9:.4g} B params), weights {data['dtype']}, "
         f"KV cache {data['kv_dtype']}, context {data['context']}, batch {data['batch']}",
         f"weights     {_both(data['weight_bytes'])}",
         f"KV cache    {_both(data['kv_bytes'])} "
         f"({data['kv_bytes_per_token']:,} bytes per token)",
+        *notes,
         f"activations {_both(data['activation_bytes'])} (one prefill of context tokens)",
         f"total       {_both(data['total_bytes'])}",
         f"{data['gpu']} [{data['gpu_confidence']}]: {_both(data['gpu_memory_bytes'])}, usable "
@@ -103,7 +118,8 @@ class MemoryCalculator:
     """ipywidgets panel over :func:`memory_breakdown`.
 
     Attributes: ``controls`` (dict name -> widget: ``model``, ``dtype``, ``kv_dtype``,
-    ``context``, ``batch``, ``gpu``), ``summary`` (``HTML``), ``image`` (``Image``, PNG bytes),
+    ``context``, ``batch``, ``gpu``, ``sliding_window`` — keep only a sliding-window model's
+    window of tokens), ``summary`` (``HTML``), ``image`` (``Image``, PNG bytes),
     ``widget`` (the ``VBox`` to display), ``data`` (the last :func:`memory_breakdown`) and
     ``text`` (its :func:`summary_text`). Every control change recomputes through ``observe``.
     """
@@ -128,6 +144,8 @@ class MemoryCalculator:
                                          continuous_update=False, style=style),
             "batch": widgets.IntSlider(value=batch, min=1, max=256, description="batch",
                                        continuous_update=False, style=style),
+            "sliding_window": widgets.Checkbox(value=False, description="window only",
+                                               indent=False),
         }
         self.summary = widgets.HTML()
         self.summary.add_class("llminfra-memory-summary")
@@ -135,9 +153,11 @@ class MemoryCalculator:
         c = self.controls
         self.widget = Panel([
             widgets.HBox([c["model"], c["gpu"]]), widgets.HBox([c["dtype"], c["kv_dtype"]]),
-            widgets.HBox([c["context"], c["batch"]]), self.image, self.summary],
+            widgets.HBox([c["context"], c["batch"]]), c["sliding_window"], self.image,
+            self.summary],
             title="Memory calculator",
-            how="pick a model, dtypes, context, batch and GPU; a bar of weights / KV cache / "
+            how="pick a model, dtypes, context, batch and GPU ('window only': a sliding-window "
+                "model keeps its last W tokens); a bar of weights / KV cache / "
                 "activations against the card")
         self.widget.add_class("llminfra-memory-calculator")
         for name, control in self.controls.items():

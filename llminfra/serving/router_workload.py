@@ -1,0 +1,93 @@
+"""A shared-system-prompt workload: a few system prompts, each shared by many users' short turns.
+
+The case prefix-cache-aware routing is for: a chat service whose requests each begin with one of
+a handful of long system prompts (or few-shot templates) and end with a short user turn::
+
+    prompt = [salt] + system_prompt[s] + user_turn        s ~ uniform over the system prompts
+
+Token ids are drawn uniformly from ``token_range`` (default 32 … 126: printable bytes in the
+tiny byte model, ordinary tokens — no special ones — in SmolLM2's vocabulary), so the prompts
+mean nothing and the same workload drives either model. Arrivals are a Poisson process
+(:func:`llminfra.engine.workload.poisson_arrivals`). The optional ``cache_salt`` token goes in
+front of every prompt: two runs with different salts share no cached block (each block's hash
+covers the whole prefix before it), so one set of warm replicas can serve several runs of the
+same workload without one run's cache helping the next — vLLM's per-request ``cache_salt``
+does the same for tenants (vLLM docs, "Automatic Prefix Caching",
+https://docs.vllm.ai/en/latest/design/prefix_caching/, read 2026-12-03). Taught in chapter 11.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from llminfra.engine.workload import poisson_arrivals
+from llminfra.serving.router import RouteRequest
+
+
+@dataclass(frozen=True)
+class SharedPromptRequest:
+    """One request: id, arrival (s from the start), prompt token ids, ``max_tokens`` and the
+    index of the system prompt it starts with."""
+
+    request_id: str
+    arrival_time_s: float
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    system_prompt: int
+
+    def route_request(self) -> RouteRequest:
+        """What a routing policy sees of it."""
+        return RouteRequest(self.request_id, self.prompt_token_ids, self.max_tokens)
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _random_tokens(n: int, token_range: tuple[int, int], g: torch.Generator) -> list[int]:
+    return torch.randint(token_range[0], token_range[1], (n,), generator=g).tolist()
+
+
+def shared_prompt_workload(num_requests: int, generator: torch.Generator, *,
+                           num_system_prompts: int = 4, system_prompt_tokens: int = 96,
+                           user_tokens: tuple[int, int] = (8, 24), max_tokens: int = 16,
+                           rate_per_s: float = math.inf, token_range: tuple[int, int] = (32, 127),
+                           cache_salt: int | None = None) -> list[SharedPromptRequest]:
+    """``num_requests`` requests: system prompt ``s`` uniform over ``num_system_prompts`` (each
+    ``system_prompt_tokens`` long), then a user turn of uniform length in ``user_tokens``
+    (inclusive), arriving as a Poisson process of ``rate_per_s`` (``math.inf``: all at t = 0).
+    ``cache_salt``: a token id put first in every prompt (None: none). Seeded by ``generator``.
+    """
+    for name, value in (("num_requests", num_requests), ("num_system_prompts", num_system_prompts),
+                        ("system_prompt_tokens", system_prompt_tokens), ("max_tokens", max_tokens)):
+        _positive_int(name, value)
+    lo, hi = user_tokens
+    if not 1 <= lo <= hi:
+        raise ValueError(f"user_tokens must be (lo, hi) with 1 <= lo <= hi, got {user_tokens!r}")
+    if not 0 <= token_range[0] < token_range[1]:
+        raise ValueError(f"token_range must be (low, high) with 0 <= low < high, "
+                         f"got {token_range!r}")
+    salt = [] if cache_salt is None else [int(cache_salt)]
+    systems = [_random_tokens(system_prompt_tokens, token_range, generator)
+               for _ in range(num_system_prompts)]
+    which = torch.randint(0, num_system_prompts, (num_requests,), generator=generator).tolist()
+    lengths = torch.randint(lo, hi + 1, (num_requests,), generator=generator).tolist()
+    times = poisson_arrivals(num_requests, rate_per_s, generator)
+    return [SharedPromptRequest(f"r{k}", float(t), tuple(salt + systems[s] + _random_tokens(
+                n, token_range, generator)), max_tokens, s)
+            for k, (t, s, n) in enumerate(zip(times, which, lengths))]
+
+
+def with_cache_salt(workload: list[SharedPromptRequest], salt: int) -> list[SharedPromptRequest]:
+    """The same requests with token ``salt`` put first in every prompt (ids get a suffix), so
+    no block is shared with an unsalted or differently salted run."""
+    return [SharedPromptRequest(f"{r.request_id}-s{salt}", r.arrival_time_s,
+                                (int(salt),) + r.prompt_token_ids, r.max_tokens, r.system_prompt)
+            for r in workload]
+
+
+__all__ = ["SharedPromptRequest", "shared_prompt_workload", "with_cache_salt"]
