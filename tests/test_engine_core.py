@@ -109,6 +109,8 @@ def test_prefix_caching_same_tokens_and_hits(model64, gen):
     for p, o in zip(prompts, outs):
         assert o.outputs[0].token_ids == _alone(model64, p, 5)
     assert engine.stats()["prefix_cache_hit_rate"] > 0.5
+    # 20 shared tokens = 5 full blocks of 4; the first request finds none of them cached
+    assert [o.metrics.num_cached_prompt_tokens for o in outs] == [0, 20, 20, 20]
     engine.cache.allocator.check_invariants()
     assert engine.cache.allocator.num_free == 40
 

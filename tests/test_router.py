@@ -142,12 +142,11 @@ def test_shared_prompt_workload_is_seeded_and_shares_prefixes():
         shared_prompt_workload(3, torch.Generator(), user_tokens=(5, 2))
 
 
-def test_prefix_hit_recorder_counts_cached_prompt_tokens():
+def test_the_engine_counts_cached_prompt_tokens():
     from llminfra.engine import LLMEngine, SamplingParams
     from llminfra.model import load_tiny
-    from llminfra.serving.router_run import PrefixHitRecorder
     model, tok = load_tiny()
-    engine = PrefixHitRecorder(LLMEngine(model, tok, block_size=16, enable_prefix_caching=True))
+    engine = LLMEngine(model, tok, block_size=16, enable_prefix_caching=True)
     g = torch.Generator().manual_seed(9)
     shared = random_prompt(g, 40)                          # 2 full blocks + 8 tokens
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)

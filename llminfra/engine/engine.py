@@ -269,7 +269,7 @@ class LLMEngine:
         for seq, _ in scheduled:
             m = seq.request.metrics
             if m.first_scheduled_time is None:
-                m.first_scheduled_time = start
+                m.first_scheduled_time, m.num_cached_prompt_tokens = start, seq.num_computed_tokens
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
         # sequences that caught up get logits at their last token and at each draft
         caught = [(seq, seq.num_computed_tokens + n - seq.num_tokens)

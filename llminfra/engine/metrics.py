@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 @dataclass
 class RequestMetrics:
     """Timestamps of one request. ``token_times`` holds the time of every token of its first
-    completion; ``num_output_tokens`` counts the tokens of all its completions; ``num_draft_tokens`` / ``num_accepted_tokens`` the speculative
-    drafts proposed for it and kept."""
+    completion; ``num_output_tokens`` counts the tokens of all its completions;
+    ``num_draft_tokens`` / ``num_accepted_tokens`` the speculative drafts proposed for it and
+    kept; ``num_cached_prompt_tokens`` the prompt tokens its first step found in the prefix
+    cache (not computed again)."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -34,6 +36,7 @@ class RequestMetrics:
     num_output_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
 
     def record_token(self, now: float, finished: bool, first_completion: bool = True) -> bool:
         """A token arrived at ``now``; ``finished``: the request is done. ``token_times`` gets

@@ -14,7 +14,8 @@ replica's outputs as they stream back::
 
 TTFT here is what a client sees: from the scheduled arrival to the first token's output in the
 router (queueing, the pipe both ways and prefill included). Every replica reports, per request,
-how many prompt tokens it served from its prefix cache (:class:`RoutedMetrics`), so the hit
+how many prompt tokens it served from its prefix cache (``num_cached_prompt_tokens`` of the
+engine's :class:`~llminfra.engine.metrics.RequestMetrics`), so the hit
 rate is *measured* on the engines, not guessed by the router. Taught in chapter 11.
 """
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from llminfra.engine.metrics import RequestMetrics, percentile
+from llminfra.engine.metrics import percentile
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.serving.engine_process import EngineProcess
 from llminfra.serving.router import POLICIES, RoutePolicy, make_policy
@@ -36,63 +37,13 @@ from llminfra.serving.router_workload import SharedPromptRequest, with_cache_sal
 from llminfra.serving.serve import build_engine
 
 
-@dataclass
-class RoutedMetrics(RequestMetrics):
-    """:class:`RequestMetrics` plus ``num_cached_prompt_tokens``: prompt tokens whose K/V the
-    replica took from its prefix cache at the request's first step (None before it)."""
-
-    num_cached_prompt_tokens: int | None = None
-
-
-class PrefixHitRecorder:
-    """An ``LLMEngine`` wrapper that records, for each request, the prompt tokens its first
-    scheduled step found in the prefix cache: after a step, a sequence scheduled for the first
-    time with ``n`` new tokens has ``num_computed_tokens = cached + n``. It offers what
-    :func:`~llminfra.serving.engine_process.engine_main` calls (``add_request``, ``step``,
-    ``abort_request``, ``has_unfinished_requests``, ``stats``). Taught in chapter 11."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def add_request(self, prompt, params=None, request_id=None, arrival_time=None) -> str:
-        """``engine.add_request``; the request's metrics become :class:`RoutedMetrics`."""
-        rid = self.engine.add_request(prompt, params, request_id=request_id,
-                                      arrival_time=arrival_time)
-        req = self.engine.requests[rid]
-        req.metrics = RoutedMetrics(**vars(req.metrics))
-        return rid
-
-    def step(self):
-        """``engine.step()``, then fill ``num_cached_prompt_tokens`` of first-time sequences."""
-        outputs = self.engine.step()
-        sched = self.engine.last_scheduled
-        for seq, n in (sched.scheduled if sched is not None else ()):
-            m = seq.request.metrics
-            if seq.index == 0 and isinstance(m, RoutedMetrics) \
-                    and m.num_cached_prompt_tokens is None:
-                m.num_cached_prompt_tokens = max(0, seq.num_computed_tokens - n)
-        return outputs
-
-    def abort_request(self, request_id: str) -> bool:
-        """``engine.abort_request``."""
-        return self.engine.abort_request(request_id)
-
-    def has_unfinished_requests(self) -> bool:
-        """``engine.has_unfinished_requests``."""
-        return self.engine.has_unfinished_requests()
-
-    def stats(self) -> dict:
-        """``engine.stats``."""
-        return self.engine.stats()
-
-
-def replica_engine(model: str = "tiny", *, num_threads: int = 1,
-                   **engine_options) -> PrefixHitRecorder:
+def replica_engine(model: str = "tiny", *, num_threads: int = 1, **engine_options):
     """One replica's engine (runs in the replica process): ``build_engine(model, …)`` with
-    prefix caching on and ``num_threads`` torch threads, wrapped in :class:`PrefixHitRecorder`.
+    prefix caching on and ``num_threads`` torch threads (each request's
+    ``metrics.num_cached_prompt_tokens`` says what its cache served).
     ``engine_options``: ``num_blocks``, ``block_size``, ``max_num_seqs``, … Chapter 11."""
-    return PrefixHitRecorder(build_engine(model, num_threads=num_threads,
-                                          enable_prefix_caching=True, **engine_options))
+    return build_engine(model, num_threads=num_threads, enable_prefix_caching=True,
+                        **engine_options)
 
 
 class Replicas:
@@ -169,7 +120,7 @@ async def _serve_one(loop: EngineProcess, replica: int, policy: RoutePolicy,
     done = time.perf_counter()
     m = last.metrics
     return RoutedResult(req.request_id, replica, req.system_prompt, len(req.prompt_token_ids),
-                        int(getattr(m, "num_cached_prompt_tokens", None) or 0),
+                        int(m.num_cached_prompt_tokens),
                         tuple(last.outputs[0].token_ids), last.outputs[0].finish_reason,
                         req.arrival_time_s, (first or done) - arrival, done - arrival, m.ttft_s)
 
@@ -277,5 +228,5 @@ def as_dict(results: Sequence[RoutedResult]) -> list[dict]:
     return [dataclasses.asdict(r) for r in results]
 
 
-__all__ = ["PrefixHitRecorder", "Replicas", "RoutedMetrics", "RoutedResult", "as_dict",
+__all__ = ["Replicas", "RoutedResult", "as_dict",
            "compare_policies", "replica_engine", "run_policy", "summarize_routing"]
