@@ -28,7 +28,9 @@ SUITES: dict[str, str] = {
     "real": "llminfra.bench.real",
     "spec": "llminfra.bench.spec",
     "structured": "llminfra.bench.structured",
+    "disagg": "llminfra.bench.disagg",
     "router": "llminfra.bench.router",
+    "distributed": "llminfra.bench.distributed",
 }
 
 

@@ -13,8 +13,12 @@ carries the ragged batch through the model. Modules, one concept each:
 * :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators;
 * :mod:`.engine` — :class:`LLMEngine`;
 * :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
+* :mod:`.detokenizer` — incremental detokenization (a few tokens decoded per step);
 * :mod:`.metrics` — timestamps, TTFT / TPOT / latency percentiles, throughput;
-* :mod:`.simulator` — the same scheduler against a step-time model (no GPU needed).
+* :mod:`.simulator` — the same scheduler against a step-time model (no GPU needed);
+* :mod:`.goodput` — requests per second within a TTFT and a TPOT target (chapter 11);
+* :mod:`.kv_transfer` — export a request's KV blocks from one engine, import them into another;
+* :mod:`.disagg_sim` — colocated vs prefill/decode-disaggregated serving at scale (chapter 11).
 """
 
 from llminfra.engine.engine import LLMEngine, default_num_blocks

@@ -62,10 +62,17 @@ def _times(requests: Iterable) -> list[RequestTimes]:
     return out
 
 
+def within_slo(ttft_s: float, tpot_s: float | None, ttft_slo_s: float,
+               tpot_slo_s: float) -> bool:
+    """The one rule: ``TTFT ≤ ttft_slo_s`` and ``TPOT ≤ tpot_slo_s`` (a TPOT of None — one
+    output token, no gap — meets any TPOT target)."""
+    return ttft_s <= ttft_slo_s and (tpot_s is None or tpot_s <= tpot_slo_s)
+
+
 def meets_slo(request, ttft_slo_s: float, tpot_slo_s: float) -> bool:
     """True when the request's TTFT and TPOT are both within their targets."""
     r = _times([request])[0]
-    return r.ttft_s <= ttft_slo_s and r.tpot_s <= tpot_slo_s
+    return within_slo(r.ttft_s, r.tpot_s, ttft_slo_s, tpot_slo_s)
 
 
 def goodput(requests: Iterable, ttft_slo_s: float, tpot_slo_s: float,
@@ -85,7 +92,7 @@ def goodput(requests: Iterable, ttft_slo_s: float, tpot_slo_s: float,
         duration_s = max(r.finish_s for r in rs) - min(r.arrival_s for r in rs)
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
-    good = sum(1 for r in rs if r.ttft_s <= ttft_slo_s and r.tpot_s <= tpot_slo_s)
+    good = sum(within_slo(r.ttft_s, r.tpot_s, ttft_slo_s, tpot_slo_s) for r in rs)
     return good / duration_s
 
 

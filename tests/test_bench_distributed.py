@@ -1,0 +1,47 @@
+"""bench distributed's aggregation (the full run takes minutes on the real model and is
+recorded in llminfra/data/bench_distributed_cpu.json; its keys and targets are checked here)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import llminfra
+from llminfra.bench.distributed import ERRORS, _router, format_table
+
+RECORDED = Path(llminfra.__file__).parent / "data" / "bench_distributed_cpu.json"
+
+
+def _policy(hit, n=4):
+    return {"prefix_hit_rate": hit, "ttft_p50_s": 0.5, "ttft_p90_s": 1.0,
+            "throughput_tokens_per_s": 10.0, "requests_per_replica": [n // 2, n // 2],
+            "num_requests": n}
+
+
+def test_router_summary_counts_finished_and_the_ratio():
+    res = {"model": "m", "num_replicas": 2, "workload": {}, "engine": {}, "repeats": 1,
+           "policies": {"round_robin": _policy(0.3), "least_loaded": _policy(0.35),
+                        "prefix_aware": _policy(0.66)},
+           "results": {"round_robin": [{"finish_reason": "length"}] * 4,
+                       "least_loaded": [{"finish_reason": "stop"}] * 3
+                       + [{"finish_reason": "error"}],
+                       "prefix_aware": [{"finish_reason": "length"}] * 4}}
+    r = _router(res)
+    assert r["hit_rate_prefix_aware_over_round_robin"] == pytest.approx(2.2)
+    assert r["policies"]["least_loaded"]["num_finished"] == 3
+
+
+def test_the_recorded_run_has_the_keys_and_meets_the_targets():
+    rec = json.loads(RECORDED.read_text())
+    for key in ERRORS:
+        assert 0 <= rec[key] <= 1e-5
+    for design in ("colocated", "disaggregated"):
+        for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodput_rps"):
+            assert rec["disagg"][design][k] >= 0
+    assert rec["kv_transfer_bytes_per_s"] > 0
+    for name in ("round_robin", "least_loaded", "prefix_aware"):
+        p = rec["router"]["policies"][name]
+        assert 0 <= p["prefix_hit_rate"] <= 1 and p["ttft_p50_s"] > 0
+    assert not rec["quick"] and [c["world_size"] for c in rec["selfchecks"]] == [2, 4]
+    assert all(rec["targets"].values()), rec["targets"]
+    assert "errors vs one process" in format_table(rec)
