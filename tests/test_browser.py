@@ -149,6 +149,13 @@ def _ch10(requests_per_day: float) -> list[str]:
             f"API {p.api_monthly_usd:,.0f} vs rented {p.selfhost_monthly_usd:,.0f} USD / month"]
 
 
+def _ch11(tokens: int) -> list[str]:
+    """The notebook's planner: DeepSeek-V3 over 64 H100s on NVLink (only tokens/GPU moves)."""
+    from llminfra.calc.expert_parallel import expert_parallel_plan
+    from llminfra.widgets.moe_planner import plan_lines
+    return plan_lines(expert_parallel_plan("deepseek-v3", 64, tokens=tokens))[1:2]
+
+
 def _a1(verdict: str) -> list[str]:
     from llminfra.ledger import all_claims, verdict_counts
     return [f"{verdict_counts()[verdict]} of {len(all_claims())} claims"]
@@ -183,6 +190,8 @@ ROWS = [
               ".llminfra-deployment-advisor " + slider("output tokens"), "ArrowRight", _ch09),
     WidgetRow("10", "notebooks/10_capstone_plan_a_deployment.ipynb", text_box("requests/day"),
               "type:100000", _ch10),
+    WidgetRow("11", "notebooks/11_beyond_one_engine.ipynb",
+              ".llminfra-moe-planner " + slider("tokens/GPU"), "ArrowRight", _ch11),
     WidgetRow("A1", "notebooks/A1_claims_ledger.ipynb", dropdown("verdict"), "select:misleading",
               _a1),
 ]

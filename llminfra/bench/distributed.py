@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from llminfra.bench import disagg as disagg_suite
 from llminfra.bench import router as router_suite
-from llminfra.bench.timing import environment
+from llminfra.bench.timing import cpu_name, environment
 from llminfra.parallel.beyond_check import distributed_selfcheck
 
 ERROR_TARGET = 1e-5
@@ -64,7 +64,8 @@ def run(quick: bool = False) -> dict:
                                  if dis["colocated"]["goodput_rps"] > 0 else float("inf")),
                "greedy_outputs_equal": dis["greedy_outputs_equal"]}
     return {
-        "suite": "distributed", "environment": environment(), "quick": quick,
+        "suite": "distributed", "environment": {**environment(), "cpu": cpu_name()},
+        "quick": quick,
         **errors,
         "selfchecks": [{k: v for k, v in c.items()} for c in checks],
         "disagg": summary,

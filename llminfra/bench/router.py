@@ -7,7 +7,7 @@ Poisson arrivals) is served under each policy by the same two replica processes
 (:class:`llminfra.serving.router_run.Replicas`, one torch thread each — the project machine has
 two cores), each run with its own cache salt so no run inherits another's cached blocks; the
 full run does two rounds (round robin, least loaded, prefix aware, then the reverse order) and
-pools each policy's requests, ``--quick`` one round of half the requests. Each replica's KV
+pools each policy's requests, ``--quick`` one round of 24 requests. Each replica's KV
 pool is sized so that it can hold the blocks of about half the system prompts next to its
 running requests: the router decides whether both replicas compute every system prompt (round
 robin, least loaded) or each computes its half (prefix aware) — the aggregate-cache effect
@@ -40,11 +40,12 @@ SEED = 2026
 NUM_REPLICAS = 2
 MODEL = "smollm2-135m"
 #: each replica's engine: 64 blocks of 16 tokens = 1,024 tokens of K/V; a system prompt of 192
-#: tokens takes 12 blocks, so the 6 prompts (72 blocks) cannot all stay cached on one replica
+#: tokens takes 12 blocks, so the 8 prompts (96 blocks) cannot all stay cached on one replica,
+#: while half of them (48 blocks) can, beside the running requests' own blocks
 ENGINE = MappingProxyType(dict(num_threads=1, num_blocks=64, block_size=16, max_num_seqs=8,
                                max_num_batched_tokens=256))
 #: the workload of the full and the ``--quick`` run
-WORKLOAD = MappingProxyType(dict(num_requests=48, num_system_prompts=6, system_prompt_tokens=192,
+WORKLOAD = MappingProxyType(dict(num_requests=96, num_system_prompts=8, system_prompt_tokens=192,
                                  user_tokens=(8, 32), max_tokens=8, rate_per_s=2.0))
 QUICK_WORKLOAD = MappingProxyType({**WORKLOAD, "num_requests": 24})
 #: rounds of the three policies (order reversed every other round), pooled per policy

@@ -184,4 +184,23 @@ GLOSSARY: tuple[Term, ...] = (
          "08", "004", ("GPU utilization", "utilisation", "GPU utilisation")),
     Term("cost per token", "토큰당 비용", "GPU cost per hour divided by tokens produced per hour "
          "when self-hosting.", "05", "000", ("cost per million tokens",)),
+    Term("mixture of experts", "전문가 혼합 (MoE)", "A layer of many MLPs (experts) of which a "
+         "router picks the top k for each token: all are stored, k run.", "11", None,
+         ("mixture-of-experts",)),
+    Term("expert parallelism", "전문가 병렬", "Each GPU holds some of a mixture-of-experts "
+         "layer's experts; tokens travel to their experts and back by two all-to-alls.", "11",
+         None, ("expert parallel", "expert-parallel")),
+    Term("all-to-all", "올투올 (all-to-all)", "A collective in which every GPU sends a "
+         "different slice to every other GPU (expert parallelism's dispatch and combine).",
+         "11", None),
+    Term("context parallelism", "컨텍스트 병렬", "Splitting one long sequence's tokens (and its "
+         "KV cache) over GPUs; partial attention results merge by the online softmax.", "11",
+         None, ("context parallel", "context-parallel")),
+    Term("ring attention", "링 어텐션", "Context parallelism in which the K/V blocks travel "
+         "round a ring of GPUs while each computes attention for its own queries.", "11", None),
+    Term("prefill/decode disaggregation", "프리필·디코드 분리 실행", "Running prefill and "
+         "decode on different GPUs (or engines) and moving each request's KV cache between "
+         "them.", "11", "000", ("disaggregation", "disaggregated")),
+    Term("goodput", "굿풋 (목표 지연을 지킨 처리량)", "Requests per second that meet both a TTFT "
+         "and a TPOT target (DistServe's measure of a serving system).", "11", None),
 )

@@ -73,9 +73,16 @@ class EngineProcess(EngineLoop):
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, self._commands = ctx.Pipe(duplex=False)
         self._results, res_send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=engine_main, name="llminfra-engine-core", daemon=True,
-                                 args=(self.factory, cmd_recv, res_send, self.idle_wait_s))
-        self._proc.start()
+        proc = ctx.Process(target=engine_main, name="llminfra-engine-core", daemon=True,
+                           args=(self.factory, cmd_recv, res_send, self.idle_wait_s))
+        try:
+            proc.start()
+        except BaseException:
+            for conn in (cmd_recv, res_send, self._commands, self._results):
+                conn.close()
+            self._commands = self._results = None
+            raise
+        self._proc = proc
         cmd_recv.close()
         res_send.close()                 # the child holds the only writer: EOF when it ends
         self.stats = self._wait_ready()
