@@ -19,17 +19,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llminfra"
 #: top layer (widgets, plots, bench, course, the command line) may import anything; nothing
 #: listed here may import the top layer.
 ALLOWED = {
-    "specs": set(),
-    "calc": {"specs"},
-    "attention": set(),                       # a leaf: every attention the model runs
-    "model": {"attention", "specs"},
-    "kvcache": {"attention", "model", "specs", "calc"},
-    "quant": {"attention", "model", "specs", "calc"},
-    "parallel": {"attention", "model", "specs", "calc"},
-    "engine": {"attention", "model", "kvcache", "specs", "calc"},
-    "serving": {"engine", "model", "kvcache", "quant", "parallel", "specs", "calc"},
-    "ledger": {"attention", "calc", "kvcache", "model", "parallel", "quant", "engine", "specs"},
-    "planning": {"calc", "engine", "kvcache", "model", "parallel", "quant", "specs"},
+    "validate": set(),                        # leaf guards (llminfra/validate.py), used by all
+    "specs": {"validate"},
+    "calc": {"validate", "specs"},
+    "attention": {"validate"},                # a leaf: every attention the model runs
+    "model": {"validate", "attention", "specs"},
+    "kvcache": {"validate", "attention", "model", "specs", "calc"},
+    "quant": {"validate", "attention", "model", "specs", "calc"},
+    "parallel": {"validate", "attention", "model", "specs", "calc"},
+    "engine": {"validate", "attention", "model", "kvcache", "specs", "calc"},
+    "serving": {"validate", "engine", "model", "kvcache", "quant", "parallel", "specs", "calc"},
+    "ledger": {"validate", "attention", "calc", "kvcache", "model", "parallel", "quant", "engine",
+               "specs"},
+    "planning": {"validate", "calc", "engine", "kvcache", "model", "parallel", "quant", "specs"},
 }
 TOP = {"widgets", "plots", "bench", "course", "cli", "cli_serving", "cli_numbers", "__main__",
        "__init__", "data"}
@@ -164,6 +166,10 @@ def test_the_checks_can_fail():
                "llminfra.quant.c": {"llminfra.quant.a"}}
     assert _upward(made_up, "model") == ["llminfra.model.x imports llminfra.engine.y"]
     assert _upward(made_up, "engine") == []
+    # the shared guards stay a leaf: llminfra.validate importing anything of llminfra is a breach
+    assert _upward({"llminfra.validate": {"llminfra.specs.models"}}, "validate") == \
+        ["llminfra.validate imports llminfra.specs.models"]
+    assert "validate" in ALLOWED["specs"] and "validate" in ALLOWED["attention"]
     assert _http(made_up) == ["llminfra.engine.y imports fastapi"]
     assert _circles(made_up) == [["llminfra.engine.y", "llminfra.model.x"],
                                  ["llminfra.quant.a", "llminfra.quant.b", "llminfra.quant.c"]]

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from llminfra.validate import positive_int
+
 #: dtypes every PyTorch version accepts (16-bit inputs are computed in float32)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -76,10 +78,8 @@ def check_attention_call(fn_name: str, causal, q: torch.Tensor, k: torch.Tensor,
 
 
 def check_block(name: str, value: int) -> int:
-    """A tile size must be a positive int; ``ValueError`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    """A tile size must be a positive int; ``ValueError`` otherwise (:func:`positive_int`)."""
+    return positive_int(name, value)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -34,6 +34,7 @@ from llminfra.calc.params import param_count
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import get_gpu
 from llminfra.specs.models import ModelSpec, get_model
+from llminfra.validate import positive_int
 
 
 @dataclass(frozen=True)
@@ -84,25 +85,19 @@ def get_interconnect(name: str | Interconnect) -> Interconnect:
     return links[name]
 
 
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return v
-
-
 def step_tokens(phase: str, batch: int = 1, prompt_len: int = 2048) -> int:
     """Tokens processed in one forward pass: ``batch · prompt_len`` in prefill, ``batch`` in
     decode."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
-    _positive_int("batch", batch)
-    return batch * (_positive_int("prompt_len", prompt_len) if phase == "prefill" else 1)
+    positive_int("batch", batch)
+    return batch * (positive_int("prompt_len", prompt_len) if phase == "prefill" else 1)
 
 
 def allreduce_bytes(model: str | ModelSpec, tokens: int, dtype: str = "bf16") -> int:
     """Bytes of ONE tensor-parallel all-reduce: ``tokens · h · bytes(dtype)``."""
     spec = get_model(model)
-    return int(_positive_int("tokens", tokens) * spec.hidden_size * dtype_bytes(dtype))
+    return int(positive_int("tokens", tokens) * spec.hidden_size * dtype_bytes(dtype))
 
 
 def allreduce_bytes_per_layer(model: str | ModelSpec, tokens: int, dtype: str = "bf16") -> int:
@@ -116,7 +111,7 @@ def ring_allreduce_time_s(n_bytes: float, n_gpus: int, bytes_per_s: float,
 
     1 GB over 4 GPUs at 32 GB/s, α = 0: 1.5 · 1e9 / 32e9 = 46.9 ms.
     """
-    n = _positive_int("n_gpus", n_gpus)
+    n = positive_int("n_gpus", n_gpus)
     if bytes_per_s <= 0 or latency_s < 0 or n_bytes < 0:
         raise ValueError(f"need bytes_per_s > 0, latency_s >= 0, n_bytes >= 0; got "
                          f"{bytes_per_s!r}, {latency_s!r}, {n_bytes!r}")
@@ -133,14 +128,14 @@ def compute_time_s(model: str | ModelSpec, gpu: str, n_gpus: int, phase: str, ba
     flops = 2 * param_count(spec) * tokens
     read = weight_bytes(spec, dtype)
     if phase == "decode":
-        read += kv_bytes_per_token(spec, dtype) * batch * _positive_int("context", context)
+        read += kv_bytes_per_token(spec, dtype) * batch * positive_int("context", context)
     tflops = g.tflops(dtype)
     if tflops is None:
         known = sorted(d for d, row in g.peak_tflops.items() if row["dense"])
         raise ValueError(f"the catalog has no {dtype!r} peak for {g.name}; dtypes with a peak "
                          f"there: {', '.join(known)}")
     peak = tflops * 1e12 * flops_efficiency
-    return max(flops / peak, read / (g.hbm_bytes_per_s * hbm_efficiency)) / _positive_int(
+    return max(flops / peak, read / (g.hbm_bytes_per_s * hbm_efficiency)) / positive_int(
         "n_gpus", n_gpus)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from llminfra.calc.cost import (DAYS_PER_MONTH, HOURS_PER_DAY, _check, _check_utilization,
                                 gpu_rental_monthly_cost)
+from llminfra.validate import positive_int
 
 OPTIONS = ("api", "rented", "own", "local")
 
@@ -103,9 +104,7 @@ class Prices:
         _check("rent_usd_per_gpu_hour", self.rent_usd_per_gpu_hour)
         _check("own_usd_per_gpu_hour", self.own_usd_per_gpu_hour)
         _check("tokens_per_s_per_gpu", self.tokens_per_s_per_gpu, positive=True)
-        if not isinstance(self.gpus_per_replica, int) or self.gpus_per_replica < 1:
-            raise ValueError(f"gpus_per_replica must be a positive integer, "
-                             f"got {self.gpus_per_replica!r}")
+        positive_int("gpus_per_replica", self.gpus_per_replica)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from llminfra.calc.params import expert_param_count, param_count
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import get_gpu
 from llminfra.specs.models import ModelSpec, get_model
+from llminfra.validate import positive_int
 
 
 def moe_layers(model: str | ModelSpec) -> int:
@@ -56,8 +57,7 @@ def _check(spec: ModelSpec, ep: int, top_k: int | None, tokens: int) -> int:
     k = spec.experts_per_token if top_k is None else top_k
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= spec.num_experts:
         raise ValueError(f"top_k must be an integer in [1, {spec.num_experts}], got {k!r}")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"tokens (per GPU per step) must be a positive integer, got {tokens!r}")
+    positive_int("tokens (per GPU per step)", tokens)
     return k
 
 

@@ -38,6 +38,7 @@ from llminfra.calc.params import (active_param_count, linear_shapes, linear_weig
 from llminfra.specs.formats import DTYPE_BYTES, dtype_bytes
 from llminfra.specs.gpus import get_gpu
 from llminfra.specs.models import ModelSpec, get_model
+from llminfra.validate import positive_int
 
 #: dtypes stored with per-group scales when used for weights
 QUANTIZED = ("fp8", "fp8-e4m3", "fp8-e5m2", "int8", "int4", "nf4")
@@ -66,12 +67,6 @@ def gib(n_bytes: float) -> float:
     return n_bytes / 2**30
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int,)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _dtype_key(dtype: str) -> str:
     """``dtype`` as the memory model spells it (``" BF16"`` -> ``"bf16"``); ``KeyError`` lists
     the allowed dtypes."""
@@ -87,7 +82,7 @@ def _compute_dtype(dtype: str) -> str:
 
 
 def _check_context(spec: ModelSpec, context) -> int:
-    context = _positive_int("context", context)
+    context = positive_int("context", context)
     if spec.max_positions is not None and context > spec.max_positions:
         raise ValueError(f"context {context} exceeds {spec.name}'s max_position_embeddings "
                          f"{spec.max_positions}; allowed: 1..{spec.max_positions}")
@@ -109,7 +104,7 @@ def weight_bytes(model: str | ModelSpec, dtype: str = "bf16", group_size: int | 
     if _dtype_key(dtype) not in QUANTIZED:
         return int(total * b)
     if group_size is not None:
-        _positive_int("group_size", group_size)
+        positive_int("group_size", group_size)
     linear = linear_weight_count(spec)
     if group_size is None:  # per output channel: one group per row of each matrix
         groups = sum(rows * count for rows, _, count in linear_shapes(spec))
@@ -143,7 +138,7 @@ def kv_bytes(model: str | ModelSpec, context: int, batch: int = 1, kv_dtype: str
     spec = get_model(model)
     context = _check_context(spec, context)
     held = kv_tokens_held(spec, context, sliding_window)
-    return kv_bytes_per_token(spec, kv_dtype, kv_group_size) * held * _positive_int("batch", batch)
+    return kv_bytes_per_token(spec, kv_dtype, kv_group_size) * held * positive_int("batch", batch)
 
 
 def activation_bytes_inference(model: str | ModelSpec, batch: int = 1, tokens: int = 1,
@@ -163,7 +158,7 @@ def activation_bytes_inference(model: str | ModelSpec, batch: int = 1, tokens: i
     width it always had here.
     """
     spec = get_model(model)
-    batch, tokens = _positive_int("batch", batch), _positive_int("tokens", tokens)
+    batch, tokens = positive_int("batch", batch), positive_int("tokens", tokens)
     if attention not in ("flash", "naive"):
         raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
     b = dtype_bytes(dtype)
@@ -195,7 +190,7 @@ def activation_bytes_training(model: str | ModelSpec, batch: int, seq_len: int,
     one layer at a time during backward (that layer's full activations).
     """
     spec = get_model(model)
-    b, s = _positive_int("batch", batch), _positive_int("seq_len", seq_len)
+    b, s = positive_int("batch", batch), positive_int("seq_len", seq_len)
     h, a = spec.hidden_size, spec.num_heads
     per_layer = s * b * h * 34 + (0 if flash else 5 * a * s * s * b)
     if checkpointing:
@@ -270,8 +265,8 @@ def inference_memory(model: str | ModelSpec, dtype: str = "bf16", kv_dtype: str 
     if kv_dtype is None:
         kv_dtype = compute
     context = _check_context(spec, context)
-    batch = _positive_int("batch", batch)
-    chunk = context if prefill_chunk is None else min(_positive_int("prefill_chunk", prefill_chunk), context)
+    batch = positive_int("batch", batch)
+    chunk = context if prefill_chunk is None else min(positive_int("prefill_chunk", prefill_chunk), context)
     return InferenceMemory(
         model=spec.name, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
         params=param_count(spec), active_params=active_param_count(spec),
@@ -339,7 +334,7 @@ def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | 
     spec, g = get_model(model), get_gpu(gpu)
     if not 0 <= reserve_fraction < 1:
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
-    num_gpus = _positive_int("num_gpus", num_gpus)
+    num_gpus = positive_int("num_gpus", num_gpus)
     one = inference_memory(spec, dtype, kv_dtype, context, batch=1, sliding_window=sliding_window)
     memory = g.memory_bytes * num_gpus
     usable = int(memory * (1 - reserve_fraction))

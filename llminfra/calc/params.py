@@ -24,6 +24,7 @@ MTP module, DeepSeek-V3 README). Taught in chapters 01, 02 and 11.
 from __future__ import annotations
 
 from llminfra.specs.models import ModelSpec, get_model
+from llminfra.validate import positive_int
 
 
 def _norm(spec: ModelSpec) -> int:
@@ -174,8 +175,7 @@ def expected_experts_touched(model: str | ModelSpec, tokens: int) -> float:
     touch somewhat fewer). One token: exactly k; many tokens: all E. Dense models: 1.
     Mixtral 8x7B, 4 tokens: 8 · (1 - 0.75⁴) = 5.47 experts. Taught in chapter 11."""
     spec = get_model(model)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
+    positive_int("tokens", tokens)
     E, k = spec.num_experts, spec.experts_per_token
     if E == 1:
         return 1.0

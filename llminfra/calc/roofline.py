@@ -34,6 +34,7 @@ from llminfra.calc.step import step_bytes, step_flops, weight_bytes_read
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import GPUSpec, get_gpu
 from llminfra.specs.models import ModelSpec, get_model
+from llminfra.validate import positive_int
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,6 @@ def default_interconnect(device: str | GPUSpec, n_gpus: int = 2) -> Interconnect
                      "pass interconnect=")
 
 
-def _tp(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"tensor_parallel must be a positive integer, got {value!r}")
-    return value
-
-
 def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch, *,
                    dtype: str = "bf16", kv_dtype: str | None = None, tensor_parallel: int = 1,
                    overhead_s: float = 0.0, interconnect: str | Interconnect | None = None,
@@ -141,7 +136,7 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     """
     spec = get_model(model)
     roof = device_roofline(device, dtype)
-    n = _tp(tensor_parallel)
+    n = positive_int("tensor_parallel", tensor_parallel)
     if not overhead_s >= 0:
         raise ValueError(f"overhead_s must be >= 0, got {overhead_s!r}")
     if kv_dtype is None:
@@ -189,18 +184,12 @@ def step_time_s(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch,
 
 def decode_batch(batch: int = 1, context: int = 2048) -> list[tuple[int, int]]:
     """``batch`` sequences each adding one token at ``context`` tokens: ``[(1, context)] · B``."""
-    return [(1, context)] * _count("batch", batch)
+    return [(1, context)] * positive_int("batch", batch)
 
 
 def prefill_batch(prompt_len: int, batch: int = 1) -> list[tuple[int, int]]:
     """``batch`` whole prompts of ``prompt_len`` tokens: ``[(prompt_len, prompt_len)] · B``."""
-    return [(prompt_len, prompt_len)] * _count("batch", batch)
-
-
-def _count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return [(prompt_len, prompt_len)] * positive_int("batch", batch)
 
 
 def arithmetic_intensity(model: str | ModelSpec, batch, dtype: str = "bf16",

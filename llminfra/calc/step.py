@@ -14,11 +14,12 @@ routed experts per layer, a long prefill reads them all.
 from __future__ import annotations
 
 from llminfra.calc.kv_layout import QUANTIZED_KV
-from llminfra.calc.memory import (_check_context, _compute_dtype, _dtype_key, _positive_int,
+from llminfra.calc.memory import (_check_context, _compute_dtype, _dtype_key,
                                   kv_bytes_per_token, weight_bytes)
 from llminfra.calc.params import active_param_count, expected_experts_touched, expert_param_count
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.models import ModelSpec, get_model
+from llminfra.validate import positive_int
 
 
 def _step_pairs(spec: ModelSpec, batch) -> list[tuple[int, int]]:
@@ -35,7 +36,7 @@ def _step_pairs(spec: ModelSpec, batch) -> list[tuple[int, int]]:
     for i, p in enumerate(pairs):
         if len(p) != 2:
             raise ValueError(f"batch[{i}] = {p!r} is not a (new_tokens, context_tokens) pair")
-        n, c = _positive_int(f"batch[{i}] new_tokens", p[0]), _check_context(spec, p[1])
+        n, c = positive_int(f"batch[{i}] new_tokens", p[0]), _check_context(spec, p[1])
         if n > c:
             raise ValueError(f"batch[{i}]: new_tokens {n} > context_tokens {c} (the context "
                              f"includes the new tokens); allowed: 1..{c}")
@@ -129,7 +130,7 @@ def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 204
     Llama-2-7B, bf16, batch 1, context 1: 13,476,831,232 + 524,288 bytes.
     Taught in chapter 01 (why decode is memory-bound) and chapter 08 (roofline).
     """
-    batch = _positive_int("batch", batch)
+    batch = positive_int("batch", batch)
     return step_bytes(model, [(1, context)] * batch, dtype, kv_dtype)
 
 
@@ -142,7 +143,7 @@ def decode_step_flops(model: str | ModelSpec, batch: int = 1, context: int = 204
 
     Llama-2-7B, batch 1, context 1: 2 · 6,738,415,616 + 4 · 32 · 32 · 128 = 13,477,355,520.
     """
-    batch = _positive_int("batch", batch)
+    batch = positive_int("batch", batch)
     return step_flops(model, [(1, context)] * batch)
 
 

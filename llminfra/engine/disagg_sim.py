@@ -62,6 +62,7 @@ from llminfra.engine.goodput import within_slo
 from llminfra.engine.metrics import percentile
 from llminfra.engine.simulator import Simulator, kv_blocks_for, roofline_step_time
 from llminfra.engine.workload import WorkloadRequest
+from llminfra.validate import positive_int
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,6 @@ class RequestTiming:
     tpot_s: float | None
     e2e_s: float
     transfer_s: float = 0.0
-
-
-def _check_count(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return v
 
 
 def _deal(requests: Seq[WorkloadRequest], n: int) -> list[list[tuple[int, WorkloadRequest]]]:
@@ -105,7 +100,7 @@ def simulate_colocated(model, gpu, requests: Seq[WorkloadRequest], *, num_gpus: 
                        **scheduler_kwargs) -> list[RequestTiming]:
     """Every request on one of ``num_gpus / tensor_parallel`` colocated instances; timings in
     the input order. ``scheduler_kwargs`` go to :meth:`Simulator.for_gpu`."""
-    n = _check_count("num_gpus", num_gpus) // _check_count("tensor_parallel", tensor_parallel)
+    n = positive_int("num_gpus", num_gpus) // positive_int("tensor_parallel", tensor_parallel)
     if n < 1 or num_gpus % tensor_parallel:
         raise ValueError(f"num_gpus {num_gpus} is not a multiple of tensor_parallel "
                          f"{tensor_parallel}")
@@ -147,8 +142,8 @@ def simulate_disaggregated(model, gpu, requests: Seq[WorkloadRequest], *, num_pr
     """Prefill on ``num_prefill`` instances, KV over ``interconnect``, decode on
     ``num_decode`` instances (of ``tensor_parallel`` GPUs each); timings in the input order.
     ``prefill_kwargs`` go to the prefill instances' :meth:`Simulator.for_gpu`."""
-    _check_count("num_prefill", num_prefill)
-    _check_count("num_decode", num_decode)
+    positive_int("num_prefill", num_prefill)
+    positive_int("num_decode", num_decode)
     pre = Simulator.for_gpu(model, gpu, tensor_parallel=tensor_parallel, dtype=dtype,
                             max_num_seqs=max_num_seqs, **prefill_kwargs)
     first: dict[int, object] = {}
@@ -204,7 +199,7 @@ def slo_goodput(timings: Seq[RequestTiming], ttft_slo_s: float, tpot_slo_s: floa
             **{f"ttft_p{q}_s": percentile(ttft, q) for q in (50, 90, 99)},
             **{f"tpot_p{q}_s": percentile(tpot, q) for q in (50, 90, 99)},
             "slo_attainment": ok / len(timings), "goodput_rps": good,
-            "goodput_rps_per_gpu": good / _check_count("num_gpus", num_gpus),
+            "goodput_rps_per_gpu": good / positive_int("num_gpus", num_gpus),
             "transfer_mean_s": sum(t.transfer_s for t in timings) / len(timings)}
 
 

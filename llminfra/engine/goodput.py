@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from llminfra.validate import positive_int
+
 
 @dataclass(frozen=True)
 class RequestTimes:
@@ -36,9 +38,7 @@ class RequestTimes:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"{name} must be a finite number of seconds, got {v!r}")
-        n = self.output_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"output_tokens must be a positive integer, got {n!r}")
+        positive_int("output_tokens", self.output_tokens)
         if not self.arrival_s <= self.first_token_s <= self.finish_s:
             raise ValueError(f"timestamps must satisfy arrival_s <= first_token_s <= finish_s, "
                              f"got {self.arrival_s}, {self.first_token_s}, {self.finish_s}")

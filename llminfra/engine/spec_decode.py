@@ -44,6 +44,7 @@ import torch
 from llminfra.engine.sampler import probabilities
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.sequence import Sequence
+from llminfra.validate import non_negative_int
 
 METHODS = ("ngram", "draft")
 #: step costs (in plain steps) the adaptive rule assumes by default, a little above what
@@ -60,8 +61,7 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     average when each draft is accepted with probability ``alpha`` (γ + 1 at α = 1)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-        raise ValueError(f"gamma must be an int >= 0, got {gamma!r}")
+    non_negative_int("gamma", gamma)
     return float(gamma + 1) if alpha == 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from llminfra.validate import positive_int
+
 
 class BlockPoolExhausted(RuntimeError):
     """The block pool has no free block left.
@@ -45,10 +47,8 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        positive_int("num_blocks", num_blocks)
+        positive_int("block_size", block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref = [0] * num_blocks

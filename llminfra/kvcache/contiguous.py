@@ -20,6 +20,7 @@ import torch
 
 from llminfra.attention.step_metadata import StepMetadata
 from llminfra.model.cache import check_update
+from llminfra.validate import positive_int
 
 
 class ContiguousKVCache:
@@ -36,8 +37,7 @@ class ContiguousKVCache:
                  device: torch.device | str = "cpu"):
         for name, val in (("n_layers", n_layers), ("batch", batch), ("n_kv_heads", n_kv_heads),
                           ("head_dim", head_dim), ("max_seq_len", max_seq_len)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{name} must be a positive int, got {val!r}")
+            positive_int(name, val)
         shape = (n_layers, batch, n_kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

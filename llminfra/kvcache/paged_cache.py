@@ -27,6 +27,7 @@ from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import BlockTable, blocks_needed
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
 from llminfra.model.cache import check_update
+from llminfra.validate import positive_int
 
 
 class PagedKVCache:
@@ -48,8 +49,7 @@ class PagedKVCache:
         for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim), ("num_blocks", num_blocks),
                             ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PagedKVCache: {name} must be a positive int, got {value!r}")
+            positive_int(name, value, where="PagedKVCache: ")
         self.allocator = allocator or BlockAllocator(num_blocks, block_size)
         if (self.allocator.num_blocks, self.allocator.block_size) != (num_blocks, block_size):
             raise ValueError("allocator's num_blocks/block_size differ from the cache's")

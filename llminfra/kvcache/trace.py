@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from llminfra.validate import positive_int
+
 #: name -> (mean prompt tokens, mean output tokens, sigma prompt, sigma output)
 #: means: vLLM paper Fig. 11; sigmas: our assumption (see module docstring)
 WORKLOADS = {
@@ -61,8 +63,7 @@ def request_trace(num_requests: int, generator: torch.Generator, workload: str =
     """
     if workload not in WORKLOADS:
         raise KeyError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
+    positive_int("num_requests", num_requests)
     if max_seq_len < 2:
         raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
     m_in, m_out, s_in, s_out = WORKLOADS[workload]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from llminfra.attention.step_metadata import StepMetadata
+from llminfra.validate import positive_int
 
 
 def check_update(layer_idx: int, n_layers: int, k: torch.Tensor, v: torch.Tensor,
@@ -67,9 +68,7 @@ class DenseKVCache:
     """
 
     def __init__(self, n_layers: int):
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
-        self.n_layers = n_layers
+        self.n_layers = positive_int("n_layers", n_layers)
         self.k: list[torch.Tensor | None] = [None] * n_layers
         self.v: list[torch.Tensor | None] = [None] * n_layers
         self._seq: dict[int, list[list[torch.Tensor | None]]] = {}   # ragged: id -> [K, V] by layer

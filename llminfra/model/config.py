@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from llminfra.specs.models import ModelSpec
+from llminfra.validate import positive_int
 
 #: Byte-level vocabulary: one id per byte value, no special tokens.
 BYTE_VOCAB_SIZE = 256
@@ -74,9 +75,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
                      "max_seq_len", "num_experts", "experts_per_token"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name), where="ModelConfig.")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from llminfra.model.transformer import Transformer, rope_inv_freq
+from llminfra.validate import non_negative_int
 
 
 def _plain_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -161,8 +162,7 @@ class FastDecoder:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("prompt_ids is empty: give at least one token")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        non_negative_int("max_new_tokens", max_new_tokens)
         if len(ids) + max_new_tokens - 1 > self.max_len:
             raise ValueError(f"{len(ids)} prompt + {max_new_tokens} new tokens exceed max_len "
                              f"{self.max_len}")

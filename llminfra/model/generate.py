@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from llminfra.model.sampling import filter_logits
+from llminfra.validate import non_negative_int
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -52,8 +53,7 @@ def _check_generate_args(model, prompt_ids, max_new_tokens, temperature, top_k,
     vocab, max_len = model.config.vocab_size, model.config.max_seq_len
     if not ids:
         raise ValueError("prompt_ids is empty; give at least one token")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    non_negative_int("max_new_tokens", max_new_tokens)
     if len(ids) + max_new_tokens - 1 > max_len:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) "
                          f"exceeds the model's max_seq_len {max_len} (+1)")

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llminfra.model.config import BYTE_VOCAB_SIZE, ModelConfig
+from llminfra.validate import positive_int
 
 #: gate functions the router knows
 GATINGS = ("softmax", "sigmoid")
@@ -205,8 +206,7 @@ class MoEFeedForward(nn.Module):
                  generator: torch.Generator | None = None):
         super().__init__()
         for name, v in (("dim", dim), ("ffn_dim", ffn_dim), ("num_experts", num_experts)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            positive_int(name, v)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be an int in 1..{num_experts}, got {top_k!r}")
         if gating not in GATINGS:

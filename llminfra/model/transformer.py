@@ -28,6 +28,7 @@ from llminfra.attention.reference import reference_attention, sdpa_attention
 from llminfra.attention.step_metadata import StepMetadata
 from llminfra.model.config import ModelConfig
 from llminfra.model.moe import MoEFeedForward, tiny_moe_config
+from llminfra.validate import non_negative_int
 
 #: attn_fn(q (B, H, T, d), k (B, H_kv, S, d), v (B, H_kv, S, d), causal) -> (B, H, T, d)
 AttentionFn = Callable[..., torch.Tensor]
@@ -331,8 +332,7 @@ class Transformer(nn.Module):
             raise ValueError(f"tokens must be integer ids (int64), got dtype {tokens.dtype}")
         if tokens.shape[1] == 0:
             raise ValueError("tokens has no positions (shape (B, 0)); give at least one token")
-        if not isinstance(start_pos, int) or start_pos < 0:
-            raise ValueError(f"start_pos must be an int >= 0, got {start_pos!r}")
+        non_negative_int("start_pos", start_pos)
         end = start_pos + tokens.shape[1]
         if end > self.config.max_seq_len:
             raise ValueError(f"positions {start_pos}..{end - 1} exceed max_seq_len "

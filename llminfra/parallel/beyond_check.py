@@ -16,6 +16,7 @@ from llminfra.parallel.context_parallel import context_parallel_selfcheck
 from llminfra.parallel.expert_parallel import MoECase, compare_to_single, moe_rank_check
 from llminfra.parallel.launch import launch
 from llminfra.parallel.world import World, run_simulated
+from llminfra.validate import positive_int
 
 
 def beyond_rank_check(world: World, case: MoECase, seed: int) -> dict:
@@ -30,8 +31,7 @@ def distributed_selfcheck(world_size: int = 2, seed: int = 0, real_processes: bo
     ``ep_max_error``, ``tp_experts_max_error``, ``ring_attention_max_error``,
     ``decode_cp_max_error`` (max |parallel − single| over every rank and case), ``cases`` (the
     context-parallel cases by name), ``seconds`` (the whole run, spawn included)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int("world_size", world_size)
     case = MoECase(num_experts=4 * world_size, top_k=2, tokens=8 * world_size + 5,
                    ffn_dim=24 * world_size,
                    capacity_factor=None, seed=seed)

@@ -31,6 +31,7 @@ from llminfra.attention.shapes import (check_attention_call, check_qkv, compute_
                                        default_scale, group_queries)
 from llminfra.parallel.ring_attention import block_attention, chunk_bounds
 from llminfra.parallel.world import World, check_rank
+from llminfra.validate import positive_int
 
 CACHE_LAYOUTS = ("interleaved", "contiguous")
 #: partials are exchanged in float32, as Flash-Decoding keeps its split partials in fp32
@@ -49,11 +50,8 @@ def cache_shard_positions(cache_tokens: int, rank: int, world_size: int,
     Taught in chapter 11.
     """
     check_rank(rank, world_size)
-    if isinstance(cache_tokens, bool) or not isinstance(cache_tokens, int) or cache_tokens < 1:
-        raise ValueError(f"cache_tokens must be a positive int, got {cache_tokens!r}")
-    if isinstance(interleave_tokens, bool) or not isinstance(interleave_tokens, int) \
-            or interleave_tokens < 1:
-        raise ValueError(f"interleave_tokens must be a positive int, got {interleave_tokens!r}")
+    positive_int("cache_tokens", cache_tokens)
+    positive_int("interleave_tokens", interleave_tokens)
     if layout == "interleaved":
         x = torch.arange(cache_tokens)
         return x[(x // interleave_tokens) % world_size == rank]

@@ -37,6 +37,7 @@ from llminfra.model.moe import MoEFeedForward, group_by_expert, run_grouped
 from llminfra.parallel.launch import launch
 from llminfra.parallel.tensor_parallel import shard_cols, shard_rows, shard_size
 from llminfra.parallel.world import World, run_simulated
+from llminfra.validate import positive_int
 
 
 class ExpertParallelMoE(nn.Module):
@@ -125,8 +126,7 @@ def dispatch_counts(expert_ids, num_experts: int, world_size: int) -> list[int]:
     ``0 … E-1``. Taught in chapter 11.
     """
     for name, v in (("num_experts", num_experts), ("world_size", world_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_int(name, v)
     per_rank = shard_size(num_experts, world_size, "number of experts")
     rows = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids
     counts = [0] * world_size
@@ -255,8 +255,7 @@ def compare_to_single(case: MoECase, results: list[dict]) -> dict:
 
 def _case(num_experts, top_k, tokens, capacity_factor, seed, **kw) -> MoECase:
     for name, v in (("num_experts", num_experts), ("top_k", top_k), ("tokens", tokens)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        positive_int(name, v)
     return MoECase(num_experts=num_experts, top_k=top_k, tokens=tokens,
                    capacity_factor=capacity_factor, seed=seed, **kw)
 

@@ -35,6 +35,8 @@ import time
 import traceback
 from typing import Callable
 
+from llminfra.validate import positive_int
+
 log = logging.getLogger(__name__)
 
 
@@ -162,8 +164,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "gloo", timeout_
     function is fine). ``timeout_s > 0``. Raises :class:`RankError`
     when a rank fails, ``TimeoutError`` after ``timeout_s``; every child is reaped either way.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int("world_size", world_size)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \

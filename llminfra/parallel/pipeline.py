@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from llminfra.parallel.world import World
+from llminfra.validate import positive_int
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,7 @@ class StageEvent:
 def bubble_fraction(n_stages: int, n_micro: int) -> float:
     """GPipe's idle share ``(p - 1) / (m + p - 1)``; p = 4, m = 8 -> 3/11 = 0.2727."""
     for name, v in (("n_stages", n_stages), ("n_micro", n_micro)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     return (n_stages - 1) / (n_micro + n_stages - 1)
 
 

@@ -30,6 +30,8 @@ from typing import Callable
 
 import torch
 
+from llminfra.validate import positive_int
+
 
 class World:
     """Interface: ``rank`` in ``0..size-1``, ``size`` ranks, and the collectives above."""
@@ -97,8 +99,7 @@ class Handle:
 
 def check_rank(rank: int, size: int) -> None:
     """``ValueError`` unless ``size >= 1`` and ``0 <= rank < size``."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"world size must be a positive integer, got {size!r}")
+    positive_int("world size", size)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"rank must be an integer in 0..{size - 1}, got {rank!r}")
 

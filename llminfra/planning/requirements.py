@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llminfra.validate import positive_int
+
 SECONDS_PER_DAY = 86_400
 
 
@@ -50,9 +52,7 @@ class ServiceRequirements:
     def __post_init__(self):
         _positive("requests_per_day", self.requests_per_day)
         for name in ("input_tokens", "output_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            positive_int(name, getattr(self, name))
         _positive("ttft_target_s", self.ttft_target_s)
         _positive("tpot_target_s", self.tpot_target_s)
         _positive("budget_usd_per_month", self.budget_usd_per_month, allow_zero=True)

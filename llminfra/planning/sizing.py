@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from llminfra.validate import non_negative_int
+
 
 def gpus_for_memory(weight_bytes: float, kv_bytes_per_token: float, context_tokens: int,
                 concurrency: int, gpu_memory_bytes: float, reserve_fraction: float = 0.10,
@@ -29,8 +31,7 @@ def gpus_for_memory(weight_bytes: float, kv_bytes_per_token: float, context_toke
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or math.isinf(v):
             raise ValueError(f"{name} must be a positive finite number, got {v!r}")
     for name, v in (("context_tokens", context_tokens), ("concurrency", concurrency)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        non_negative_int(name, v)
     if not 0 <= reserve_fraction < 1:
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
     if not activation_bytes >= 0:

@@ -25,6 +25,7 @@ import torch
 
 from llminfra.quant.rtn import fake_quantize_int, quantize_int
 from llminfra.quant.tensor import QuantizedTensor, check_weight
+from llminfra.validate import positive_int
 
 MAX_SEARCH_ROWS = 1024
 
@@ -60,8 +61,7 @@ def awq_search(W: torch.Tensor, X: torch.Tensor, bits: int = 4, granularity: str
     """Grid search of α: returns ``(best_alpha, errors)`` with ``errors[i]`` the mean squared
     output error at ``α = i / n_grid``. ``W (out, in)``, ``X (n, in)`` calibration inputs."""
     check_weight(W)
-    if isinstance(n_grid, bool) or not isinstance(n_grid, int) or n_grid < 1:
-        raise ValueError(f"n_grid must be a positive integer, got {n_grid!r}")
+    positive_int("n_grid", n_grid)
     W = W.detach().float()
     X = search_rows(X, W.shape[1]).to(W.device)
     Y, s_x = X @ W.T, X.abs().mean(0)

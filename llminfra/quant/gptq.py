@@ -27,6 +27,7 @@ from llminfra.quant import packing
 from llminfra.quant.rtn import grid_params
 from llminfra.quant.tensor import (QuantizedTensor, check_weight, layout_for, store_scale,
                                    to_groups)
+from llminfra.validate import positive_int
 
 
 class HessianAccumulator:
@@ -146,8 +147,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4,
     check_hessian(H)
     if granularity == "tensor":
         raise ValueError("GPTQ needs 'channel' or a group size, not 'tensor' granularity")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    positive_int("block_size", block_size)
     layout = layout_for(W, granularity)
     g, rows, cols = layout.group, layout.rows, layout.cols
     Wd, perm, Hinv = _prepare(W, H, act_order, percdamp)

@@ -17,6 +17,7 @@ import math
 import torch
 
 from llminfra.model.cache import check_update
+from llminfra.validate import positive_int
 
 KV_FORMATS = ("int8", "fp8-e4m3")
 
@@ -47,8 +48,7 @@ class QuantizedKVCache:
     """
 
     def __init__(self, n_layers: int, kv_format: str = "int8"):
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+        positive_int("n_layers", n_layers)
         if kv_format not in KV_FORMATS:
             raise KeyError(f"unknown KV format {kv_format!r}; allowed: {KV_FORMATS}")
         self.n_layers, self.kv_format = n_layers, kv_format

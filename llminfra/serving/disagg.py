@@ -38,6 +38,7 @@ from llminfra.engine.kv_transfer import KVHandoff, can_import, hand_off, import_
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams
+from llminfra.validate import non_negative_int
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,7 @@ class DecodeWorker:
 
     def __init__(self, engine: LLMEngine, max_import_retries: int = 1,
                  fail_on: Mapping[str, int] | None = None):
-        if isinstance(max_import_retries, bool) or not isinstance(max_import_retries, int) \
-                or max_import_retries < 0:
-            raise ValueError(f"max_import_retries must be an int >= 0, got "
-                             f"{max_import_retries!r}")
+        non_negative_int("max_import_retries", max_import_retries)
         self.engine, self.max_import_retries = engine, max_import_retries
         self.inbox: deque[KVHandoff] = deque()
         self.fail_on = dict(fail_on or {})

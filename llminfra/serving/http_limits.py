@@ -35,6 +35,8 @@ from types import MappingProxyType
 
 from fastapi import HTTPException
 
+from llminfra.validate import non_negative_int
+
 #: largest request body accepted (bytes): nginx's default ``client_max_body_size``
 MAX_BODY_BYTES = 2**20
 #: longest wait for the next part of a request body (seconds)
@@ -68,8 +70,7 @@ class RequestBodyLimits:
     that left) is no body read."""
 
     def __init__(self, app, max_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
+        non_negative_int("max_bytes", max_bytes)
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 (seconds), got {timeout_s!r}")
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s

@@ -25,6 +25,7 @@ import torch
 
 from llminfra.engine.workload import poisson_arrivals
 from llminfra.serving.router import RouteRequest
+from llminfra.validate import positive_int
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,6 @@ class SharedPromptRequest:
         return RouteRequest(self.request_id, self.prompt_token_ids, self.max_tokens)
 
 
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
 def _random_tokens(n: int, token_range: tuple[int, int], g: torch.Generator) -> list[int]:
     return torch.randint(token_range[0], token_range[1], (n,), generator=g).tolist()
 
@@ -64,7 +60,7 @@ def shared_prompt_workload(num_requests: int, generator: torch.Generator, *,
     """
     for name, value in (("num_requests", num_requests), ("num_system_prompts", num_system_prompts),
                         ("system_prompt_tokens", system_prompt_tokens), ("max_tokens", max_tokens)):
-        _positive_int(name, value)
+        positive_int(name, value)
     lo, hi = user_tokens
     if not 1 <= lo <= hi:
         raise ValueError(f"user_tokens must be (lo, hi) with 1 <= lo <= hi, got {user_tokens!r}")

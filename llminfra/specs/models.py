@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from llminfra.validate import non_negative_int, positive_int
+
 _DATA = Path(__file__).with_name("model_architectures.json")
 
 #: preset name -> key of the release in model_architectures.json
@@ -127,9 +129,7 @@ class ModelSpec:
     def __post_init__(self):
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "intermediate_size", "vocab_size", "num_experts", "experts_per_token"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{self.name}: {name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name), where=f"{self.name}: ")
         for name in ("max_positions", "moe_intermediate_size", "explicit_head_dim",
                      "q_lora_rank", "kv_lora_rank", "sliding_window"):
             value = getattr(self, name)
@@ -139,9 +139,7 @@ class ModelSpec:
                                  f"got {value!r}")
         for name in ("num_shared_experts", "first_dense_layers", "qk_nope_head_dim",
                      "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{self.name}: {name} must be an integer >= 0, got {value!r}")
+            non_negative_int(name, getattr(self, name), where=f"{self.name}: ")
         if self.first_dense_layers > self.num_layers:
             raise ValueError(f"{self.name}: first_dense_layers {self.first_dense_layers} exceeds "
                              f"num_layers {self.num_layers}")
