@@ -68,6 +68,27 @@ def number(low: float, high: float | None = None, *, low_open: bool = False,
     return parse
 
 
+def number_list(low: float, high: float | None = None, *, low_open: bool = False,
+                high_open: bool = False, unit: str = "", single: bool = True):
+    """An argparse type: comma-separated :func:`number` s (``"1,2,4"`` → ``[1.0, 2.0, 4.0]``),
+    each checked as :func:`number` checks one; with ``single`` a text without a comma is the
+    bare float (``"2"`` → ``2.0``). An empty list is refused."""
+    one = number(low, high, low_open=low_open, high_open=high_open, unit=unit)
+
+    def parse(text: str):
+        if single and "," not in text:
+            return one(text)
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            what = f"number{' of ' + unit if unit else ''}"
+            raise argparse.ArgumentTypeError(f"needs at least one {what}, comma-separated "
+                                             f"(e.g. 1,2,4), got {text!r}")
+        return [one(t) for t in items]
+
+    parse.__name__ = "number_list"
+    return parse
+
+
 def json_path(text: str) -> Path:
     """``--json PATH`` checked before a benchmark runs: not a directory, its folder creatable
     and writable (``ValueError`` naming the path otherwise)."""

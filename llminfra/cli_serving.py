@@ -4,7 +4,7 @@ imports neither torch nor the engine: both load when the command runs."""
 
 from __future__ import annotations
 
-from llminfra.cli_numbers import integer, json_path, json_text, number
+from llminfra.cli_numbers import integer, json_path, json_text, number, number_list
 
 #: bounds for ``serve``: far beyond a CPU course server (vLLM's default is 256 sequences), so a
 #: bigger number is almost surely a typo
@@ -18,6 +18,7 @@ WORKLOADS = ("alpaca", "sharegpt")                    # llminfra.kvcache.trace.W
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MAX_REQUESTS = 1_000_000                # llminfra.serving.loadtest.MAX_REQUESTS
 MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PER_TOKEN
+MAX_PREFIXES = 10_000                   # llminfra.serving.loadtest_workload.MAX_PREFIXES
 
 
 def serve(args) -> int:
@@ -36,14 +37,18 @@ def serve(args) -> int:
 
 
 def loadtest(args) -> int:
-    from llminfra.serving.loadtest import format_summary, run_loadtest
+    from llminfra.serving.loadtest import format_summary, parse_goodput, run_loadtest
     path = json_path(args.json) if args.json else None      # before the run, not after it
-    r = run_loadtest(args.base_url, rate=args.rate, concurrency=args.concurrency,
+    goodput = parse_goodput(args.goodput) if args.goodput is not None else None
+    r = run_loadtest(args.base_url, rate=args.rate if args.sweep_rates is None
+                     else args.sweep_rates, concurrency=args.concurrency,
                      num_requests=args.requests, model=args.model, workload_name=args.workload,
                      arrivals=args.arrivals, seed=args.seed, max_model_len=args.max_model_len,
                      max_output_tokens=args.max_output_tokens,
                      chars_per_token=args.chars_per_token, ignore_eos=args.ignore_eos,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, burstiness=args.burstiness,
+                     goodput=goodput, prefix_tokens=args.prefix_tokens,
+                     num_prefixes=args.num_prefixes)
     print(format_summary(r))
     if path is not None:
         path.write_text(json_text(r))
@@ -92,8 +97,12 @@ def add_serving_parsers(sub) -> None:
     t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
     t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
     mode = t.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--rate", type=number(0, low_open=True, unit="requests per second"),
-                      help="requests per second (open loop)")
+    mode.add_argument("--rate", type=number_list(0, low_open=True, unit="requests per second"),
+                      help="requests per second (open loop); R1,R2,... runs a sweep")
+    mode.add_argument("--sweep-rates", type=number_list(0, low_open=True, single=False,
+                                                        unit="requests per second"),
+                      default=None, metavar="R1,R2,...",
+                      help="open-loop runs one after another, one summary a rate")
     mode.add_argument("--concurrency", type=integer(1, MAX_REQUESTS, unit="clients"),
                       help="clients in a closed loop")
     t.add_argument("--requests", type=integer(1, MAX_REQUESTS, unit="requests"), default=100,
@@ -111,6 +120,17 @@ def add_serving_parsers(sub) -> None:
                    type=number(0, MAX_CHARS_PER_TOKEN, low_open=True, unit="characters"),
                    default=1.0,
                    help="prompt characters per token (1 for the byte model, ~4 for BPE)")
+    t.add_argument("--burstiness", type=number(0, low_open=True), default=1.0,
+                   help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more "
+                        "even (vLLM's --burstiness)")
+    t.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
+                   help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000 (vLLM's syntax): "
+                        "report the requests/s meeting all")
+    t.add_argument("--prefix-tokens", type=integer(0, unit="tokens"), default=0,
+                   help="shared-prefix workload: each prompt starts with one of "
+                        "--num-prefixes prefixes of this many tokens (default 0: none)")
+    t.add_argument("--num-prefixes", type=integer(1, MAX_PREFIXES, unit="prefixes"),
+                   default=1, help="distinct shared prefixes (with --prefix-tokens)")
     t.add_argument("--ignore-eos", action="store_true", help="send vLLM's ignore_eos")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--json", default=None, metavar="PATH", help="also write the numbers here")

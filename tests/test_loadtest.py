@@ -98,3 +98,25 @@ def test_cli_writes_json(server, tmp_path, capsys):
     assert data["num_ok"] == 3 and data["settings"]["concurrency"] == 2
     assert main(["loadtest", "--base-url", "http://127.0.0.1:9", "--rate", "1",
                  "--requests", "1"]) == 2
+
+
+def test_sweep_goodput_bursty_shared_prefix_against_the_server(server, tmp_path, capsys):
+    """vLLM-style run on the real server: two rates, gamma arrivals, two shared prefixes of 16
+    tokens, SLOs loose enough for every request; one summary a rate, vLLM's names in each."""
+    path = tmp_path / "sweep.json"
+    assert main(["loadtest", "--base-url", server.base_url, "--rate", "20,40",
+                 "--requests", "4", "--max-output-tokens", "4", "--burstiness", "0.5",
+                 "--prefix-tokens", "16", "--num-prefixes", "2", "--goodput", "ttft:60000",
+                 "tpot:60000", "e2el:60000", "--no-progress", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("inter-token (ms)") == 2 and out.count("goodput:") == 2
+    data = json.loads(path.read_text())
+    assert data["rates"] == [20.0, 40.0] and data["num_ok"] == 8
+    for run, rate in zip(data["sweep"], (20.0, 40.0)):
+        assert run["settings"]["rate"] == rate and run["settings"]["prefix_tokens"] == 16
+        assert run["completed"] == 4 and run["failed"] == 0
+        assert run["request_goodput"] == pytest.approx(run["request_throughput"])
+        assert all(p["prompt_len"] > 16 for p in run["requests"])
+        gaps = [g for p in run["requests"] for g in p["itl_s"]]
+        assert len(gaps) > 0 and run["mean_itl_ms"] == pytest.approx(1e3 * sum(gaps) / len(gaps))
+        assert 0 < run["median_ttft_ms"] <= run["median_e2el_ms"]

@@ -1,0 +1,211 @@
+"""A load test's numbers: per-request latencies, their statistics, goodput, vLLM's field names.
+
+Per request (client clock): TTFT = first text chunk − send; **TPOT** = (last − first chunk) /
+(tokens − 1), the mean gap after the first token; **ITL** (inter-token latency) = every gap
+between consecutive streamed chunks, each a sample of its own; **E2EL** = done − send. Each is
+summarised by mean, population std, p50 (median), p90, p95, p99 (linear interpolation, numpy's
+default, as vLLM's ``np.percentile``).
+
+**Goodput** (DistServe, Zhong et al. 2024, arXiv:2401.09670, §2; vLLM's ``--goodput``): the
+completed requests per second that meet every SLO given, SLOs in milliseconds as
+``ttft:500 tpot:50 e2el:3000``. TTFT and TPOT use the engine's one rule,
+:func:`llminfra.engine.goodput.within_slo` (a one-token answer has no TPOT and meets any TPOT
+target, as in vLLM, which counts its TPOT as 0); E2EL is added here: ``e2e ≤ e2el``.
+
+vLLM's result names: :func:`vllm_fields` writes the keys of ``vllm bench serve --save-result``
+(``benchmark()`` and ``calculate_metrics()`` in ``vllm/benchmarks/serve.py``,
+github.com/vllm-project/vllm, read 2026-12-03; formerly ``benchmarks/benchmark_serving.py``):
+``duration``, ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``,
+``request_throughput``, ``request_goodput``, ``output_throughput``, ``total_token_throughput``
+and ``{mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms`` (we add p90 and p95). Differences: a
+metric with no sample is NaN (``null`` in JSON) where vLLM writes 0.
+
+Taught in chapter 05.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from llminfra.engine.goodput import within_slo
+from llminfra.engine.metrics import percentile
+
+#: the SLO names of ``--goodput`` (vLLM's), each a limit in milliseconds
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+#: the percentiles every latency summary reports
+QUANTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class RequestRecord:
+    """What one request measured (seconds on the client's clock, from the start of the run)."""
+
+    index: int
+    prompt_len: int
+    max_tokens: int
+    sent_s: float = math.nan
+    first_token_s: float = math.nan
+    done_s: float = math.nan
+    output_tokens: int = 0
+    chunk_times_s: list = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.sent_s
+
+    @property
+    def tpot_s(self) -> float:
+        if self.output_tokens < 2:
+            return math.nan
+        return (self.done_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Gaps (s) between consecutive streamed chunks: len(chunks) − 1 of them."""
+        t = self.chunk_times_s
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def e2e_s(self) -> float:
+        return self.done_s - self.sent_s
+
+
+def percentiles(values: list[float], qs=QUANTILES) -> dict:
+    """``{"mean", "std", "p50", "p90", "p95", "p99"}`` of the finite values (NaN when there are
+    none): std the population standard deviation √(Σ(x − mean)²/n), percentiles by the
+    engine's :func:`~llminfra.engine.metrics.percentile` (linear interpolation)."""
+    v = [x for x in values if math.isfinite(x)]
+    if not v:
+        return {"mean": math.nan, "std": math.nan, **{f"p{q}": math.nan for q in qs}}
+    mean = sum(v) / len(v)
+    std = math.sqrt(sum((x - mean) ** 2 for x in v) / len(v))
+    return {"mean": mean, "std": std, **{f"p{q}": percentile(v, q) for q in qs}}
+
+
+def parse_goodput(slos) -> dict[str, float]:
+    """``{"ttft": ms, ...}`` from vLLM's ``--goodput`` syntax: ``"ttft:500 tpot:50"``, a list
+    ``["ttft:500", "e2el:3000"]`` or a dict. Names in :data:`GOODPUT_METRICS`, each once;
+    limits finite numbers of milliseconds >= 0 (``ValueError`` naming the bad item)."""
+    if isinstance(slos, dict):
+        items = list(slos.items())
+    else:
+        parts = [p for item in ([slos] if isinstance(slos, str) else slos)
+                 for p in str(item).split()]
+        items = []
+        for part in parts:
+            name, sep, value = str(part).partition(":")
+            if not sep:
+                raise ValueError(f"goodput SLO {part!r} is not NAME:MILLISECONDS "
+                                 f"(e.g. ttft:500), NAME one of {', '.join(GOODPUT_METRICS)}")
+            items.append((name.strip(), value.strip()))
+    if not items:
+        raise ValueError("goodput needs at least one SLO NAME:MILLISECONDS, NAME one of "
+                         f"{', '.join(GOODPUT_METRICS)} (e.g. ttft:500 tpot:50)")
+    out = {}
+    for name, value in items:
+        if name not in GOODPUT_METRICS:
+            raise ValueError(f"goodput SLO name {name!r} is unknown: allowed "
+                             f"{', '.join(GOODPUT_METRICS)}")
+        if name in out:
+            raise ValueError(f"goodput SLO {name!r} is given twice")
+        try:
+            ms = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            ms = math.nan
+        if not (math.isfinite(ms) and ms >= 0):
+            raise ValueError(f"goodput SLO {name}:{value} must be a finite number of "
+                             "milliseconds >= 0")
+        out[name] = ms
+    return out
+
+
+def meets_slos(rec: RequestRecord, slos_ms: dict[str, float]) -> bool:
+    """True when a completed request meets every SLO of ``slos_ms`` (:func:`parse_goodput`):
+    TTFT and TPOT by :func:`~llminfra.engine.goodput.within_slo`, then ``e2e ≤ e2el``."""
+    tpot = rec.tpot_s
+    if not within_slo(rec.ttft_s, None if math.isnan(tpot) else tpot,
+                      slos_ms.get("ttft", math.inf) / 1e3, slos_ms.get("tpot", math.inf) / 1e3):
+        return False
+    return rec.e2e_s <= slos_ms.get("e2el", math.inf) / 1e3
+
+
+def _ms(stats: dict, name: str) -> dict:
+    return {f"mean_{name}_ms": 1e3 * stats["mean"], f"median_{name}_ms": 1e3 * stats["p50"],
+            f"std_{name}_ms": 1e3 * stats["std"],
+            **{f"p{q}_{name}_ms": 1e3 * stats[f"p{q}"] for q in QUANTILES if q != 50}}
+
+
+def vllm_fields(summary: dict) -> dict:
+    """The keys of ``vllm bench serve``'s result JSON (``vllm/benchmarks/serve.py``) from
+    :func:`summarize`'s own: milliseconds, token counts of the completed requests, rates over
+    the run's wall time; ``request_goodput`` None when no SLO was given (as vLLM)."""
+    wall = summary["wall_s"]
+
+    def per_s(x):
+        return x / wall if wall > 0 else math.nan
+    return {"duration": wall, "completed": summary["num_ok"],
+            "failed": summary["num_errors"],
+            "total_input_tokens": summary["prompt_tokens"],
+            "total_output_tokens": summary["output_tokens"],
+            "request_throughput": per_s(summary["num_ok"]),
+            "request_goodput": summary["goodput_requests_per_s"],
+            "output_throughput": per_s(summary["output_tokens"]),
+            "total_token_throughput": per_s(summary["prompt_tokens"] + summary["output_tokens"]),
+            **_ms(summary["ttft_s"], "ttft"), **_ms(summary["tpot_s"], "tpot"),
+            **_ms(summary["itl_s"], "itl"), **_ms(summary["e2e_s"], "e2el")}
+
+
+def summarize(records: list[RequestRecord], wall_s: float,
+              goodput: dict[str, float] | None = None) -> dict:
+    """Latency statistics (s) of TTFT, TPOT, ITL (all gaps of all requests) and end-to-end;
+    throughput (output tokens/s, requests/s); errors; goodput (requests/s meeting every SLO
+    of ``goodput``, :func:`parse_goodput`'s dict; None without one); and :func:`vllm_fields`."""
+    ok = [r for r in records if r.error is None]
+    tokens = sum(r.output_tokens for r in ok)
+    good = None
+    if goodput:
+        good = sum(meets_slos(r, goodput) for r in ok) / wall_s if wall_s > 0 else math.nan
+    s = {"num_requests": len(records), "num_ok": len(ok),
+         "num_errors": len(records) - len(ok),
+         "errors": sorted({r.error for r in records if r.error})[:5],
+         "wall_s": wall_s, "output_tokens": tokens,
+         "prompt_tokens": sum(r.prompt_len for r in ok),
+         "output_tokens_per_s": tokens / wall_s if wall_s > 0 else math.nan,
+         "requests_per_s": len(ok) / wall_s if wall_s > 0 else math.nan,
+         "goodput_slos_ms": dict(goodput) if goodput else None,
+         "goodput_requests_per_s": good,
+         "ttft_s": percentiles([r.ttft_s for r in ok]),
+         "tpot_s": percentiles([r.tpot_s for r in ok]),
+         "itl_s": percentiles([g for r in ok for g in r.itl_s]),
+         "e2e_s": percentiles([r.e2e_s for r in ok])}
+    s.update(vllm_fields(s))
+    return s
+
+
+def format_summary(r: dict) -> str:
+    """Plain-text table of a load test's result; a sweep (``r["sweep"]``) one table a rate."""
+    if "sweep" in r:
+        return "\n\n".join(format_summary(run) for run in r["sweep"])
+    s = r["settings"]
+    mode = (f"concurrency {s['concurrency']}" if s["concurrency"]
+            else f"{s['arrivals']} arrivals at {s['rate']:g} req/s"
+            + (f", burstiness {s['burstiness']:g}" if s.get("burstiness", 1) != 1 else ""))
+    lines = [f"{r['num_requests']} requests to {s['base_url']} ({s['model']}), {mode}: "
+             f"{r['num_ok']} ok, {r['num_errors']} errors, {r['wall_s']:.3g} s",
+             f"throughput: {r['output_tokens_per_s']:.4g} output tokens/s, "
+             f"{r['requests_per_s']:.4g} requests/s"]
+    if r.get("goodput_slos_ms"):
+        slos = " ".join(f"{k}:{v:g}" for k, v in r["goodput_slos_ms"].items())
+        lines.append(f"goodput: {r['goodput_requests_per_s']:.4g} requests/s within {slos} ms")
+    cols = ("mean", "std", "p50", "p90", "p95", "p99")
+    lines.append(f"{'':24}" + "".join(f"{c:>10}" for c in cols))
+    for key, name in (("ttft_s", "TTFT (ms)"), ("tpot_s", "time/output token (ms)"),
+                      ("itl_s", "inter-token (ms)"), ("e2e_s", "end-to-end (ms)")):
+        v = r.get(key)
+        if v is not None:
+            lines.append(f"{name:24}" + "".join(f"{1e3 * v.get(q, math.nan):10.4g}"
+                                                 for q in cols))
+    lines += [f"error: {e}" for e in r["errors"]]
+    return "\n".join(lines)
