@@ -287,7 +287,10 @@ def test_loadtest_ttft_is_from_the_send_exactly():
     assert sent[0] == 0.0 and all(b > a for a, b in zip(sent, sent[1:]))   # staggered sends
     assert [q["first_token_s"] - q["sent_s"] for q in recs] == [0.25] * 6
     assert [q["done_s"] - q["sent_s"] for q in recs] == [0.25 + 0.125 * (n - 1) for n in lengths]
-    assert r["ttft_s"] == {"mean": 0.25, "p50": 0.25, "p90": 0.25, "p99": 0.25}
+    assert r["ttft_s"] == {"mean": 0.25, "std": 0.0, "p50": 0.25, "p90": 0.25, "p95": 0.25,
+                           "p99": 0.25}
     assert r["e2e_s"]["mean"] == pytest.approx(sum(0.25 + 0.125 * (n - 1) for n in lengths) / 6)
-    assert all(math.isclose(v, 0.125) for v in r["tpot_s"].values())   # every request > 1 token
+    tpot = dict(r["tpot_s"])                                               # every request > 1 token
+    assert math.isclose(tpot.pop("std"), 0.0, abs_tol=1e-12)
+    assert all(math.isclose(v, 0.125) for v in tpot.values())
     assert r["wall_s"] == fake.now == sum(0.25 + 0.125 * (n - 1) for n in lengths)
