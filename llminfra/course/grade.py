@@ -182,17 +182,27 @@ def run_notebook(nb, cwd: Path, timeout_s: int, kernel: str = "python3"):
 
     def on_cell_executed(cell, cell_index, execute_reply):
         # a cell that swallows the interrupt (a bare ``except:``) sends no error output: the
-        # time-out is only in nbclient's stand-in reply, so it is written into the cell here
+        # time-out is only in nbclient's stand-in reply, so it is written into the cell here;
+        # its kernel is still busy in that cell, so every later cell would only wait out its
+        # own time limit: stop here (the grader marks the later checkers errored)
         if ((execute_reply or {}).get("content", {}).get("ename") == TIMEOUT_ENAME
                 and not _interrupted(cell)):
             cell.outputs.append(nbformat.v4.new_output("error", **error))
+            raise _KernelStuck(cell_index)
 
     client = NotebookClient(
         nb, timeout=timeout_s, kernel_name=kernel, allow_errors=True, interrupt_on_timeout=True,
         error_on_timeout=error, on_cell_executed=on_cell_executed,
         resources={"metadata": {"path": str(cwd)}})
-    client.execute()
+    try:
+        client.execute()
+    except _KernelStuck:
+        pass                         # nbclient has shut the kernel down on the way out
     return nb
+
+
+class _KernelStuck(Exception):
+    """A cell swallowed the time limit's interrupt: its kernel cannot run another cell."""
 
 
 def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path | None,
