@@ -28,7 +28,7 @@ import time
 import torch
 
 from llminfra.bench.serving import serve
-from llminfra.bench.timing import environment
+from llminfra.bench.timing import environment, torch_threads
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.engine.disagg_sim import RequestTiming, slo_goodput
 from llminfra.engine.workload import WorkloadRequest, poisson_arrivals
@@ -100,12 +100,8 @@ def _score(outputs, slo: dict) -> dict:
 
 def run(quick: bool = False) -> dict:
     """Both designs on one workload; ``quick``: 10 requests of 16 tokens (else 24 of 32)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         return _run(quick)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _run(quick: bool) -> dict:
@@ -116,9 +112,8 @@ def _run(quick: bool) -> dict:
     co_out, _ = serve(model, tok, work, prompts, **ENGINE)
     co_wall = time.perf_counter() - t
     co_out = sorted(co_out, key=lambda o: int(o.request_id))
-    torch.set_num_threads(1)                 # reference: the colocated engine on one core
-    one_out, _ = serve(model, tok, work, prompts, **ENGINE)
-    torch.set_num_threads(2)
+    with torch_threads(1):                   # reference: the colocated engine on one core
+        one_out, _ = serve(model, tok, work, prompts, **ENGINE)
     reqs = [TimedRequest(p, SamplingParams(max_tokens=w.output_len, ignore_eos=True),
                          w.arrival_time_s) for p, w in zip(prompts, work)]
     t = time.perf_counter()

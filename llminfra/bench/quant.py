@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from llminfra.bench.timing import best_time_s, environment
+from llminfra.bench.timing import best_time_s, environment, torch_threads
 
 SCHEMES = ("int8-absmax", "int8-zeropoint", "int8-channel", "int8-dynamic", "fp8-e4m3",
            "fp8-e5m2", "nf4", "int4-g128", "gptq-int4-g128", "awq-int4-g128", "int4-channel",
@@ -154,12 +154,8 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     """
     from llminfra.model import load_tiny
     model, _ = load_tiny()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return measure(model.float().eval(), quick, QUICK_SCHEMES if quick else SCHEMES)
-    finally:
-        torch.set_num_threads(before)
 
 
 def format_table(result: dict) -> str:

@@ -54,7 +54,7 @@ from types import MappingProxyType
 import torch
 
 from llminfra.bench.roofline import measure_copy_bytes_per_s
-from llminfra.bench.timing import cpu_name, environment
+from llminfra.bench.timing import cpu_name, environment, torch_threads
 from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import LLMEngine, SamplingParams, default_num_blocks, percentile
 from llminfra.engine.workload import WorkloadRequest, serving_workload
@@ -258,13 +258,9 @@ def run(quick: bool = False, n_requests: int | None = None, max_output: int | No
     same file (the tests load transformers' once for all their checks), else both are loaded
     here. ``ImportError`` without transformers."""
     transformers = import_transformers()
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return _run(transformers, dict(SIZES[bool(quick)]), quick, n_requests, max_output,
                     repeats, models)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _compare(transformers, model, tok, hf, work, prompts, repeats: int, notes: list) -> dict:

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from llminfra.bench.timing import best_time_s, environment, synchronize
+from llminfra.bench.timing import best_time_s, environment, synchronize, torch_threads
 from llminfra.calc.memory import kv_bytes_per_token
 from llminfra.calc.step import step_flops
 from llminfra.calc.roofline import Roofline, step_breakdown
@@ -65,14 +65,9 @@ def measure_cpu_roofline(threads: int | None = 1, n_bytes: int = 128 * 2**20, n:
                          repeats: int = 5) -> Roofline:
     """This CPU's :class:`~llminfra.calc.roofline.Roofline` (fp32 matmul peak, copy
     bandwidth) on ``threads`` threads (``None``: as set); the thread count is restored."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         bw = measure_copy_bytes_per_s(n_bytes, repeats)
         peak = measure_matmul_flops_per_s(n, torch.float32, repeats)
-    finally:
-        torch.set_num_threads(before)
     return Roofline(f"this CPU ({torch.get_num_threads() if threads is None else threads} "
                     "thread(s), measured)", peak, bw,
                     "llminfra.bench.roofline: STREAM copy and fp32 matmul, measured")
@@ -268,9 +263,7 @@ def _quantized(roof: Roofline, quick: bool, gen: torch.Generator) -> dict:
 def run(quick: bool = False) -> dict:
     """All measurements on one thread (restored afterwards); ``quick`` takes fewer steps and
     batches (same keys)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         gen = torch.Generator().manual_seed(SEED)
         t0 = time.perf_counter()
         roof = measure_cpu_roofline(None, repeats=3 if quick else 5)
@@ -290,8 +283,6 @@ def run(quick: bool = False) -> dict:
                                           for k, v in quant.items()},
         }
         result["seconds"] = time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(before)
     return result
 
 

@@ -39,7 +39,7 @@ from types import MappingProxyType
 import torch
 
 from llminfra.bench.serving_http import run_http_vs_engine
-from llminfra.bench.timing import best_time_s, environment
+from llminfra.bench.timing import best_time_s, environment, torch_threads
 from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import (LLMEngine, SamplingParams, default_num_blocks, percentile,
                              summarize)
@@ -190,12 +190,8 @@ def calibrate(step_log, work, config: ModelConfig, bw: float, flops: float,
 def run(quick: bool = False) -> dict:
     """Measure everything in the module docstring, on one thread; ``quick`` uses fewer
     requests, steps and repeats (same keys)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return _run(quick)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _run(quick: bool) -> dict:

@@ -33,22 +33,17 @@ SEED = 0
 
 
 def _in_process_tokens_per_s(lengths, prompts, num_threads: int, **engine_kwargs) -> dict:
-    import torch
-
+    from llminfra.bench.timing import torch_threads
     from llminfra.engine import LLMEngine, SamplingParams
     from llminfra.model import load_tiny
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         model, tok = load_tiny()
         engine = LLMEngine(model, tok, **engine_kwargs)
         params = [SamplingParams(max_tokens=o, temperature=0.0) for _, o in lengths]
         t0 = time.perf_counter()
         outs = engine.generate(prompts, params)
         wall = time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(before)
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     return {"wall_s": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall}
 

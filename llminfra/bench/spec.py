@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from llminfra.bench.timing import cpu_name, environment
+from llminfra.bench.timing import cpu_name, environment, torch_threads
 from llminfra.engine import LLMEngine, SamplingParams, SpeculativeConfig
 from llminfra.engine.spec_decode import expected_tokens_per_step
 from llminfra.model import FastDecoder, load_pretrained
@@ -123,9 +123,7 @@ def run(quick: bool = False, models: tuple | None = None, n_prompts: int | None 
                        ("repeats", repeats)):
         if value is not None:
             size[key] = value
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         model, tok = models if models is not None else load_pretrained(MODEL)
         loads = workloads(tok, size["n_prompts"])
         cfgs = configs(model)
@@ -138,8 +136,6 @@ def run(quick: bool = False, models: tuple | None = None, n_prompts: int | None 
                     old = best.get((wname, cname))
                     if old is None or r["seconds"] < old["seconds"]:
                         best[wname, cname] = r
-    finally:
-        torch.set_num_threads(before)
     results = {w: {} for w in loads}
     for (wname, cname), r in best.items():
         base = best[wname, "baseline"]

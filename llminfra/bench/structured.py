@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from llminfra.bench.timing import cpu_name, environment
+from llminfra.bench.timing import cpu_name, environment, torch_threads
 from llminfra.engine.metrics import percentile
 from llminfra.engine.structured import json_matcher
 from llminfra.model import FastDecoder, load_pretrained
@@ -50,9 +50,7 @@ def _decode(tok, V: int, stops, schema, gen, closing, max_tokens: int) -> tuple[
 def run(quick: bool = False) -> dict:
     """Everything in the module docstring, on one thread (restored afterwards)."""
     size = SIZES[bool(quick)]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         model, tok = load_pretrained(MODEL)
         env = environment()
         V, stops = model.config.vocab_size, sorted(tok.stop_token_ids)
@@ -88,8 +86,6 @@ def run(quick: bool = False) -> dict:
         t1 = time.perf_counter()
         fast.generate(ids, 1)
         step_s = ((t1 - t0) - (time.perf_counter() - t1)) / 32
-    finally:
-        torch.set_num_threads(before)
     return {"suite": "structured", "model": MODEL, "library": "llguidance", "threads": 1,
             "cpu": cpu_name(), "environment": env, "quick": bool(quick), "formats": out,
             "decode_step_ms": 1e3 * step_s}

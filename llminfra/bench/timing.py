@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +17,19 @@ def synchronize(device: torch.device | str | None) -> None:
     """Wait for queued work on ``device`` (a no-op on the CPU)."""
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (``None``: as they are), restoring the
+    previous count afterwards, also when the block raises."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def best_time_s(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
