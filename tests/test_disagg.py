@@ -59,6 +59,18 @@ def test_disaggregated_equals_colocated_greedy(tiny64):
     _all_free(pe, de)
 
 
+def test_one_prompt_of_token_ids_is_one_request(tiny64):
+    """run_local pairs prompts and params as LLMEngine.generate does: a list of ints is ONE
+    prompt, not one prompt per token."""
+    ids = tiny64[1].encode("def read(path):")
+    sp = SamplingParams(max_tokens=6)
+    pe, de = _engines(tiny64)
+    got = run_local(pe, de, ids, sp)
+    assert len(got) == 1
+    assert _tokens(got) == _tokens(LLMEngine(*tiny64, num_blocks=64).generate(ids, sp))
+    _all_free(pe, de)
+
+
 def test_disaggregated_equals_colocated_seeded_sampling(tiny64):
     sp = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=1234)
     ref = LLMEngine(*tiny64, num_blocks=64).generate(PROMPTS[:4], sp)

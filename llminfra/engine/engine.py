@@ -35,7 +35,7 @@ import torch
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import RequestOutput, request_output
 from llminfra.engine.sampler import sample_tokens, token_logprobs
-from llminfra.engine.sampling_params import InvalidParameter, SamplingParams
+from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, pair_with_params
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.engine.spec_decode import SpeculativeConfig, Speculator
@@ -357,15 +357,7 @@ class LLMEngine:
                  = None) -> list[RequestOutput]:
         """Run ``prompts`` (a str, a list of token ids, or a list of either) to completion;
         the final outputs in prompt order. ``sampling_params``: one for all, or one each."""
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, sampling_params)]
+        ids = [self.add_request(p, sp) for p, sp in pair_with_params(prompts, sampling_params)]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(ids):
             for out in self.step():

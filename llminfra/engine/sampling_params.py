@@ -218,3 +218,19 @@ class SamplingParams:
     def stop_strings(self) -> tuple[str, ...]:
         """The stop strings as a tuple (empty when none)."""
         return self.stop or ()
+
+
+def pair_with_params(prompts, sampling_params=None) -> list[tuple]:
+    """``[(prompt, params), ...]`` for a batch call: ``prompts`` is one prompt (a str or a list
+    of token ids) or a list of them; ``sampling_params`` one for all (or None) or one each
+    (``ValueError`` when the counts differ). What ``LLMEngine.generate`` takes."""
+    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                    and all(isinstance(t, int) for t in prompts)):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        sampling_params = [sampling_params] * len(prompts)
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
+    return list(zip(prompts, sampling_params))
+

@@ -37,7 +37,7 @@ from llminfra.engine.engine import LLMEngine
 from llminfra.engine.kv_transfer import KVHandoff, can_import, hand_off, import_kv
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import CompletionOutput, RequestOutput
-from llminfra.engine.sampling_params import SamplingParams
+from llminfra.engine.sampling_params import SamplingParams, pair_with_params
 from llminfra.validate import non_negative_int
 
 log = logging.getLogger(__name__)
@@ -160,17 +160,6 @@ class DecodeWorker:
         return done
 
 
-def _requests(prompts, sampling_params) -> list[tuple]:
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        sampling_params = [sampling_params] * len(prompts)
-    if len(sampling_params) != len(prompts):
-        raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
-    return list(zip(prompts, sampling_params))
-
-
 def run_local(prefill_engine: LLMEngine, decode_engine: LLMEngine, prompts,
               sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
               max_import_retries: int = 1, fail_on: Mapping[str, int] | None = None,
@@ -182,7 +171,7 @@ def run_local(prefill_engine: LLMEngine, decode_engine: LLMEngine, prompts,
         raise ValueError("run_local needs two engines (a prefill and a decode one)")
     pw = PrefillWorker(prefill_engine)
     dw = DecodeWorker(decode_engine, max_import_retries, fail_on)
-    ids = [pw.add_request(p, sp) for p, sp in _requests(prompts, sampling_params)]
+    ids = [pw.add_request(p, sp) for p, sp in pair_with_params(prompts, sampling_params)]
     final: dict[str, RequestOutput] = {}
     while pw.has_work() or dw.has_work():
         handoffs, finished = pw.step() if pw.has_work() else ([], [])
