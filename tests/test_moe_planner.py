@@ -2,8 +2,9 @@
 
 import pytest
 
-from llminfra.calc.expert_parallel import expert_parallel_plan, moe_layers, routed_expert_params
+from llminfra.calc.expert_parallel import expert_parallel_plan, routed_expert_params
 from llminfra.calc.params import expert_param_count, param_count
+from llminfra.specs import get_model
 from llminfra.widgets.moe_planner import MoEPlanner, ep_choices, moe_presets, plan_lines
 
 
@@ -21,7 +22,8 @@ def test_mixtral_by_hand():
 
 
 def test_deepseek_dense_layers_and_traffic_scaling():
-    assert moe_layers("deepseek-v3") == 61 - 3 and moe_layers("llama-3-8b") == 0
+    assert get_model("deepseek-v3").num_moe_layers == 61 - 3
+    assert get_model("llama-3-8b").num_moe_layers == 0 == routed_expert_params("llama-3-8b")
     one = expert_parallel_plan("deepseek-v3", 1)
     assert one["a2a_bytes_per_step"] == 0 and not one["fits"]          # 1.34 TB on one GPU
     a = expert_parallel_plan("deepseek-v3", 64, tokens=10)

@@ -32,19 +32,10 @@ from llminfra.specs.models import ModelSpec, get_model
 from llminfra.validate import positive_int
 
 
-def moe_layers(model: str | ModelSpec) -> int:
-    """Layers whose MLP is a mixture of experts (all but DeepSeek's first dense ones); 0 for a
-    dense model."""
-    spec = get_model(model)
-    if not spec.is_moe:
-        return 0
-    return spec.num_layers - getattr(spec, "first_dense_layers", 0)
-
-
 def routed_expert_params(model: str | ModelSpec) -> int:
     """Parameters of all routed experts: ``L_moe · E · P_expert`` (shared experts excluded)."""
     spec = get_model(model)
-    return moe_layers(spec) * spec.num_experts * expert_param_count(spec) if spec.is_moe else 0
+    return spec.num_moe_layers * spec.num_experts * expert_param_count(spec)
 
 
 def _check(spec: ModelSpec, ep: int, top_k: int | None, tokens: int) -> int:
@@ -79,7 +70,7 @@ def expert_parallel_plan(model: str | ModelSpec, ep: int, *, dtype: str = "bf16"
     b, b_a = dtype_bytes(dtype), dtype_bytes(activation_dtype)
     total, routed = param_count(spec), routed_expert_params(spec)
     weight_bytes = b * (total - routed + routed / ep)
-    L_moe, h = moe_layers(spec), spec.hidden_size
+    L_moe, h = spec.num_moe_layers, spec.hidden_size
     a2a = 2 * L_moe * tokens * k * h * b_a * (ep - 1) / ep
     link = get_interconnect(interconnect)
     tp_bytes = 2 * spec.num_layers * tokens * h * b_a            # two all-reduces per layer
@@ -99,4 +90,4 @@ def expert_parallel_plan(model: str | ModelSpec, ep: int, *, dtype: str = "bf16"
     }
 
 
-__all__ = ["expert_parallel_plan", "moe_layers", "routed_expert_params"]
+__all__ = ["expert_parallel_plan", "routed_expert_params"]
