@@ -10,7 +10,7 @@ time-per-output-token (TPOT) service-level objective. Here, from one run's times
   tokens after the first (a one-token answer has no gap: it meets any TPOT target);
 * a request is *good* when ``TTFT ≤ ttft_slo_s`` and ``TPOT ≤ tpot_slo_s``;
 * ``goodput = good requests / duration_s`` (duration: first arrival to last finish unless
-  given), and ``attainment = good requests / all requests``.
+  given).
 
 Taught in chapter 11 (prefill/decode disaggregation is judged by it).
 """
@@ -69,12 +69,6 @@ def within_slo(ttft_s: float, tpot_s: float | None, ttft_slo_s: float,
     return ttft_s <= ttft_slo_s and (tpot_s is None or tpot_s <= tpot_slo_s)
 
 
-def meets_slo(request, ttft_slo_s: float, tpot_slo_s: float) -> bool:
-    """True when the request's TTFT and TPOT are both within their targets."""
-    r = _times([request])[0]
-    return within_slo(r.ttft_s, r.tpot_s, ttft_slo_s, tpot_slo_s)
-
-
 def goodput(requests: Iterable, ttft_slo_s: float, tpot_slo_s: float,
             duration_s: float | None = None) -> float:
     """Requests per second that meet both SLOs. ``requests``: :class:`RequestTimes` or tuples
@@ -94,11 +88,3 @@ def goodput(requests: Iterable, ttft_slo_s: float, tpot_slo_s: float,
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
     good = sum(within_slo(r.ttft_s, r.tpot_s, ttft_slo_s, tpot_slo_s) for r in rs)
     return good / duration_s
-
-
-def slo_attainment(requests: Iterable, ttft_slo_s: float, tpot_slo_s: float) -> float:
-    """Share of requests (0 … 1) that meet both SLOs."""
-    rs = _times(requests)
-    if not rs:
-        return 0.0
-    return sum(meets_slo(r, ttft_slo_s, tpot_slo_s) for r in rs) / len(rs)
