@@ -48,7 +48,7 @@ from llminfra.engine.kv_transfer import KVHandoff
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams
-from llminfra.model import load_pretrained, load_tiny
+from llminfra.model import load_model
 from llminfra.parallel.launch import free_port
 from llminfra.serving.disagg import DecodeWorker, PrefillWorker
 
@@ -69,8 +69,8 @@ class TimedRequest:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What both ranks need: model name (``"tiny"`` or a :func:`load_pretrained` name),
-    engine keyword arguments, threads per worker, and the fault injections of the tests."""
+    """What both ranks need: the model (a name :func:`llminfra.model.load_model` takes), engine
+    keyword arguments, threads per worker, and the fault injections of the tests."""
 
     model: str = "tiny"
     engine_kwargs: tuple = ()
@@ -79,11 +79,6 @@ class WorkerConfig:
     fail_on: tuple = ()
     prefill_exit_after: int | None = None
     timeout_s: float = 120.0
-
-
-def load_model(name: str):
-    """``(model, tokenizer)``: the tiny model for ``"tiny"``, else :func:`load_pretrained`."""
-    return load_tiny() if name == "tiny" else load_pretrained(name)
 
 
 def _send_handoff(h: KVHandoff, dst: int) -> None:
