@@ -19,6 +19,7 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MAX_REQUESTS = 1_000_000                # llminfra.serving.loadtest.MAX_REQUESTS
 MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PER_TOKEN
 MAX_PREFIXES = 10_000                   # llminfra.serving.loadtest_workload.MAX_PREFIXES
+MATMULS = ("plain", "onednn")           # llminfra.serving.serve.MATMULS
 
 
 def serve(args) -> int:
@@ -28,7 +29,7 @@ def serve(args) -> int:
                max_num_seqs=args.max_num_seqs, policy=args.policy,
                num_threads=args.threads, engine_process=not args.engine_in_thread,
                speculative=args.speculative,
-               num_speculative_tokens=args.num_speculative_tokens,
+               num_speculative_tokens=args.num_speculative_tokens, matmul=args.matmul,
                limit_concurrency=args.max_connections,
                timeout_keep_alive_s=args.keep_alive_timeout,
                **{k: v for k, v in (("max_body_bytes", args.max_body_bytes),
@@ -77,6 +78,10 @@ def add_serving_parsers(sub) -> None:
                         "drafting (adaptive γ; default: none)")
     s.add_argument("--num-speculative-tokens", type=integer(1, 16, unit="tokens"), default=4,
                    help="most drafts a step (default: 4)")
+    s.add_argument("--matmul", default="plain", choices=MATMULS,
+                   help="plain: F.linear, the readable model as it is (default); onednn: the "
+                        "weights prepacked once for oneDNN, as vLLM's CPU backend runs them "
+                        "(about 2x the tokens/s on a CPU, float32 rounding apart)")
     s.add_argument("--log-level", default="info", choices=UVICORN_LOG_LEVELS,
                    help="uvicorn log level")
     s.add_argument("--engine-in-thread", action="store_true",

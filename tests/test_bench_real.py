@@ -50,11 +50,17 @@ def test_keys_and_positive_finite_numbers(result):
         assert any("hf_continuous" in n for n in result["notes"])
     for key in ("ttft_p50_s", "ttft_p99_s", "throughput_tokens_per_s_runs"):
         assert set(result[key]) == sides, key
-    assert set(result["decode_ms_per_token"]) == {"eager", "fast", "fast_int4"}
+    assert {"eager", "fast", "fast_int4"} <= set(result["decode_ms_per_token"]) <= {
+        "eager", "fast", "fast_int4", "fast_onednn"}
+    if "engine_onednn" in sides:   # both engine rows greedy-equal to transformers' and each other
+        assert result["greedy_tokens_equal_engine"]["engine_onednn"] == 1.0
+        assert result["engine_onednn_vs_best_hf"] > 0 and result["fast_onednn_vs_floor"] > 0
+    else:
+        assert any("engine_onednn" in n for n in result["notes"])
     assert set(result["decode_floor_ms"]) == {"fp32", "int4"}
     assert result["decode_floor_ms"]["int4"] < result["decode_floor_ms"]["fp32"]
     assert result["threads"] == 1 and result["environment"]["transformers"]
-    assert result["best_hf_mode"] in sides - {"engine"}
+    assert result["best_hf_mode"] in sides - set(real.ENGINE_SIDES)
     for key in ("engine_vs_best_hf", "eager_vs_floor", "fast_vs_floor", "fast_int4_vs_floor",
                 "copy_bandwidth_bytes_per_s"):
         assert result[key] > 0

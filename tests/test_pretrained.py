@@ -187,6 +187,29 @@ ENGINE_SETTINGS = {
 }
 
 
+@pytest.fixture(scope="module")
+def ours_prepacked(ours):
+    """The same model on oneDNN's prepacked matmul (:mod:`llminfra.model.prepacked`)."""
+    from llminfra.model.prepacked import available, prepacked
+    if not available():
+        pytest.skip("this PyTorch build has no oneDNN (not counted as a pass)")
+    return prepacked(ours[0]), ours[1]
+
+
+def test_prepacked_kernel_gives_transformers_tokens(ours_prepacked, prompt_ids, hf_greedy):
+    """The engine and the fast decode path on prepacked weights (another summation order inside
+    each dot product) still give transformers' greedy tokens for every prompt."""
+    from llminfra.model import FastDecoder
+    from llminfra.model.prepacked import onednn_linear
+    model, tok = ours_prepacked
+    outs = LLMEngine(model, tok).generate(prompt_ids, SamplingParams(max_tokens=NEW_TOKENS))
+    fast = FastDecoder(model, max_len=256, linear=onednn_linear)
+    for ids, out, want in zip(prompt_ids, outs, hf_greedy):
+        assert out.outputs[0].token_ids == want, tok.decode(ids)
+        assert _until_stop(fast.generate(ids, NEW_TOKENS), tok.stop_token_ids) == want, \
+            tok.decode(ids)
+
+
 @pytest.mark.parametrize("setting", list(ENGINE_SETTINGS))
 def test_engine_equals_transformers(ours, prompt_ids, hf_greedy, setting):
     """All prompts at once through LLMEngine on the paged cache, under each scheduler setting;

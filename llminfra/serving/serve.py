@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 #: ``--speculative`` choices (None: plain decoding)
 SPECULATIVE = (None, "ngram", "draft-int4")
+#: ``--matmul`` choices: ``F.linear`` as the model is, or :mod:`llminfra.model.prepacked`
+MATMULS = ("plain", "onednn")
 #: seconds uvicorn lets open responses finish after SIGINT / SIGTERM
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -34,12 +36,14 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  policy: str = "continuous", enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, num_threads: int | None = None,
-                 speculative: str | None = None, num_speculative_tokens: int = 4):
+                 speculative: str | None = None, num_speculative_tokens: int = 4,
+                 matmul: str = "plain"):
     """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
     ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
     threads in the process that calls it (the engine's). ``speculative``: None, ``"ngram"``
     (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
-    rule and at most ``num_speculative_tokens`` drafts a step."""
+    rule and at most ``num_speculative_tokens`` drafts a step. ``matmul``: ``"plain"``
+    (``F.linear``) or ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`)."""
     import torch
 
     from llminfra.engine import LLMEngine, SpeculativeConfig
@@ -48,9 +52,14 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
 
     if speculative not in SPECULATIVE:
         raise ValueError(f"speculative {speculative!r}; allowed: {SPECULATIVE}")
+    if matmul not in MATMULS:
+        raise ValueError(f"matmul {matmul!r}; allowed: {MATMULS}")
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     net, tokenizer = load_model(model)
+    if matmul == "onednn":
+        from llminfra.model.prepacked import prepacked
+        net = prepacked(net)
     spec = None
     if speculative == "ngram":
         spec = SpeculativeConfig("ngram", num_speculative_tokens, adaptive=True)
