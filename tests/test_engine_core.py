@@ -137,9 +137,12 @@ def test_stop_strings_and_finish_reasons(model64):
     c = out.outputs[0]
     assert c.finish_reason == "stop" and c.text == free.text[:free.text.find(stop)]
     assert c.token_ids == free.token_ids[:len(c.token_ids)]
-    near_end = list(range(60))
-    c = engine.generate([near_end], SamplingParams(max_tokens=50))[0].outputs[0]
-    assert c.finish_reason == "length" and len(c.token_ids) == 5       # context of 64 full
+    near_end = list(range(60))              # prompt + output within the context of 64
+    with pytest.raises(ValueError, match="max_tokens may be at most 4") as err:
+        engine.add_request(near_end, SamplingParams(max_tokens=50))
+    assert err.value.param == "max_tokens" and not engine.has_unfinished_requests()
+    c = engine.generate([near_end], SamplingParams(max_tokens=None))[0].outputs[0]
+    assert c.finish_reason == "length" and len(c.token_ids) == 4       # context of 64 full
 
 
 def test_abort_frees_blocks_and_reports(model64):
@@ -206,6 +209,8 @@ def test_add_request_validation(model64):
     engine = LLMEngine(model64, TOK, num_blocks=4, block_size=4)
     with pytest.raises(ValueError, match="longer than the model's context"):
         engine.add_request(list(range(65)))
+    with pytest.raises(ValueError, match="a prompt may have at most 63"):    # none left to output
+        engine.add_request(list(range(64)), SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="KV blocks"):
         engine.add_request("x" * 10, SamplingParams(max_tokens=20))
     with pytest.raises(ValueError, match="empty"):

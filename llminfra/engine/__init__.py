@@ -5,6 +5,8 @@ KV cache of :mod:`llminfra.kvcache`; one :class:`~llminfra.attention.StepMetadat
 carries the ragged batch through the model. Modules, one concept each:
 
 * :mod:`.sampling_params` — :class:`SamplingParams`;
+* :mod:`.request_limits` — the one rule on a request's length (prompt + ``max_tokens`` within
+  the context and the KV pool), which the engine and the server both apply;
 * :mod:`.sequence` — requests, sequences and their state machine;
 * :mod:`.scheduler` — continuous batching, chunked prefill, admission by free blocks,
   preemption, and ``update_from_output``, the one writer of a step's result;

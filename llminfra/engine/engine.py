@@ -29,11 +29,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence as Seq
+from dataclasses import replace
 
 import torch
 
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import RequestOutput, request_output
+from llminfra.engine.request_limits import max_tokens_for
 from llminfra.engine.sampler import sample_tokens, token_logprobs
 from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, pair_with_params
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -147,26 +149,20 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Queue a request; returns its id. ``ValueError`` (an :class:`InvalidParameter` naming
-        the field) for an empty prompt, one longer than the model's context, one whose worst
-        case needs more blocks than the pool, ``n`` above ``max_num_seqs`` (it could never run),
-        bad parameters, a non-finite ``arrival_time``, or a request id already in use."""
+        the field) for a request that breaks the rule of :mod:`.request_limits`, the server's
+        too (an empty prompt, prompt + ``max_tokens`` beyond the model's context or beyond what
+        the KV pool holds), ``n`` above ``max_num_seqs`` (it could never run), bad parameters,
+        a non-finite ``arrival_time``, or a request id already in use. ``max_tokens = None``
+        takes all the room the context and the pool leave."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise InvalidParameter("params", f"params must be a SamplingParams, got "
                                              f"{type(params).__name__}")
         text, ids = self._encode(prompt)
-        max_len = self.model.config.max_seq_len
-        if not ids:
-            raise InvalidParameter("prompt", "the prompt is empty; give at least one token")
-        if len(ids) > max_len:
-            raise InvalidParameter("prompt", f"prompt of {len(ids)} tokens is longer than the "
-                                             f"model's context max_seq_len = {max_len}")
-        worst = blocks_needed(min(len(ids) + params.max_tokens, max_len), self.cache.block_size)
-        if worst > self.cache.allocator.num_blocks:
-            raise InvalidParameter(
-                "max_tokens", f"the request may need {worst} KV blocks (prompt {len(ids)} + "
-                              f"max_tokens {params.max_tokens}) but the pool has only "
-                              f"{self.cache.allocator.num_blocks}; lower max_tokens or add blocks")
+        max_tokens = max_tokens_for(len(ids), params.max_tokens, self.model.config.max_seq_len,
+                                    (self.cache.allocator.num_blocks, self.cache.block_size))
+        if max_tokens != params.max_tokens:               # None: the room, written down
+            params = replace(params, max_tokens=max_tokens)
         V = self.model.config.vocab_size
         bad = [t for t in (params.logit_bias or ()) if t >= V]
         if bad:

@@ -10,7 +10,9 @@ the object is made:
 * ``n`` completions per prompt, ``seed`` for reproducible sampling (completion j draws from a
   ``torch.Generator`` seeded ``(seed + j) mod 2**64``: :meth:`SamplingParams.seed_of`), ``stop``
   strings that end a completion (the stop string itself is not returned), ``max_tokens`` new
-  tokens at most; ``ignore_eos`` keeps generating past the model's end-of-sequence tokens
+  tokens at most (None: all the room the context and the KV pool leave, the rule of
+  :mod:`llminfra.engine.request_limits`, which the engine applies when the request arrives);
+  ``ignore_eos`` keeps generating past the model's end-of-sequence tokens
   (vLLM's extension, for load tests that want outputs of a set length);
 * logits processors, applied before temperature (:func:`llminfra.engine.sampler.process_logits`,
   greedy requests too): ``logit_bias`` {token id: bias} added to the logits (OpenAI: bias in
@@ -108,7 +110,7 @@ class SamplingParams:
     False
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
@@ -129,7 +131,8 @@ class SamplingParams:
         def positive_int(name, value):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParameter(name, f"{name} must be an int >= 1, got {clip_repr(value)}")
-        positive_int("max_tokens", self.max_tokens)
+        if self.max_tokens is not None:
+            positive_int("max_tokens", self.max_tokens)
         positive_int("n", self.n)
         if self.top_k is not None:
             positive_int("top_k", self.top_k)

@@ -39,7 +39,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLoop
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
-from llminfra.engine.sampling_params import clip, clip_repr
+from llminfra.engine.request_limits import max_tokens_for
+from llminfra.engine.sampling_params import InvalidParameter, clip, clip_repr
 from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 from llminfra.serving.streaming import sse_response, stable_delta  # noqa: F401 - re-exported
 
@@ -98,6 +99,10 @@ class _Service:
         self.tokenizer, self.model_name = tokenizer, model_name
         self.max_model_len, self.max_n = max_model_len, max_n
         self.SamplingParams = SamplingParams
+        cache = None if isinstance(engine, EngineLoop) else getattr(engine, "cache", None)
+        #: (num_blocks, block_size) of an engine in this process; an engine in a process of
+        #: its own checks its pool itself, by the same rule (:mod:`~llminfra.engine.request_limits`)
+        self.kv_pool = None if cache is None else (cache.allocator.num_blocks, cache.block_size)
         self.metrics = ServerMetrics(lambda: self.loop.stats)
         if isinstance(engine, EngineLoop):          # e.g. an EngineProcess
             engine.on_finished = self.metrics.observe_finished
@@ -119,38 +124,36 @@ class _Service:
         return self.prompt_ids(prompt, param)
 
     def prompt_ids(self, prompt, param: str) -> list[int]:
-        """Token ids of a prompt (text or ids), checked: not empty, in the vocabulary, shorter
-        than the context; else a 400 naming ``param``."""
+        """Token ids of a prompt (text or ids), checked: valid text, ids in the vocabulary;
+        else a 400 naming ``param``. Its length is checked with ``max_tokens``
+        (:meth:`sampling`)."""
         try:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         except UnicodeError as e:        # e.g. a lone surrogate that slipped past validation
             raise APIError(400, f"{param} is not valid Unicode text: {e.reason}",
                            param=param) from None
         vocab = self.tokenizer.vocab_size
-        if not ids:
-            raise APIError(400, f"{param} is empty", param=param)
         if any(not 0 <= i < vocab for i in ids):
             raise APIError(400, f"token ids must lie in [0, {vocab})", param=param)
-        if len(ids) >= self.max_model_len:
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} "
-                                f"tokens; the {param} has {len(ids)}", param=param,
-                           code="context_length_exceeded")
         return ids
 
-    def sampling(self, req, n_prompt: int, max_tokens: int | None):
+    def sampling(self, req, n_prompt: int, max_tokens: int | None, prompt_param: str = "prompt"):
+        """The request's ``SamplingParams``. Its length goes by the engine's own rule,
+        :func:`~llminfra.engine.request_limits.max_tokens_for` with the context
+        ``max_model_len`` (and the KV pool of an engine in this process): a refusal is a 400
+        with the same ``param`` and message and its ``code`` (``context_length_exceeded``…);
+        ``max_tokens`` None takes the room left."""
+        try:
+            max_tokens = max_tokens_for(n_prompt, max_tokens, self.max_model_len, self.kv_pool,
+                                        prompt_param)
+        except InvalidParameter as e:
+            raise APIError(400, str(e), param=e.param, code=getattr(e, "code", None)) from None
         try:
             logprobs = req.num_logprobs
         except ValueError as e:
             raise APIError(400, str(e), param="top_logprobs") from None
         if req.n > self.max_n:
             raise APIError(400, f"n must be at most {self.max_n}, got {req.n}", param="n")
-        room = self.max_model_len - n_prompt
-        max_tokens = room if max_tokens is None else max_tokens
-        if max_tokens > room:
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} "
-                                f"tokens; {n_prompt} prompt tokens + max_tokens {max_tokens} "
-                                f"exceed it", param="max_tokens",
-                           code="context_length_exceeded")
         try:
             return self.SamplingParams(
                 max_tokens=max_tokens,
@@ -342,7 +345,8 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
         ids = await svc.encode(prompt, "messages")
-        params = svc.sampling(req, len(ids), req.max_completion_tokens or req.max_tokens)
+        params = svc.sampling(req, len(ids), req.max_completion_tokens or req.max_tokens,
+                              "messages")
         rid = api.new_id("chatcmpl")
         stream = await svc.submit(ids, params, rid, prompt_param="messages")
         if req.stream:
