@@ -20,6 +20,7 @@ MAX_REQUESTS = 1_000_000                # llminfra.serving.loadtest.MAX_REQUESTS
 MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PER_TOKEN
 MAX_PREFIXES = 10_000                   # llminfra.serving.loadtest_workload.MAX_PREFIXES
 MATMULS = ("plain", "onednn")           # llminfra.serving.serve.MATMULS
+RAMP_UP_STRATEGIES = ("linear", "exponential")  # llminfra.serving.loadtest_workload
 
 
 def serve(args) -> int:
@@ -37,7 +38,31 @@ def serve(args) -> int:
     return 0
 
 
+def _ramp_up(args):
+    """The ``RampUp`` of ``--ramp-up-strategy`` and its two rates, or None; ``ValueError``
+    naming the options when they do not go together (vLLM's checks: both rates needed, the
+    start not above the end; ``--rate`` and ``--concurrency`` argparse refuses beside it)."""
+    rates = {"--ramp-up-start-rps": args.ramp_up_start_rps,
+             "--ramp-up-end-rps": args.ramp_up_end_rps}
+    given = [name for name, value in rates.items() if value is not None]
+    if args.ramp_up_strategy is None:
+        if given:
+            raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} "
+                             "--ramp-up-strategy linear|exponential (in place of --rate)")
+        return None
+    if len(given) < 2:
+        missing = " and ".join(name for name in rates if name not in given)
+        raise ValueError(f"--ramp-up-strategy {args.ramp_up_strategy} needs both "
+                         f"--ramp-up-start-rps and --ramp-up-end-rps (missing {missing})")
+    if args.ramp_up_start_rps > args.ramp_up_end_rps:
+        raise ValueError(f"--ramp-up-start-rps {args.ramp_up_start_rps:g} is above "
+                         f"--ramp-up-end-rps {args.ramp_up_end_rps:g}: the rate ramps up")
+    from llminfra.serving.loadtest import RampUp
+    return RampUp(args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
+
+
 def loadtest(args) -> int:
+    ramp_up = _ramp_up(args)
     from llminfra.serving.loadtest import format_summary, parse_goodput, run_loadtest
     path = json_path(args.json) if args.json else None      # before the run, not after it
     goodput = parse_goodput(args.goodput) if args.goodput is not None else None
@@ -49,7 +74,7 @@ def loadtest(args) -> int:
                      chars_per_token=args.chars_per_token, ignore_eos=args.ignore_eos,
                      progress=not args.no_progress, burstiness=args.burstiness,
                      goodput=goodput, prefix_tokens=args.prefix_tokens,
-                     num_prefixes=args.num_prefixes)
+                     num_prefixes=args.num_prefixes, ramp_up=ramp_up)
     print(format_summary(r))
     if path is not None:
         path.write_text(json_text(r))
@@ -110,6 +135,10 @@ def add_serving_parsers(sub) -> None:
                       help="open-loop runs one after another, one summary a rate")
     mode.add_argument("--concurrency", type=integer(1, MAX_REQUESTS, unit="clients"),
                       help="clients in a closed loop")
+    mode.add_argument("--ramp-up-strategy", default=None, choices=RAMP_UP_STRATEGIES,
+                      help="open loop whose rate goes from --ramp-up-start-rps to "
+                           "--ramp-up-end-rps by request index, linearly or exponentially "
+                           "(vLLM's; in place of --rate)")
     t.add_argument("--requests", type=integer(1, MAX_REQUESTS, unit="requests"), default=100,
                    help="number of requests")
     t.add_argument("--arrivals", default="poisson", choices=("poisson", "fixed"),
@@ -128,6 +157,12 @@ def add_serving_parsers(sub) -> None:
     t.add_argument("--burstiness", type=number(0, low_open=True), default=1.0,
                    help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more "
                         "even (vLLM's --burstiness)")
+    t.add_argument("--ramp-up-start-rps", default=None,
+                   type=number(0, low_open=True, unit="requests per second"),
+                   help="rate of the first request (with --ramp-up-strategy)")
+    t.add_argument("--ramp-up-end-rps", default=None,
+                   type=number(0, low_open=True, unit="requests per second"),
+                   help="rate of the last request (with --ramp-up-strategy; >= the start)")
     t.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
                    help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000 (vLLM's syntax): "
                         "report the requests/s meeting all")

@@ -120,3 +120,22 @@ def test_sweep_goodput_bursty_shared_prefix_against_the_server(server, tmp_path,
         gaps = [g for p in run["requests"] for g in p["itl_s"]]
         assert len(gaps) > 0 and run["mean_itl_ms"] == pytest.approx(1e3 * sum(gaps) / len(gaps))
         assert 0 < run["median_ttft_ms"] <= run["median_e2el_ms"]
+
+
+def test_cli_ramp_up_against_the_server(server, tmp_path, capsys):
+    """vLLM's ramp-up on the real server: exponential from 20 to 80 requests/s over 4
+    requests; the ramp-up and the peaks in the summary and in the JSON, our names and vLLM's."""
+    path = tmp_path / "ramp.json"
+    assert main(["loadtest", "--base-url", server.base_url, "--ramp-up-strategy", "exponential",
+                 "--ramp-up-start-rps", "20", "--ramp-up-end-rps", "80", "--requests", "4",
+                 "--max-output-tokens", "4", "--no-progress", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "poisson arrivals, exponential ramp-up from 20 to 80 req/s" in out
+    assert "peak:" in out and "requests in flight" in out
+    data = json.loads(path.read_text())
+    assert data["num_ok"] == 4 and data["settings"]["rate"] is None
+    assert (data["ramp_up_strategy"], data["ramp_up_start_rps"], data["ramp_up_end_rps"]) == (
+        "exponential", 20.0, 80.0)
+    assert data["settings"]["ramp_up_strategy"] == "exponential"
+    assert 1 <= data["max_concurrent_requests"] == data["peak_concurrent_requests"] <= 4
+    assert 1 <= data["max_output_tokens_per_s"] == data["peak_output_tokens_per_s"] <= 16

@@ -1,6 +1,7 @@
 """The load test's pure parts: statistics worked by hand, goodput SLOs, vLLM's field names,
-gamma (bursty) arrivals, the shared-prefix workload, and bad values refused by name; then one
-exact run through a mock transport and a stepping clock (no server)."""
+the peaks (output tokens per 1-s bucket, requests in flight), gamma (bursty) arrivals, the
+shared-prefix workload, and bad values refused by name; then one exact run through a mock
+transport and a stepping clock (no server). The ramp-up: tests/test_loadtest_workload.py."""
 
 import json
 import math
@@ -15,14 +16,18 @@ from llminfra.engine.workload import poisson_arrivals
 from llminfra.serving.loadtest import (RequestRecord, check_request_settings,
                                       loadtest_requests, parse_goodput, percentiles,
                                       prompt_texts, run_loadtest, summarize)
-from llminfra.serving.loadtest_stats import GOODPUT_METRICS, meets_slos, vllm_fields
+from llminfra.serving.loadtest_stats import (GOODPUT_METRICS, format_summary, meets_slos,
+                                             output_tokens_each_second,
+                                             peak_concurrent_requests, peak_output_tokens_per_s,
+                                             vllm_fields)
 from llminfra.serving.loadtest_workload import gamma_arrivals, shared_prefix_ids
 
 #: the keys of vLLM's result JSON (vllm/benchmarks/serve.py, benchmark())
 VLLM_KEYS = ["duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
              "request_throughput", "request_goodput", "output_throughput",
-             "total_token_throughput"] + [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
-                                          for s in ("mean", "median", "std", "p99")]
+             "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests"] + [
+                 f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+                 for s in ("mean", "median", "std", "p99")]
 
 
 def test_percentiles_by_hand():
@@ -58,6 +63,53 @@ def test_summary_itl_tpot_and_vllm_fields_by_hand():
     assert s["mean_itl_ms"] == pytest.approx(200) and s["median_ttft_ms"] == pytest.approx(350)
     assert s["p99_e2el_ms"] == pytest.approx(1e3 * (0.2 + 0.99 * 0.7))
     assert s["request_goodput"] is None and vllm_fields(s) == {k: s[k] for k in vllm_fields(s)}
+    # peaks: buckets from t = 0, ⌈1.2⌉ + 1 = 3 of them: a's 3 chunks in [0, 1), b's in [1, 2)
+    assert (s["peak_output_tokens_per_s"], s["max_output_tokens_per_s"]) == (3.0, 3.0)
+    assert s["peak_concurrent_requests"] == s["max_concurrent_requests"] == 1   # a ends first
+
+
+def _three_requests(c_sent_s=11.1):
+    """Three completed requests (and one error) on a clock that starts at 10 s:
+
+    ====  ======  ==============================  =====
+    req   sent    chunks                          done
+    ====  ======  ==============================  =====
+    A     10.0    10.2, 10.5, 10.9, 11.1          11.1
+    B     10.5    10.7, 10.8, 11.3, 11.6, 11.9    12.0
+    C     11.1    12.3, 12.4                      12.5
+    ====  ======  ==============================  =====
+    """
+    return [RequestRecord(0, 5, 4, sent_s=10.0, first_token_s=10.2, done_s=11.1,
+                          output_tokens=4, chunk_times_s=[10.2, 10.5, 10.9, 11.1]),
+            RequestRecord(1, 5, 5, sent_s=10.5, first_token_s=10.7, done_s=12.0,
+                          output_tokens=5, chunk_times_s=[10.7, 10.8, 11.3, 11.6, 11.9]),
+            RequestRecord(2, 5, 2, sent_s=c_sent_s, first_token_s=12.3, done_s=12.5,
+                          output_tokens=2, chunk_times_s=[12.3, 12.4]),
+            RequestRecord(3, 5, 9, sent_s=10.0, done_s=13.0, error="HTTP 500",
+                          chunk_times_s=[10.1] * 9)]
+
+
+def test_peaks_by_hand():
+    """Buckets start at the earliest send, 10.0 s (not at 0 on the clock): ⌈12.5 − 10⌉ + 1 = 4
+    buckets. [10, 11): A 10.2 10.5 10.9 + B 10.7 10.8 = 5; [11, 12): A 11.1 + B 11.3 11.6
+    11.9 = 4; [12, 13): C 12.3 12.4 = 2; [13, 14): 0. The error's 9 chunks count nowhere.
+    Peak output 5 tokens/s. In flight: A [10, 11.1), B [10.5, 12), C [11.1, 12.5): two at
+    once at most (C starts as A ends: half-open, A has left); C sent at 11.0 instead: three."""
+    recs = _three_requests()
+    assert output_tokens_each_second(recs) == [5, 4, 2, 0]
+    assert peak_output_tokens_per_s(recs) == 5.0
+    assert peak_concurrent_requests(recs) == 2
+    assert peak_concurrent_requests(_three_requests(c_sent_s=11.0)) == 3
+    s = summarize(recs, wall_s=2.5)
+    assert (s["peak_output_tokens_per_s"], s["peak_concurrent_requests"]) == (5.0, 2)
+    assert (s["max_output_tokens_per_s"], s["max_concurrent_requests"]) == (5.0, 2)
+    # nothing completed: 0 as vLLM (a count, not a missing sample)
+    for none in ([], recs[3:]):
+        assert output_tokens_each_second(none) == []
+        assert (peak_output_tokens_per_s(none), peak_concurrent_requests(none)) == (0.0, 0)
+    s["settings"] = {"base_url": "http://x", "model": "m", "concurrency": 3}
+    assert "peak: 5 output tokens/s (fullest 1-s bucket), 2 requests in flight" in (
+        format_summary(s))
 
 
 def test_goodput_parsing():
@@ -177,6 +229,7 @@ def test_exact_times_through_a_mock_server():
     assert (r["mean_tpot_ms"], r["p99_e2el_ms"], r["duration"]) == (187.5, 500, 0.75)
     assert r["request_goodput"] == pytest.approx(1 / 0.75)
     assert r["requests"][0]["itl_s"] == [0.125, 0.125]
+    assert (r["max_output_tokens_per_s"], r["max_concurrent_requests"]) == (3.0, 1)
     ticks = iter(range(100))
     r = run_loadtest("http://mock", concurrency=1, num_requests=1, progress=False,
                      clock=lambda: next(ticks) / 8, transport=_mock_server(),

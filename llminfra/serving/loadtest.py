@@ -5,7 +5,9 @@ Arrivals (the two regimes of serving benchmarks, e.g. vLLM's ``vllm bench serve`
 * **open loop** — requests arrive at ``rate`` per second whether or not earlier ones finished:
   Poisson (exponential gaps with mean 1/rate, Kwon et al., 2023, arXiv:2309.06180, §6.1), gamma
   gaps of shape ``burstiness`` (vLLM's ``--burstiness``) or fixed gaps (``arrivals="fixed"``);
-  a list of rates is a **sweep**: one run a rate, one after another;
+  a list of rates is a **sweep**: one run a rate, one after another; a **ramp-up**
+  (:class:`~llminfra.serving.loadtest_workload.RampUp`, vLLM's ``--ramp-up-strategy``) in
+  place of a rate takes the rate from a start to an end over the run, request by request;
 * **closed loop** — ``concurrency`` clients each send their next request when the last one
   finished.
 
@@ -17,9 +19,10 @@ forced to their drawn length with ``max_tokens`` (and vLLM's ``ignore_eos`` when
 the same workload runs on the tiny model or on vLLM on a GPU.
 
 Per request (client clock, :func:`time.perf_counter`) every streamed chunk is timed: TTFT,
-TPOT, inter-token latencies and end-to-end latency, summarised with goodput under SLOs and
-vLLM's result names by :mod:`llminfra.serving.loadtest_stats`. Tokens are the usage the server
-reports (``stream_options.include_usage``), else one per chunk.
+TPOT, inter-token latencies and end-to-end latency, summarised with goodput under SLOs, the
+peak output tokens per second and the peak requests in flight, and vLLM's result names by
+:mod:`llminfra.serving.loadtest_stats`. Tokens are the usage the server reports
+(``stream_options.include_usage``), else one per chunk.
 
 Settings are checked before the first request leaves: an open-loop schedule must fit in a day
 (:data:`MAX_SCHEDULE_S`; ``rate = 1e-300`` would otherwise wait ~1e300 s), outputs are at
@@ -43,11 +46,12 @@ import httpx
 from llminfra.serving.loadtest_stats import (RequestRecord, format_summary, parse_goodput,
                                              percentiles, summarize)
 from llminfra.serving.loadtest_workload import (MAX_CHARS_PER_TOKEN, MAX_REQUESTS,
-                                                MAX_SCHEDULE_S, _is_int, check_prefix_settings,
-                                                check_request_settings, loadtest_requests,
-                                                prompt_texts, shared_prefix_ids)
+                                                MAX_SCHEDULE_S, RampUp, _is_int,
+                                                check_prefix_settings, check_request_settings,
+                                                loadtest_requests, prompt_texts,
+                                                shared_prefix_ids)
 
-__all__ = ["MAX_CHARS_PER_TOKEN", "MAX_REQUESTS", "MAX_SCHEDULE_S", "RequestRecord",
+__all__ = ["MAX_CHARS_PER_TOKEN", "MAX_REQUESTS", "MAX_SCHEDULE_S", "RampUp", "RequestRecord",
            "check_request_settings", "format_summary", "loadtest_requests", "parse_goodput",
            "percentiles", "prompt_texts", "run_loadtest", "summarize"]
 
@@ -147,14 +151,15 @@ def _run_sync(coro):
 
 
 def _check_client_settings(rate, concurrency, max_model_len, chars_per_token,
-                           timeout_s) -> list:
-    """The rates of the run(s) (``[None]`` for a closed loop), after checking the settings
-    that are not the requests' own."""
+                           timeout_s, ramp_up=None) -> list:
+    """The rates of the run(s) (``[None]`` for a closed loop or a ramp-up), after checking the
+    settings that are not the requests' own."""
     if isinstance(rate, (list, tuple)) and not rate:
         raise ValueError(f"a rate sweep needs at least one rate (requests/s > 0), got {rate!r}")
-    if (rate is None) == (concurrency is None):
-        raise ValueError("give exactly one of rate (requests/s, or a list of them: a sweep) "
-                         "or concurrency (clients)")
+    if sum(x is not None for x in (rate, concurrency, ramp_up)) != 1:
+        raise ValueError("give exactly one of rate (requests/s, or a list of them: a sweep), "
+                         "ramp_up (a RampUp: the rate from a start to an end) or concurrency "
+                         "(clients)")
     if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
         raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
     if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 2):
@@ -172,10 +177,11 @@ def _check_client_settings(rate, concurrency, max_model_len, chars_per_token,
 def _one_rate(base_url: str, model: str, max_len: int, rate, concurrency, o: dict) -> dict:
     """One run at one rate (or concurrency): draw, send, summarise."""
     n, prefix = o["num_requests"], o["prefix_tokens"]
+    ramp = o["ramp_up"]
     reqs = loadtest_requests(n, o["seed"], max_len, rate=rate, arrivals=o["arrivals"],
                              workload_name=o["workload_name"],
                              max_output_tokens=o["max_output_tokens"],
-                             burstiness=o["burstiness"], prefix_tokens=prefix)
+                             burstiness=o["burstiness"], prefix_tokens=prefix, ramp_up=ramp)
     ids = shared_prefix_ids(n, o["num_prefixes"], o["seed"] + 1) if prefix else None
     prompts = prompt_texts([r.prompt_len for r in reqs], o["chars_per_token"],
                            prefix_tokens=prefix, prefix_ids=ids)
@@ -189,9 +195,16 @@ def _one_rate(base_url: str, model: str, max_len: int, rate, concurrency, o: dic
     wall = _run_sync(_run(base_url, bodies, records, times, concurrency, o["timeout_s"],
                           o["progress"], o["clock"], o["transport"]))
     result = summarize(records, wall, o["goodput"])
+    open_loop = bool(rate or ramp)
+    ramp_fields = {"ramp_up_strategy": ramp.strategy, "ramp_up_start_rps": ramp.start_rps,
+                   "ramp_up_end_rps": ramp.end_rps} if ramp else {}
+    result.update(ramp_fields)                   # vLLM's keys, written only with a ramp-up
     result["settings"] = {"base_url": base_url, "model": model, "rate": rate,
-                          "concurrency": concurrency, "arrivals": o["arrivals"] if rate else None,
-                          "burstiness": o["burstiness"] if rate else None,
+                          "concurrency": concurrency,
+                          "arrivals": o["arrivals"] if open_loop else None,
+                          "burstiness": o["burstiness"] if open_loop else None,
+                          "ramp_up_strategy": None, "ramp_up_start_rps": None,
+                          "ramp_up_end_rps": None, **ramp_fields,
                           "workload": o["workload_name"], "seed": o["seed"],
                           "max_model_len": max_len, "prefix_tokens": prefix,
                           "num_prefixes": o["num_prefixes"] if prefix else None}
@@ -209,24 +222,30 @@ def run_loadtest(base_url: str, *, rate: float | list[float] | None = None,
                  progress: bool = True, clock: Callable[[], float] = time.perf_counter,
                  transport: httpx.MockTransport | None = None, burstiness: float = 1.0,
                  goodput: str | list[str] | dict | None = None, prefix_tokens: int = 0,
-                 num_prefixes: int = 1) -> dict:
+                 num_prefixes: int = 1, ramp_up: RampUp | None = None) -> dict:
     """Drive ``base_url`` (e.g. ``http://127.0.0.1:8000``) with ``num_requests`` streamed
     completions; return :func:`~llminfra.serving.loadtest_stats.summarize`'s dict (our keys
     and vLLM's) plus the settings and per-request records.
 
     Exactly one of ``rate`` (requests/s, open loop; a list of rates is a sweep: then
-    ``{"sweep": [one result a rate], "rates", "num_ok", ...}``) or ``concurrency`` (closed
-    loop) is given. ``burstiness``: gamma arrival gaps (1 = Poisson). ``goodput``: SLOs in ms,
-    vLLM's ``"ttft:500 tpot:50 e2el:3000"`` (:func:`parse_goodput`). ``prefix_tokens`` > 0:
-    each prompt starts with one of ``num_prefixes`` shared prefixes of that many tokens.
+    ``{"sweep": [one result a rate], "rates", "num_ok", ...}``), ``ramp_up`` (an open loop
+    whose rate goes from ``ramp_up.start_rps`` to ``ramp_up.end_rps`` by request index,
+    :class:`~llminfra.serving.loadtest_workload.RampUp`; its settings also under vLLM's keys
+    ``ramp_up_strategy``, ``ramp_up_start_rps``, ``ramp_up_end_rps``) or ``concurrency``
+    (closed loop) is given. ``burstiness``: gamma arrival gaps (1 = Poisson). ``goodput``:
+    SLOs in ms, vLLM's ``"ttft:500 tpot:50 e2el:3000"`` (:func:`parse_goodput`).
+    ``prefix_tokens`` > 0: each prompt starts with one of ``num_prefixes`` shared prefixes of
+    that many tokens.
     Every setting is checked before the first request. ``clock`` (seconds) and ``transport``
     (an httpx transport serving both the model list and the streams, e.g.
     ``httpx.MockTransport``) let a test replace the wall clock and the server.
     """
-    rates = _check_client_settings(rate, concurrency, max_model_len, chars_per_token, timeout_s)
+    rates = _check_client_settings(rate, concurrency, max_model_len, chars_per_token, timeout_s,
+                                   ramp_up)
     for r in rates:
         check_request_settings(num_requests, seed, rate=r, arrivals=arrivals,
-                               max_output_tokens=max_output_tokens, burstiness=burstiness)
+                               max_output_tokens=max_output_tokens, burstiness=burstiness,
+                               ramp_up=ramp_up)
     check_prefix_settings(prefix_tokens, num_prefixes, max_model_len or 2**62)
     slos = parse_goodput(goodput) if goodput is not None else None
     base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -238,7 +257,7 @@ def run_loadtest(base_url: str, *, rate: float | list[float] | None = None,
              burstiness=burstiness, prefix_tokens=prefix_tokens, num_prefixes=num_prefixes,
              chars_per_token=chars_per_token, temperature=temperature, ignore_eos=ignore_eos,
              timeout_s=timeout_s, progress=progress, clock=clock, transport=transport,
-             goodput=slos)
+             goodput=slos, ramp_up=ramp_up)
     runs = [_one_rate(base_url, model, max_len, r, concurrency, o) for r in rates]
     if not isinstance(rate, (list, tuple)):
         return runs[0]

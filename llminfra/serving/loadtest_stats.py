@@ -17,8 +17,16 @@ vLLM's result names: :func:`vllm_fields` writes the keys of ``vllm bench serve -
 github.com/vllm-project/vllm, read 2026-12-03; formerly ``benchmarks/benchmark_serving.py``):
 ``duration``, ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``,
 ``request_throughput``, ``request_goodput``, ``output_throughput``, ``total_token_throughput``
-and ``{mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms`` (we add p90 and p95). Differences: a
-metric with no sample is NaN (``null`` in JSON) where vLLM writes 0.
+``{mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms`` (we add p90 and p95), and the peaks
+``max_output_tokens_per_s`` and ``max_concurrent_requests``. Differences: a metric with no
+sample is NaN (``null`` in JSON) where vLLM writes 0.
+
+**Peaks** (vLLM's ``calculate_metrics``), over the completed requests: the run is cut into
+1-second buckets from the earliest send, bucket k = ⌊t − t_send,min⌋, and each streamed chunk
+counts one token in the bucket of its arrival; the peak output rate is the fullest bucket
+(:func:`output_tokens_each_second`). The peak concurrency is the most requests in flight at
+once, each in flight over [send, done): a sweep over the sends and finishes in time order, a
+finish before a send at the same instant (:func:`peak_concurrent_requests`).
 
 Taught in chapter 05.
 """
@@ -131,6 +139,50 @@ def meets_slos(rec: RequestRecord, slos_ms: dict[str, float]) -> bool:
     return rec.e2e_s <= slos_ms.get("e2el", math.inf) / 1e3
 
 
+def _completed(records: list[RequestRecord]) -> list[RequestRecord]:
+    """The requests without error whose send and finish times are known."""
+    return [r for r in records if r.error is None and math.isfinite(r.sent_s)
+            and math.isfinite(r.done_s)]
+
+
+def output_tokens_each_second(records: list[RequestRecord]) -> list[int]:
+    """Streamed chunks (one token each from a server that streams token by token) arriving in
+    each 1-second bucket of the run, over the completed requests: t_0 the earliest send,
+    bucket k = ⌊t − t_0⌋ for a chunk arriving at t, ⌈t_done,max − t_0⌉ + 1 buckets (vLLM's
+    ``tokens_per_second`` in ``calculate_metrics``); ``[]`` when none completed."""
+    done = _completed(records)
+    if not done:
+        return []
+    t0 = min(r.sent_s for r in done)
+    counts = [0] * (math.ceil(max(r.done_s for r in done) - t0) + 1)
+    for r in done:
+        for t in r.chunk_times_s:
+            k = int(t - t0)                   # a chunk arrives after its send: t − t0 >= 0
+            if 0 <= k < len(counts):
+                counts[k] += 1
+    return counts
+
+
+def peak_output_tokens_per_s(records: list[RequestRecord]) -> float:
+    """The fullest 1-second bucket of :func:`output_tokens_each_second` (tokens/s); 0.0 when
+    no request completed (as vLLM's ``max_output_tokens_per_s``)."""
+    return float(max(output_tokens_each_second(records), default=0))
+
+
+def peak_concurrent_requests(records: list[RequestRecord]) -> int:
+    """The most completed requests in flight at once, each over [send, done): events (send,
+    +1) and (done, −1) in time order, a finish before a send at the same instant (half-open:
+    one request ending as another starts is one in flight); 0 when none completed (vLLM's
+    ``max_concurrent_requests``)."""
+    done = _completed(records)
+    events = sorted([(r.sent_s, 1) for r in done] + [(r.done_s, -1) for r in done])
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
 def _ms(stats: dict, name: str) -> dict:
     return {f"mean_{name}_ms": 1e3 * stats["mean"], f"median_{name}_ms": 1e3 * stats["p50"],
             f"std_{name}_ms": 1e3 * stats["std"],
@@ -154,14 +206,17 @@ def vllm_fields(summary: dict) -> dict:
             "output_throughput": per_s(summary["output_tokens"]),
             "total_token_throughput": per_s(summary["prompt_tokens"] + summary["output_tokens"]),
             **_ms(summary["ttft_s"], "ttft"), **_ms(summary["tpot_s"], "tpot"),
-            **_ms(summary["itl_s"], "itl"), **_ms(summary["e2e_s"], "e2el")}
+            **_ms(summary["itl_s"], "itl"), **_ms(summary["e2e_s"], "e2el"),
+            "max_output_tokens_per_s": summary["peak_output_tokens_per_s"],
+            "max_concurrent_requests": summary["peak_concurrent_requests"]}
 
 
 def summarize(records: list[RequestRecord], wall_s: float,
               goodput: dict[str, float] | None = None) -> dict:
     """Latency statistics (s) of TTFT, TPOT, ITL (all gaps of all requests) and end-to-end;
-    throughput (output tokens/s, requests/s); errors; goodput (requests/s meeting every SLO
-    of ``goodput``, :func:`parse_goodput`'s dict; None without one); and :func:`vllm_fields`."""
+    throughput (output tokens/s, requests/s); the peaks (:func:`peak_output_tokens_per_s`,
+    :func:`peak_concurrent_requests`); errors; goodput (requests/s meeting every SLO of
+    ``goodput``, :func:`parse_goodput`'s dict; None without one); and :func:`vllm_fields`."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.output_tokens for r in ok)
     good = None
@@ -174,6 +229,8 @@ def summarize(records: list[RequestRecord], wall_s: float,
          "prompt_tokens": sum(r.prompt_len for r in ok),
          "output_tokens_per_s": tokens / wall_s if wall_s > 0 else math.nan,
          "requests_per_s": len(ok) / wall_s if wall_s > 0 else math.nan,
+         "peak_output_tokens_per_s": peak_output_tokens_per_s(records),
+         "peak_concurrent_requests": peak_concurrent_requests(records),
          "goodput_slos_ms": dict(goodput) if goodput else None,
          "goodput_requests_per_s": good,
          "ttft_s": percentiles([r.ttft_s for r in ok]),
@@ -189,13 +246,22 @@ def format_summary(r: dict) -> str:
     if "sweep" in r:
         return "\n\n".join(format_summary(run) for run in r["sweep"])
     s = r["settings"]
-    mode = (f"concurrency {s['concurrency']}" if s["concurrency"]
-            else f"{s['arrivals']} arrivals at {s['rate']:g} req/s"
-            + (f", burstiness {s['burstiness']:g}" if s.get("burstiness", 1) != 1 else ""))
+    if s["concurrency"]:
+        mode = f"concurrency {s['concurrency']}"
+    elif s.get("ramp_up_strategy"):
+        mode = (f"{s['arrivals']} arrivals, {s['ramp_up_strategy']} ramp-up from "
+                f"{s['ramp_up_start_rps']:g} to {s['ramp_up_end_rps']:g} req/s")
+    else:
+        mode = f"{s['arrivals']} arrivals at {s['rate']:g} req/s"
+    if not s["concurrency"] and s.get("burstiness", 1) != 1:
+        mode += f", burstiness {s['burstiness']:g}"
     lines = [f"{r['num_requests']} requests to {s['base_url']} ({s['model']}), {mode}: "
              f"{r['num_ok']} ok, {r['num_errors']} errors, {r['wall_s']:.3g} s",
              f"throughput: {r['output_tokens_per_s']:.4g} output tokens/s, "
              f"{r['requests_per_s']:.4g} requests/s"]
+    if "peak_output_tokens_per_s" in r:
+        lines.append(f"peak: {r['peak_output_tokens_per_s']:.4g} output tokens/s (fullest "
+                     f"1-s bucket), {r['peak_concurrent_requests']} requests in flight")
     if r.get("goodput_slos_ms"):
         slos = " ".join(f"{k}:{v:g}" for k, v in r["goodput_slos_ms"].items())
         lines.append(f"goodput: {r['goodput_requests_per_s']:.4g} requests/s within {slos} ms")
