@@ -21,7 +21,7 @@ KERNEL_DISPLAY_NAME := Python 3
 COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 
 .PHONY: install course test test-fast check-stable notebooks exercises screenshots grade \
-	check-machines reset-exercises compare-engines clean
+	check-machines reset-exercises compare-engines compare-llamacpp clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress).
 # pip byte-compiles what it installs: where PYTHONDONTWRITEBYTECODE is set (these machines) a
@@ -130,5 +130,23 @@ compare-engines: $(BIN)/.course-installed $(VLLM_VENV)/.installed
 	$(BIN)/python -m llminfra.bench.compare_engines --vllm-python $(VLLM_VENV)/bin/python \
 		--json llminfra/data/compare_engines_cpu.json
 
+# maintainers, once (never in CI): llama.cpp beside llminfra serve on SmolLM2's own GGUF, written to
+# llminfra/data/compare_llamacpp_cpu.json. llama.cpp is built from the copy vendored in the
+# llama-cpp-python source package (only its server, bench and quantize tools; ~15 min on 2 cores).
+LLAMA_CPP := .llama.cpp
+LLAMA_CPP_SDIST := llama-cpp-python==0.3.16
+$(LLAMA_CPP)/build/bin/llama-server:
+	mkdir -p $(LLAMA_CPP)
+	$(PYTHON) -m pip download --no-deps --no-binary :all: $(LLAMA_CPP_SDIST) -d $(LLAMA_CPP)
+	tar xzf $(LLAMA_CPP)/llama_cpp_python-*.tar.gz -C $(LLAMA_CPP)
+	cmake -S $(LLAMA_CPP)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_CPP)/build \
+		-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(LLAMA_CPP)/build -j --target llama-server llama-bench llama-quantize
+
+compare-llamacpp: $(BIN)/.course-installed $(LLAMA_CPP)/build/bin/llama-server
+	$(BIN)/python -m llminfra.bench.compare_engines --llama-cpp $(LLAMA_CPP)/build/bin \
+		--json llminfra/data/compare_llamacpp_cpu.json
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_CPP) .pytest_cache .hypothesis

@@ -16,7 +16,11 @@ wants a virtual environment of its own and takes minutes to start on a 2-core CP
    time, throughput, TTFT / TPOT percentiles and errors per concurrency.
 
 Any OpenAI-compatible server can stand in for vLLM (``--peer-cmd``), which is how the test runs
-the orchestration on two tiny-model servers.
+the orchestration on two tiny-model servers. ``--llama-cpp DIR`` (``make compare-llamacpp``,
+written to ``llminfra/data/compare_llamacpp_cpu.json``) makes llama.cpp the peer
+(:mod:`llminfra.bench.llamacpp`): ``llama-server`` on the model's GGUF file rewritten in F32 by
+llama.cpp itself, and, beside the servers, batch-1 decode on one thread — ``llama-bench`` on that
+file and on the original Q4_1 one, ours through :func:`llminfra.bench.real.decode_s_per_token`.
 """
 
 from __future__ import annotations
@@ -202,12 +206,37 @@ def _peer_version(python: str) -> str | None:
         return None
 
 
+def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -> dict:
+    """Batch-1 decode on one thread: llama-bench on the GGUF (its F32 rewrite, kept for the
+    server, and the original) and ours on the same 64-token prompt length and 64 new tokens."""
+    from llminfra.bench import llamacpp
+    from llminfra.bench.real import DECODE_PROMPT_LEN, corpus_prompts, decode_s_per_token
+    from llminfra.bench.timing import torch_threads
+    from llminfra.engine.workload import WorkloadRequest
+    from llminfra.model import pretrained_path
+
+    src = pretrained_path(model_name) if not model_name.endswith(".gguf") else Path(model_name)
+    f32 = llamacpp.f32_gguf(bin_dir, src, tmp / f"{src.stem}-F32.gguf")
+    bench = {label: llamacpp.llama_bench(bin_dir, path, 1, DECODE_PROMPT_LEN, 64)
+             for label, path in (("llama.cpp F32", f32), (f"llama.cpp {src.stem}", src))}
+    prompt = corpus_prompts(tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0]
+    with torch_threads(1):
+        ours, _ = decode_s_per_token(model, prompt, 64, 3)
+    ms = {**{f"llminfra {k}": v * 1e3 for k, v in ours.items()},
+          **{k: b["tg_ms_per_token"] for k, b in bench.items()}}
+    print("batch-1 decode ms/token:", {k: round(v, 3) for k, v in ms.items()}, flush=True)
+    return {"f32_gguf": f32, "threads": 1, "prompt_tokens": DECODE_PROMPT_LEN,
+            "new_tokens": 64, "ms_per_token": ms, "llama_bench": bench}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m llminfra.bench.compare_engines",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", help="the python of vLLM's own virtual environment")
     p.add_argument("--peer-cmd", help="instead of vLLM: a command with {folder} {name} {port} "
                    "{threads} fields, serving the OpenAI API")
+    p.add_argument("--llama-cpp", metavar="DIR", help="instead of vLLM: llama.cpp, the folder "
+                   "of its llama-server, llama-bench and llama-quantize")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--requests", default="1:8,4:16,16:32",
@@ -217,8 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds per server")
     p.add_argument("--json", required=True, help="write the results here")
     args = p.parse_args(argv)
-    if (args.vllm_python is None) == (args.peer_cmd is None):
-        p.error("give exactly one of --vllm-python or --peer-cmd")
+    if sum(x is not None for x in (args.vllm_python, args.peer_cmd, args.llama_cpp)) != 1:
+        p.error("give exactly one of --vllm-python, --peer-cmd or --llama-cpp")
     if args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
     try:
@@ -243,8 +272,16 @@ def main(argv: list[str] | None = None) -> dict:
         model, tok = load_model(args.model, torch.float32)
         folder = export_hf_folder(model, tok, tmp / name)
         max_len = min(MAX_MODEL_LEN, model.config.max_seq_len)
+        decode = None if args.llama_cpp is None else _decode_side_by_side(
+            args.llama_cpp, args.model, model, tok, tmp)
         del model
-        if args.vllm_python:
+        if args.llama_cpp:
+            from llminfra.bench import llamacpp
+            peer_label, peer_version, env = "llama.cpp", llamacpp.version(args.llama_cpp), None
+            peer = lambda port: llamacpp.server_command(  # noqa: E731
+                args.llama_cpp, decode["f32_gguf"], name, port, args.threads, max(CONCURRENCY),
+                max_len)
+        elif args.vllm_python:
             peer_label, peer_version = "vllm", _peer_version(args.vllm_python)
             peer = lambda port: vllm_command(args.vllm_python, folder, name, port,  # noqa: E731
                                              max_len)
@@ -266,7 +303,8 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "environment": {**environment(), "cpu_name": cpu_name(), "peer": peer_label,
                         "peer_version": peer_version},
-        "model": args.model, "weights": "exported from the GGUF to a safetensors folder, fp32",
+        "model": args.model, "weights": "exported from the GGUF to a safetensors folder, fp32"
+        + ("; llama.cpp: the GGUF rewritten in F32 by llama-quantize" if decode else ""),
         "settings": {"threads": args.threads, "requests": requests,
                      "output_tokens": OUTPUT_TOKENS, "max_model_len": max_len,
                      "probe_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 0,
@@ -275,6 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
         "servers": results,
         "throughput_llminfra_over_peer": ratio,
     }
+    if decode is not None:
+        report["batch1_decode"] = {k: v for k, v in decode.items() if k != "f32_gguf"}
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return report

@@ -1,0 +1,95 @@
+"""llama.cpp as a peer (llminfra.bench.llamacpp): its tools found or refused by name, llama-bench's
+JSON read (a stand-in script prints what llama-bench prints), llama-server's command line; and,
+where llama.cpp is built (LLAMA_CPP_DIR, as `make compare-llamacpp` builds it), the real tools
+on an exported GGUF."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llminfra.bench import llamacpp
+
+
+def _fake_tool(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.write_text(f"#!{sys.executable}\nimport sys, json\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_missing_and_unknown_tools_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="llama-bench not found: build llama.cpp"):
+        llamacpp.tool(tmp_path, "llama-bench")
+    with pytest.raises(KeyError, match="llama-cli"):
+        llamacpp.tool(tmp_path, "llama-cli")
+
+
+def test_llama_bench_json_is_read(tmp_path):
+    rows = [{"n_prompt": 64, "n_gen": 0, "avg_ts": 250.0, "stddev_ts": 3.0,
+             "model_type": "llama ?B all F32", "build_commit": "4227c9b", "cpu_info": "x"},
+            {"n_prompt": 0, "n_gen": 64, "avg_ts": 40.0, "stddev_ts": 0.5,
+             "model_type": "llama ?B all F32", "build_commit": "4227c9b", "cpu_info": "x"}]
+    _fake_tool(tmp_path, "llama-bench", f"print(json.dumps({rows!r}))")
+    r = llamacpp.llama_bench(tmp_path, tmp_path / "m.gguf", threads=1, prompt=64, tokens=64)
+    assert (r["pp_tokens_per_s"], r["tg_tokens_per_s"], r["tg_ms_per_token"]) == (250.0, 40.0,
+                                                                                    25.0)
+    assert r["build_commit"] == "4227c9b" and r["command"][-2:] == ["-o", "json"]
+    _fake_tool(tmp_path, "llama-bench", "sys.stderr.write('no model'); sys.exit(3)")
+    with pytest.raises(RuntimeError, match="llama-bench failed \\(3\\):\nno model"):
+        llamacpp.llama_bench(tmp_path, tmp_path / "m.gguf")
+
+
+def test_quantize_failure_and_server_command(tmp_path):
+    _fake_tool(tmp_path, "llama-quantize", "sys.stderr.write('bad file'); sys.exit(1)")
+    with pytest.raises(RuntimeError, match="llama-quantize failed"):
+        llamacpp.f32_gguf(tmp_path, tmp_path / "a.gguf", tmp_path / "b.gguf")
+    _fake_tool(tmp_path, "llama-server", "print('version: 1 (4227c9b)')")
+    assert llamacpp.version(tmp_path) == "version: 1 (4227c9b)"
+    argv = llamacpp.server_command(tmp_path, Path("m.gguf"), "smollm2-135m", 8123, 2, 16, 512)
+    assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("-c") + 1] == str(16 * 512)
+    assert argv[argv.index("--port") + 1] == "8123" and "--alias" in argv
+
+
+def test_compare_engines_takes_one_peer(capsys):
+    from llminfra.bench.compare_engines import main
+    with pytest.raises(SystemExit):
+        main(["--peer-cmd", "x", "--llama-cpp", "y", "--json", "out.json"])
+    assert "exactly one of --vllm-python, --peer-cmd or --llama-cpp" in capsys.readouterr().err
+
+
+LLAMA_CPP_DIR = os.environ.get("LLAMA_CPP_DIR")
+
+
+@pytest.mark.skipif(not LLAMA_CPP_DIR, reason="llama.cpp not built here: set LLAMA_CPP_DIR to "
+                    "its bin folder (make compare-llamacpp builds it); not counted as a pass")
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_0", "F16"])
+def test_exported_gguf_runs_in_llama_cpp_with_our_greedy_tokens(tmp_path, qtype):
+    """The tiny model exported with its byte vocabulary loads in llama.cpp; in F32 llama.cpp's
+    greedy continuation equals ours (the other types: it loads and generates)."""
+    import httpx
+
+    from llminfra.bench.compare_engines import Server, free_port
+    from llminfra.model import generate, load_tiny
+    from llminfra.quant.gguf_export import export_gguf
+    tiny, tok = load_tiny()
+    path = export_gguf(tiny, tmp_path / f"tiny-{qtype}.gguf", qtype)
+    port = free_port()
+    prompt = "def json.dumps(obj)\n\nReturn "
+    with Server(llamacpp.server_command(LLAMA_CPP_DIR, path, "tiny", port, 1, 1, 256), port,
+                tmp_path / "server.log") as server:
+        server.wait_ready(120)
+        r = httpx.post(f"{server.url}/completion", json={
+            "prompt": prompt, "n_predict": 16, "temperature": 0, "top_k": 1,
+            "cache_prompt": False}, timeout=120)
+        r.raise_for_status()
+        text = r.json()["content"]
+    assert len(text) > 0
+    if qtype == "F32":
+        assert text == tok.decode(generate(tiny, tok.encode(prompt), 16))
