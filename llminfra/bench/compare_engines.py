@@ -67,10 +67,11 @@ def vllm_command(python: str, folder: Path, name: str, port: int, max_len: int) 
             "--max-num-seqs", str(max(CONCURRENCY))]
 
 
-def llminfra_command(folder: Path, name: str, port: int, threads: int) -> list[str]:
+def llminfra_command(folder: Path, name: str, port: int, threads: int,
+                     matmul: str = "plain") -> list[str]:
     return [sys.executable, "-m", "llminfra", "serve", "--model", str(folder), "--port",
             str(port), "--threads", str(threads), "--max-num-seqs", str(max(CONCURRENCY)),
-            "--log-level", "warning"]
+            "--matmul", matmul, "--log-level", "warning"]
 
 
 class Server:
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--llama-cpp", metavar="DIR", help="instead of vLLM: llama.cpp, the folder "
                    "of its llama-server, llama-bench and llama-quantize")
     p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--matmul", default="plain", choices=("plain", "onednn"),
+                   help="llminfra serve's matmul kernel (default plain)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--requests", default="1:8,4:16,16:32",
                    help="concurrency:requests pairs (default 1:8,4:16,16:32)")
@@ -293,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
             peer_label, peer_version, env = "peer", None, None
             peer = lambda port: shlex.split(args.peer_cmd.format(  # noqa: E731
                 folder=folder, name=name, port=port, threads=args.threads))
-        ours = (lambda port: llminfra_command(folder, name, port, args.threads), None)
+        ours = (lambda port: llminfra_command(folder, name, port, args.threads, args.matmul),
+                None)
         results = run_both({peer_label: (peer, env), "llminfra": ours}, name, requests, max_len,
                            args.chars_per_token, tmp, args.start_timeout)
     ours, theirs = results["llminfra"], results[peer_label]
@@ -305,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "peer_version": peer_version},
         "model": args.model, "weights": "exported from the GGUF to a safetensors folder, fp32"
         + ("; llama.cpp: the GGUF rewritten in F32 by llama-quantize" if decode else ""),
-        "settings": {"threads": args.threads, "requests": requests,
+        "settings": {"threads": args.threads, "requests": requests, "matmul": args.matmul,
                      "output_tokens": OUTPUT_TOKENS, "max_model_len": max_len,
                      "probe_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 0,
                      "chars_per_token": args.chars_per_token},

@@ -12,7 +12,9 @@ builds only ``llama-server``, ``llama-bench`` and ``llama-quantize``).
 * :func:`llama_bench` — ``llama-bench -o json``: prompt processing (``pp``) and batch-1 text
   generation (``tg``) in tokens/s, on the fp32 file and on the original Q4_1 one;
 * :func:`server_command` — ``llama-server``, its OpenAI-compatible server, with ``slots``
-  parallel sequences (continuous batching) of ``ctx_per_slot`` tokens each.
+  parallel sequences (continuous batching) of ``ctx_per_slot`` tokens each, chat turns rendered
+  with the file's own Jinja template (``--jinja``; without it llama.cpp falls back on its
+  built-in ChatML, which leaves out SmolLM2's default system turn).
 """
 
 from __future__ import annotations
@@ -77,4 +79,4 @@ def server_command(bin_dir: str | Path, gguf: Path, name: str, port: int, thread
     ``slots`` parallel sequences sharing one KV cache of ``slots * ctx_per_slot`` tokens."""
     return [str(tool(bin_dir, "llama-server")), "-m", str(gguf), "--alias", name,
             "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
-            "-np", str(slots), "-c", str(slots * ctx_per_slot), "--no-webui"]
+            "-np", str(slots), "-c", str(slots * ctx_per_slot), "--jinja", "--no-webui"]

@@ -10,7 +10,8 @@ written as F16 / F32, as llama.cpp's converter does. Names follow llama.cpp (``b
 The tokenizer goes in too, so llama.cpp runs the file: the byte vocabulary of
 :class:`llminfra.model.ByteTokenizer` as llama.cpp's ``llama`` (SentencePiece-style) model with
 the 256 byte tokens ``<0x00>`` … ``<0xFF>`` of type BYTE, zero scores, no BOS / EOS and no space
-prefix. No row permutation of ``wq`` / ``wk`` is needed: llama.cpp's converter permutes Hugging
+prefix (give llama.cpp the prompt as token ids: its SentencePiece-style tokenizer writes a space
+as "▁", U+2581, which a byte vocabulary spells as three bytes). No row permutation of ``wq`` / ``wk`` is needed: llama.cpp's converter permutes Hugging
 Face checkpoints into the interleaved rotary layout (pairs (x_2i, x_2i+1)) that
 :func:`llminfra.model.apply_rotary` already uses. :func:`llminfra.model.load_pretrained` reads the
 file back (chapter 03).
