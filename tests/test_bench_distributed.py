@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import llminfra
 from llminfra.bench.distributed import ERRORS, _router, format_table
@@ -20,6 +21,7 @@ def _policy(hit, n=4):
 
 def test_router_summary_counts_finished_and_the_ratio():
     res = {"model": "m", "num_replicas": 2, "workload": {}, "engine": {}, "repeats": 1,
+           "prefix_hit_rate_ceiling": 0.75,
            "policies": {"round_robin": _policy(0.3), "least_loaded": _policy(0.35),
                         "prefix_aware": _policy(0.66)},
            "results": {"round_robin": [{"finish_reason": "length"}] * 4,
@@ -28,6 +30,8 @@ def test_router_summary_counts_finished_and_the_ratio():
                        "prefix_aware": [{"finish_reason": "length"}] * 4}}
     r = _router(res)
     assert r["hit_rate_prefix_aware_over_round_robin"] == pytest.approx(2.2)
+    assert r["prefix_aware_share_of_ceiling"] == pytest.approx(0.88)
+    assert r["ceiling_over_round_robin"] == pytest.approx(2.5)
     assert r["policies"]["least_loaded"]["num_finished"] == 3
 
 
@@ -48,4 +52,15 @@ def test_the_recorded_run_has_the_keys_and_meets_the_targets():
     # the hit-rate target (2x) is reported as measured, met or not; prefix-aware must win
     ratio = router["hit_rate_prefix_aware_over_round_robin"]
     assert ratio > 1 and t["prefix_aware_hit_rate_at_least_2x_round_robin"] == (ratio >= 2)
+    # no router beats the ceiling, which the recorded workload settings and seed determine
+    from llminfra.bench.router import SEED
+    from llminfra.serving.router_workload import (prefix_hit_rate_ceiling,
+                                                  shared_prompt_workload, with_cache_salt)
+    w = rec["router"]["workload"]
+    work = shared_prompt_workload(generator=torch.Generator().manual_seed(SEED),
+                                  **{**w, "user_tokens": tuple(w["user_tokens"])})
+    ceiling = prefix_hit_rate_ceiling(with_cache_salt(work, 1), rec["router"]["engine"]
+                                      ["block_size"])
+    assert router["prefix_hit_rate_ceiling"] == pytest.approx(ceiling)
+    assert max(p["prefix_hit_rate"] for p in router["policies"].values()) <= ceiling
     assert "errors vs one process" in format_table(rec)

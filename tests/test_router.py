@@ -196,3 +196,20 @@ def test_two_replica_processes_route_finish_and_match_one_engine(replicas):
         assert all(0 <= r["cached_prompt_tokens"] < r["prompt_tokens"] for r in res)
     assert result["prefix_aware"]["prefix_hit_rate"] >= result["round_robin"]["prefix_hit_rate"]
     assert result["prefix_aware"]["prefix_hit_rate"] > 0.3
+
+
+def test_hit_rate_ceiling_counts_each_prompts_first_request_as_a_miss():
+    """The ceiling no router beats: each system prompt's first request computes it, every later
+    one finds its whole blocks cached (at least one prompt token is always computed)."""
+    from llminfra.serving.router_workload import prefix_hit_rate_ceiling
+    work = with_cache_salt(shared_prompt_workload(
+        40, torch.Generator().manual_seed(0), num_system_prompts=3, system_prompt_tokens=47,
+        user_tokens=(5, 9)), 7)
+    firsts = {r.system_prompt: r.request_id for r in reversed(sorted(
+        work, key=lambda r: r.arrival_time_s))}
+    shared = (1 + 47) // 16 * 16            # salt + system prompt, in whole blocks of 16
+    want = sum(0 if r.request_id in firsts.values() else shared for r in work) / sum(
+        len(r.prompt_token_ids) for r in work)
+    assert prefix_hit_rate_ceiling(work, 16) == pytest.approx(want)
+    with pytest.raises(ValueError, match="block_size"):
+        prefix_hit_rate_ceiling(work, 0)

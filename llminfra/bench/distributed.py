@@ -38,10 +38,14 @@ def _router(result: dict) -> dict:
                 for name, s in result["policies"].items()}
     rr = policies["round_robin"]["prefix_hit_rate"]
     ratio = policies["prefix_aware"]["prefix_hit_rate"] / rr if rr > 0 else float("inf")
+    ceiling = result["prefix_hit_rate_ceiling"]
     return {"model": result["model"], "num_replicas": result["num_replicas"],
             "workload": result["workload"], "engine": result["engine"],
             "repeats": result["repeats"], "policies": policies,
-            "hit_rate_prefix_aware_over_round_robin": ratio}
+            "hit_rate_prefix_aware_over_round_robin": ratio,
+            "prefix_hit_rate_ceiling": ceiling,
+            "prefix_aware_share_of_ceiling": policies["prefix_aware"]["prefix_hit_rate"] / ceiling,
+            "ceiling_over_round_robin": ceiling / rr if rr > 0 else float("inf")}
 
 
 def run(quick: bool = False) -> dict:

@@ -13,7 +13,9 @@ running requests: the router decides whether both replicas compute every system 
 robin, least loaded) or each computes its half (prefix aware) — the aggregate-cache effect
 SGLang's cache-aware router is built for.
 
-Reported per policy: prefix-cache hit rate (prompt tokens served from the replicas' caches /
+Also reported: ``prefix_hit_rate_ceiling``, the hit rate no router can beat on this workload
+(:func:`llminfra.serving.router_workload.prefix_hit_rate_ceiling`: each system prompt's first
+request misses, every later one hits its whole blocks). Reported per policy: prefix-cache hit rate (prompt tokens served from the replicas' caches /
 prompt tokens, measured in the engines), TTFT p50 / p90 on the router's clock, output
 tokens/s, requests and computed prompt tokens per replica, and ``load_imbalance`` (max / mean
 requests per replica). On a shared machine treat differences of a few percent in TTFT or
@@ -34,7 +36,8 @@ import torch
 from llminfra.bench.timing import environment
 from llminfra.serving.router import POLICIES
 from llminfra.serving.router_run import Replicas, compare_policies, replica_engine
-from llminfra.serving.router_workload import shared_prompt_workload
+from llminfra.serving.router_workload import (prefix_hit_rate_ceiling, shared_prompt_workload,
+                                              with_cache_salt)
 
 SEED = 2026
 NUM_REPLICAS = 2
@@ -69,6 +72,8 @@ def run(quick: bool = False, model: str = MODEL) -> dict:
         "model": model, "num_replicas": NUM_REPLICAS, "engine": engine,
         "repeats": 1 if quick else REPEATS,
         "workload": {**cfg, "user_tokens": list(cfg["user_tokens"])},
+        "prefix_hit_rate_ceiling": prefix_hit_rate_ceiling(with_cache_salt(workload, 1),
+                                                           engine["block_size"]),
         "policies": {name: {k: v for k, v in r.items() if k != "results"}
                      for name, r in runs.items()},
         "results": {name: r["results"] for name, r in runs.items()},

@@ -86,4 +86,32 @@ def with_cache_salt(workload: list[SharedPromptRequest], salt: int) -> list[Shar
             for r in workload]
 
 
-__all__ = ["SharedPromptRequest", "shared_prompt_workload", "with_cache_salt"]
+def prefix_hit_rate_ceiling(workload: list[SharedPromptRequest], block_size: int) -> float:
+    """The prefix-cache hit rate no router can beat on ``workload``: in arrival order, each
+    request is served from cache for the whole blocks of its prompt that an earlier request's
+    prompt began with (as if every block stayed cached on every replica; at least one prompt
+    token is always computed); cached tokens over all prompt tokens. On the shared-system-prompt
+    workload this is each prompt's first request missing and every later one hitting its system
+    prompt's whole blocks.
+
+    >>> w = [SharedPromptRequest(f"r{i}", i, (1,) * 32 + (i,) * 4, 1, 0) for i in range(3)]
+    >>> round(prefix_hit_rate_ceiling(w, 16), 4)    # 0, 32 and 32 of 36 tokens each
+    0.5926
+    """
+    positive_int("block_size", block_size)
+    seen: set[tuple[int, ...]] = set()
+    cached = total = 0
+    for r in sorted(workload, key=lambda r: r.arrival_time_s):
+        ids = r.prompt_token_ids
+        usable = (len(ids) - 1) // block_size               # one token is always computed
+        k = 0
+        while k < usable and ids[:(k + 1) * block_size] in seen:
+            k += 1
+        cached += k * block_size
+        total += len(ids)
+        seen.update(ids[:j * block_size] for j in range(1, len(ids) // block_size + 1))
+    return cached / total if total else 0.0
+
+
+__all__ = ["SharedPromptRequest", "prefix_hit_rate_ceiling", "shared_prompt_workload",
+           "with_cache_salt"]
