@@ -154,7 +154,7 @@ def test_top_k_keeps_exactly_k():
                          [(2, 6, 2), (3, 6, 3), (3, 9, 3), (4, 10, 4), (5, 13, 4)])
 def test_forked_siblings_never_overdraw_the_pool(model, num_blocks, prompt_len, max_tokens):
     """Mutant: the scheduler counts no block for writing into a shared, partly filled last block
-    (``_new_blocks`` without its copy-on-write ``+1``). n = 2 forks the prompt: both siblings
+    (``BlockTable.blocks_to_append`` without its copy-on-write ``+1``). n = 2 forks the prompt: both siblings
     share its blocks, the last one partly filled (prompt_len not a multiple of 4). With no free
     block left, sibling 0's next token needs one (its private copy); the mutant schedules both
     anyway and ``prepare_step`` finds the pool empty (BlockPoolExhausted in the step). Right:
@@ -224,9 +224,13 @@ def test_server_context_boundary_is_exact(server):
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 6
     over = _complete(server, 250, 7)
     assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+    # refused by the server's own check (an off-by-one there leaves it to the engine, whose
+    # refusal from another process carries no code)
+    assert over.json()["error"]["code"] == "context_length_exceeded"
     assert _complete(server, 255, 1).status_code == 200
     too_long = _complete(server, 256, 1)
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
+    assert too_long.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_server_n_limit_is_inclusive(server):
