@@ -47,11 +47,11 @@ from llminfra.engine.sequence import Sequence
 from llminfra.validate import non_negative_int
 
 METHODS = ("ngram", "draft")
-#: step costs (in plain steps) the adaptive rule assumes by default, a little above what
-#: ``bench spec`` fitted on SmolLM2-135M, fp32, one thread of a 2-core AMD EPYC
-#: (llminfra/data/bench_spec_cpu.json ``fitted_costs``: ngram 0.77 + 0.04·γ, int4 draft
-#: 0.65 + 0.31·γ), so that the rule errs toward not speculating; the draft's per-token cost
-#: includes running the int4 draft model
+#: step costs (in plain steps) the adaptive rule assumes by default, near what ``bench spec``
+#: fitted on SmolLM2-135M, fp32, one thread of a 2-core AMD EPYC (llminfra/data/
+#: bench_spec_cpu.json ``fitted_costs``; two recorded runs gave ngram 0.77 + 0.04·γ and
+#: 0.71 + 0.15·γ, int4 draft 0.65 + 0.31·γ and 1.03 + 0.24·γ), erring toward not speculating;
+#: the draft's per-token cost includes running the int4 draft model
 DEFAULT_COSTS = {"ngram": {"cost_fixed": 0.9, "cost_per_draft": 0.05},
                  "draft": {"cost_fixed": 1.0, "cost_per_draft": 0.3}}
 
