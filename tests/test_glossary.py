@@ -110,3 +110,16 @@ def test_first_use_chapter_matches_the_notebooks():
         assert not earlier, f"{e.term!r} is used in chapter {earlier[0]}, before {e.chapter}"
         if e.chapter in present:
             assert pattern.search(present[e.chapter]), f"{e.term!r} not in chapter {e.chapter}"
+
+
+def test_a_name_spelled_with_inner_capitals_is_linked_only_as_spelled():
+    """ "ZeRO" is linked, "zero point" (chapter 03's quantization) is not; other names still
+    match in any case."""
+    from llminfra.course.glossary import link_first_uses
+    cells = [{"cell_type": "markdown", "id": "a", "source": "absmax and zero point, per tensor"},
+             {"cell_type": "markdown", "id": "b", "source": "ZeRO shards the optimizer state; "
+                                                            "the kv cache grows"}]
+    link_first_uses(cells)
+    assert cells[0]["source"] == "absmax and zero point, per tensor"
+    assert cells[1]["source"].startswith("[ZeRO](../docs/glossary.md#zero--fsdp) shards")
+    assert "[kv cache](../docs/glossary.md#" in cells[1]["source"]

@@ -92,8 +92,11 @@ _ITALIC = re.compile(r"(?<![*\w])\*[^*\n]+\*(?![*\w])")
 
 
 def _pattern(e: Term) -> re.Pattern:
+    """Any of the term's names, case ignored — except names spelled with a capital after a small
+    letter ("ZeRO", "vLLM"), which match only as spelled: "zero point" is not ZeRO."""
     names = sorted({e.term, *e.aliases}, key=len, reverse=True)
-    alts = "|".join(re.escape(n) for n in names)
+    alts = "|".join(f"(?-i:{re.escape(n)})" if re.search(r"[a-z][A-Z]", n) else re.escape(n)
+                    for n in names)
     return re.compile(rf"(?<![\w/-])({alts})(?![\w/-])", re.IGNORECASE)
 
 
