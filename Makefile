@@ -54,7 +54,10 @@ install: $(BIN)/.course-installed
 # as root (containers), JupyterLab refuses to start without --allow-root
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# trusted again on every start (about 1 s): notebooks changed by a `git pull` keep their saved
+# widgets drawn on opening
 course: $(BIN)/.course-installed
+	$(BIN)/python -m llminfra.course.lab_setup
 	$(BIN)/jupyter lab $(LAB_ARGS) $(COURSE_LAB_ARGS)
 
 # One torch thread per worker (and per notebook kernel): two workers on two cores, and OpenMP

@@ -37,3 +37,17 @@ def test_intensity_plot_lines_and_length_check():
     with pytest.raises(ValueError, match="3 batches but 2"):
         intensity_vs_batch([1, 2, 4], [1.0, 2.0], {}, ax=ax)
     plt.close(fig)
+
+
+def test_roofline_legend_writes_bandwidth_in_tb_s_from_1_tb_s():
+    """Issue 24: "3.35e+03 GB/s" for 3.35 TB/s; the legend now reads 3.35 TB/s (864 GB/s below)."""
+    from matplotlib.figure import Figure
+
+    from llminfra.calc.roofline import Roofline
+    from llminfra.plots.roofline import plot_roofline
+    ax = Figure().add_subplot()
+    plot_roofline([Roofline("h100", 989e12, 3.35e12), Roofline("l40s", 362e12, 864e9)], [], ax)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [
+        line.get_label() for line in ax.get_lines()]
+    assert any("h100: 3.35 TB/s" in s for s in labels), labels
+    assert any("l40s: 864 GB/s" in s for s in labels), labels

@@ -21,6 +21,12 @@ from llminfra.calc.roofline import Roofline
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 
+def _bandwidth(bytes_per_s: float) -> str:
+    """``3.35 TB/s`` from 1 TB/s up, ``864 GB/s`` below (never ``3.35e+03 GB/s``)."""
+    return (f"{bytes_per_s / 1e12:.3g} TB/s" if bytes_per_s >= 1e12
+            else f"{bytes_per_s / 1e9:.3g} GB/s")
+
+
 def plot_roofline(roofs: list[Roofline], points: list[dict], ax: Axes,
                   intensity_range: tuple[float, float] | None = None) -> Axes:
     """Draw each roof (sloped memory part and flat compute part, ridge marked) and each point
@@ -33,7 +39,7 @@ def plot_roofline(roofs: list[Roofline], points: list[dict], ax: Axes,
     for i, r in enumerate(roofs):
         c = COLOURS[i % len(COLOURS)]
         ax.plot(grid, np.minimum(r.peak_flops_per_s, grid * r.bytes_per_s), color=c,
-                label=f"{r.name}: {r.bytes_per_s / 1e9:.3g} GB/s, "
+                label=f"{r.name}: {_bandwidth(r.bytes_per_s)}, "
                       f"{r.peak_flops_per_s / 1e12:.3g} TFLOP/s")
         ax.plot([r.ridge_flops_per_byte], [r.peak_flops_per_s], "|", color=c, markersize=12)
     for j, p in enumerate(points):
