@@ -134,9 +134,10 @@ def _ch08(concurrency: int) -> list[str]:
 def _ch09(output_tokens: int) -> list[str]:
     """The notebook's advisor after its cells: 100,000 requests a day of 2,000 input tokens."""
     from llminfra.calc.cost import api_monthly_cost
+    from llminfra.widgets.deployment_advisor import millions
     bill = api_monthly_cost(100_000, 2_000, output_tokens, 1.0, 1.0)
     tokens = bill.monthly_input_tokens + bill.monthly_output_tokens
-    return [f"{tokens / 1e6:,.4g} M tokens a month (input + output)"]
+    return [f"{millions(tokens)} M tokens a month (input + output)"]
 
 
 def _ch10(requests_per_day: float) -> list[str]:

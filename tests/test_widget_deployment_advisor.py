@@ -61,3 +61,10 @@ def test_bad_inputs_are_named():
         DeploymentAdvisor({"api": 5.4})
     with pytest.raises(ValueError, match="requests_per_day must be >= 0"):
         advise(PRICES, -1, 2000, 500)
+
+
+def test_large_token_counts_read_as_numbers_not_exponents():
+    """Issue 24: the advisor showed "4.302e+04 M tokens"; thousands of millions now have commas."""
+    from llminfra.widgets.deployment_advisor import millions
+    assert millions(43_020e6) == "43,020"
+    assert millions(75e6) == "75" and millions(2.25e6) == "2.25" and millions(999.4e6) == "999.4"

@@ -55,9 +55,15 @@ def advise(prices: Prices, requests_per_day: float, input_tokens: float, output_
             "ranking": rank_deployments(req, prices)}
 
 
+def millions(tokens: float) -> str:
+    """Tokens in millions as people write them: ``43,020`` (never ``4.302e+04``), ``2.25``."""
+    m = tokens / 1e6
+    return f"{m:,.0f}" if m >= 1000 else f"{m:.4g}"
+
+
 def advice_lines(data: dict) -> list[str]:
     """The ranking as plain lines: rank, option, monthly cost (USD), GPUs, reasons."""
-    lines = [f"{data['monthly_tokens'] / 1e6:,.4g} M tokens a month (input + output)"]
+    lines = [f"{millions(data['monthly_tokens'])} M tokens a month (input + output)"]
     rank = 0
     for r in data["ranking"]:
         cost = "-" if r.monthly_cost_usd is None else f"{r.monthly_cost_usd:,.0f} USD/month"
@@ -84,8 +90,9 @@ def advice_html(data: dict) -> str:
                     f"<td>{html.escape('; '.join(r.reasons))}</td></tr>")
     head = ("<tr><th>rank</th><th>option</th><th>USD per month</th><th>GPUs</th>"
             "<th>reasons</th></tr>")
-    return (f"<div>{data['monthly_tokens'] / 1e6:,.4g} M tokens a month (input + output)</div>"
-            f"<table style='font-size:12px'>{head}{''.join(rows)}</table>")
+    return (f"<div>{millions(data['monthly_tokens'])} M tokens a month (input + output)</div>"
+            f"<table style='font-size:12px; border-collapse:separate; border-spacing:14px 2px'>"
+            f"{head}{''.join(rows)}</table>")
 
 
 class DeploymentAdvisor:
