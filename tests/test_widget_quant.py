@@ -54,3 +54,19 @@ def test_quant_explorer_shows_the_baseline_on_the_same_text(gen):
     qe = QuantExplorer(w, perplexity_fn=lambda s: 4.4, baseline_perplexity=4.0)
     assert "perplexity 4.4 vs 4 unquantized on the same text (+10.00%)" in qe.text
     assert qe.data["baseline_perplexity"] == 4.0
+
+
+def test_controls_a_scheme_ignores_are_marked():
+    """Issue 24: nf4 and fp8 ignored bits (and fp8 a group size) while the controls still showed
+    them: the bits slider is switched off for them and the summary says what was used."""
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    qe = QuantExplorer(w)
+    assert not qe.controls["bits"].disabled
+    qe.controls["family"].value = "fp8-e4m3"          # group 128 from the default
+    assert qe.controls["bits"].disabled and qe.data["scheme"] == "fp8-e4m3-channel"
+    assert "bits slider does not apply" in qe.text and "shown per channel" in qe.text
+    qe.controls["family"].value = "nf4"
+    qe.controls["group"].value = "tensor"
+    assert qe.data["scheme"] == "nf4-g64" and "blocks of 64" in qe.text
+    qe.controls["family"].value = "int absmax"
+    assert not qe.controls["bits"].disabled and "does not apply" not in qe.text

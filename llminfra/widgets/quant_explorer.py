@@ -98,13 +98,25 @@ class QuantExplorer:
     def update(self) -> dict:
         """Recompute from the controls; refresh image and summary; return the data."""
         c = self.controls
-        scheme = scheme_name(c["family"].value, c["bits"].value, c["group"].value)
+        family, group = c["family"].value, c["group"].value
+        scheme = scheme_name(family, c["bits"].value, group)
+        fixed_bits = family.startswith("fp8") or family == "nf4"
+        c["bits"].disabled = fixed_bits            # their width is in the name: 8 or 4 bits
         self.data = quant_stats(self.w, scheme, self.X)
         self.data["perplexity"] = self._perplexity(scheme)
         self.data["baseline_perplexity"] = self.baseline_perplexity
         d = self.data
         lines = [f"scheme {scheme}: {d['bytes_per_param']:.4g} bytes/param (fp32: 4)",
                  f"weight error {100 * d['weight_rel_error']:.3g} %"]
+        if fixed_bits:
+            lines.append(f"{family} has {8 if family.startswith('fp8') else 4} bits: the bits "
+                         "slider does not apply")
+        if family.startswith("fp8") and not isinstance(group, str):
+            lines.append(f"fp8 scales per tensor or per channel, not in groups of {group}: "
+                         "shown per channel")
+        if family == "nf4" and isinstance(group, str):
+            lines.append(f"nf4 scales blocks of weights, not a whole {group}: shown with "
+                         "blocks of 64")
         if d["layer_rel_error"] is not None:
             lines.append(f"layer output error {100 * d['layer_rel_error']:.3g} %")
         if d["perplexity"] is not None:
