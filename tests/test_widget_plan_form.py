@@ -49,3 +49,18 @@ def test_the_price_field_follows_the_gpu():
     assert f.gpu_hour.value == 0 and "no example price for mi300x" in f.summary.value
     f.gpu_hour.value = 2.0
     assert f.plan.gpu_hour_usd == 2.0 and "no example price" not in f.summary.value
+
+
+def test_form_rows_wrap_in_a_narrow_column():
+    """Issue 24: the form was wider than the notebook column; its rows of inputs now wrap."""
+    import ipywidgets as widgets
+    f = PlanForm(ServiceRequirements(100_000, 1000, 500), "h100", PlanPrices(3, 15, 3))
+    rows = {id(c): w for w in _walk(f.widget) if isinstance(w, widgets.HBox) for c in w.children}
+    for control in (f.requests, f.budget, f.api_out):     # first, middle and last row
+        assert rows[id(control)].layout.flex_flow == "row wrap"
+
+
+def _walk(w):
+    yield w
+    for child in getattr(w, "children", ()):
+        yield from _walk(child)

@@ -82,8 +82,10 @@ class PlanForm:
         self.gpu.observe(self._gpu_changed, names="value")   # first: its price follows the GPU
         for w in controls:
             w.observe(self._update, names="value")
-        self.widget = Panel([widgets.HBox(controls[:4]), widgets.HBox(controls[4:8]),
-                             widgets.HBox(controls[8:]), self.summary, self.html],
+        # rows that wrap onto a second line in a narrow notebook column instead of overflowing it
+        rows = [widgets.HBox(controls[i:j], layout=widgets.Layout(flex_flow="row wrap"))
+                for i, j in ((0, 4), (4, 8), (8, len(controls)))]
+        self.widget = Panel([*rows, self.summary, self.html],
                             title="Deployment plan", how="state the requirements, the GPU and "
                             "the prices; the plan, its cost and its checklist follow")
         self._update()
