@@ -171,39 +171,39 @@ def check_prefix_settings(prefix_tokens: int, num_prefixes: int, max_model_len: 
                          f"got {num_prefixes!r}")
 
 
-def gamma_arrivals(num_requests: int, rate_per_s: float, burstiness: float,
+def gamma_arrivals(num_requests: int, rate_per_s, burstiness: float,
                    generator: torch.Generator) -> list[float]:
     """Arrival times (s), the first at t = 0, with gamma gaps of shape ``burstiness`` and
     scale 1/(rate·burstiness): mean gap 1/rate, variance 1/(rate²·burstiness). Shape 1 is the
-    exponential (Poisson arrivals); vLLM's ``--burstiness`` (``vllm/benchmarks/serve.py``)."""
+    exponential (Poisson arrivals); vLLM's ``--burstiness`` (``vllm/benchmarks/serve.py``).
+    ``rate_per_s`` is one rate, or one per request (the gap before request i drawn at r_i: a
+    ramp-up, :func:`ramp_up_arrivals`)."""
     check_burstiness(burstiness)
-    if not _is_number(rate_per_s) or not (rate_per_s > 0 and math.isfinite(rate_per_s)):
-        raise ValueError(f"rate_per_s must be a finite number > 0, got {rate_per_s!r}")
+    rates = list(rate_per_s) if isinstance(rate_per_s, (list, tuple)) else [rate_per_s]
+    if not all(_is_number(r) and r > 0 and math.isfinite(r) for r in rates):
+        raise ValueError(f"rate_per_s must be a finite number > 0 (or one each), "
+                         f"got {rate_per_s!r}")
     shape = torch.full((num_requests,), float(burstiness), dtype=torch.float64)
+    rate = (torch.tensor(rates, dtype=torch.float64) if len(rates) > 1 else rates[0])
     # torch's seeded gamma sampler (torch.distributions.Gamma takes no generator)
-    gaps = torch._standard_gamma(shape, generator=generator) / (rate_per_s * burstiness)
+    gaps = torch._standard_gamma(shape, generator=generator) / (rate * burstiness)
     return (gaps.cumsum(0) - gaps[0]).tolist()
 
 
 def ramp_up_arrivals(num_requests: int, ramp_up: RampUp, generator: torch.Generator, *,
                      arrivals: str = "poisson", burstiness: float = 1.0) -> list[float]:
     """Arrival times (s) of a ramp-up, the first at t = 0: t_i = t_(i−1) + gap_i with gap_i
-    drawn at request i's rate r_i (:meth:`RampUp.rates`): gamma of shape ``burstiness`` and
-    scale 1/(r_i·burstiness) (shape 1: exponential, Poisson arrivals), or exactly 1/r_i with
-    ``arrivals="fixed"``. With start_rps = end_rps it is :func:`gamma_arrivals` at that rate,
-    draw for draw. vLLM's ``get_request`` with ``--ramp-up-strategy``."""
-    if not isinstance(ramp_up, RampUp):
-        raise ValueError(f"ramp_up must be a RampUp(strategy, start_rps, end_rps), "
-                         f"got {ramp_up!r}")
+    drawn at request i's rate r_i (:meth:`RampUp.rates`) by :func:`gamma_arrivals`, or
+    exactly 1/r_i with ``arrivals="fixed"``. With start_rps = end_rps it is
+    :func:`gamma_arrivals` at that rate, draw for draw. vLLM's ``get_request`` with
+    ``--ramp-up-strategy``."""
     if arrivals not in ("poisson", "fixed"):
         raise ValueError(f"arrivals must be 'poisson' or 'fixed', got {arrivals!r}")
+    rates = ramp_up.rates(num_requests)
+    if arrivals == "poisson":
+        return gamma_arrivals(num_requests, rates, burstiness, generator)
     check_burstiness(burstiness)
-    rates = torch.tensor(ramp_up.rates(num_requests), dtype=torch.float64)
-    if arrivals == "fixed":
-        gaps = 1 / rates
-    else:
-        shape = torch.full((num_requests,), float(burstiness), dtype=torch.float64)
-        gaps = torch._standard_gamma(shape, generator=generator) / (rates * burstiness)
+    gaps = 1 / torch.tensor(rates, dtype=torch.float64)
     return (gaps.cumsum(0) - gaps[0]).tolist()
 
 
