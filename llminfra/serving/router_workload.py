@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from llminfra.engine.workload import poisson_arrivals
+from llminfra.kvcache.prefix_cache import prefix_block_hashes
 from llminfra.serving.router import RouteRequest
 from llminfra.validate import positive_int
 
@@ -99,17 +100,17 @@ def prefix_hit_rate_ceiling(workload: list[SharedPromptRequest], block_size: int
     0.5926
     """
     positive_int("block_size", block_size)
-    seen: set[tuple[int, ...]] = set()
+    seen: set[str] = set()                  # the prefix cache's block hashes, every replica's
     cached = total = 0
     for r in sorted(workload, key=lambda r: r.arrival_time_s):
-        ids = r.prompt_token_ids
-        usable = (len(ids) - 1) // block_size               # one token is always computed
+        hashes = prefix_block_hashes(list(r.prompt_token_ids), block_size)
+        usable = (len(r.prompt_token_ids) - 1) // block_size   # one token is always computed
         k = 0
-        while k < usable and ids[:(k + 1) * block_size] in seen:
+        while k < usable and hashes[k] in seen:
             k += 1
         cached += k * block_size
-        total += len(ids)
-        seen.update(ids[:j * block_size] for j in range(1, len(ids) // block_size + 1))
+        total += len(r.prompt_token_ids)
+        seen.update(hashes)
     return cached / total if total else 0.0
 
 
