@@ -602,3 +602,20 @@ def widget_drawn(page, row: WidgetRow, when: str, timeout_ms: int = 30_000) -> N
                       or "[interactive widget]" in t]
             raise AssertionError(f"not drawn within {timeout_ms / 1000:.0f} s; the outputs "
                                  f"show: {broken[:3] or '(no widget stand-in)'}") from err
+
+
+def run_all_read_outputs(page, timeout_ms: int) -> list[str]:
+    """Run all cells of a notebook whose failing cells are tagged ``raises-exception`` (JupyterLab
+    runs on past them) and return each code cell's output text as the page shows it, once every
+    code cell shows an execution count. Raises :class:`CellError` (with what the page showed)
+    when the run does not start or end."""
+    with explained(page, "run all, reading the outputs", CellError):
+        _menu(page, "Run", "Run All Cells")
+        _wait(page, f"""(s) => ({_PROMPTS})(s).some(p => /[\\d*]/.test(p))""", RUN_START_TIMEOUT_MS,
+              "Run All started no cell")
+        _wait(page, f"""(s) => {{ const p = ({_PROMPTS})(s);
+                  return p.length > 0 && p.every(x => /\\[(\\d+|ran)\\]/.test(x)); }}""",
+              timeout_ms, "not every code cell ran")
+        return page.evaluate(f"""(s) => [...document.querySelector(s).querySelectorAll(
+            '.jp-CodeCell')].map(c => {{ const o = c.querySelector('.jp-Cell-outputArea');
+                                         return o ? o.innerText : ''; }})""", PANEL)

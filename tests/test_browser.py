@@ -12,7 +12,9 @@ each widget is saved there (``make screenshots`` refreshes ``docs/screenshots/``
 is taken, which saves the ~2 s per widget of letting the kernel settle). Further tests:
 ``make course`` opens the start notebook with ``exercises/`` in the file browser; opening a
 chapter does not rewrite it (the installed kernel is the one the notebooks name); a copy of a
-notebook whose callback is disconnected, and one with a raising cell, make the checks fail.
+notebook whose callback is disconnected, and one with a raising cell, make the checks fail; an
+exercise set with a wrong answer, a stub and a bug shows the checkers' messages as one short
+block each, not a traceback through the package (issue 24 §1).
 
 A failure says what the page showed (``browser_lab.describe_page``): the path of a screenshot
 saved to a temporary folder, any dialog, the kernel status, and the running, last-run and last
@@ -45,8 +47,8 @@ import pytest
 
 from browser_lab import (CHROMIUM, CHROMIUM_ARGS, ROOT, CellError,
                          WidgetDidNotChange, WidgetRow, copy_repository, explained, move_and_check,
-                         output_mismatches, run_all_cells, save_notebook, start_lab,
-                         wait_for_kernel, widget_drawn)
+                         output_mismatches, run_all_cells, run_all_read_outputs, save_notebook,
+                         start_lab, wait_for_kernel, widget_drawn)
 
 pytestmark = pytest.mark.browser
 
@@ -402,3 +404,52 @@ def test_saved_widget_is_drawn_before_any_cell_runs(lab, page):
         notebook.locator(".llminfra-memory-calculator").or_(notebook.get_by_text(
             "[interactive widget] Memory calculator")).first.wait_for(timeout=60_000)
         assert "VBox(children" not in notebook.text_content()
+
+
+def _checker_cells_copy(lab) -> str:
+    """A copy of exercise set 02 with one answer wrong, one left as the stub, one with a bug of
+    the learner's own (each checker cell tagged ``raises-exception``, so that Run All goes on),
+    and a last cell raising an error of the learner's own outside any checker."""
+    nb = json.loads((lab.served / "exercises" / "02_gpu_memory.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    answers = [c for c in code if "NotImplementedError" in "".join(c["source"])]
+    checks = [c for c in code if "ch02.check_" in "".join(c["source"])]
+    assert len(answers) == len(checks) == 3, "exercise set 02 changed: update this test"
+    answers[0]["source"] = ["def my_kv_bytes_per_token(spec, kv_dtype):\n",
+                            "    return 2 * spec.num_layers * spec.num_heads * spec.head_dim"
+                            " * dtype_bytes(kv_dtype)\n"]
+    answers[2]["source"] = ["def largest_batch(model, gpu, context, dtype, kv_dtype, "
+                            "reserve_fraction):\n", "    return 1 // 0\n"]
+    for cell in checks:
+        cell["metadata"]["tags"] = ["raises-exception"]
+    nb["cells"].append({"cell_type": "code", "execution_count": None, "id": "own-bug",
+                        "metadata": {"tags": ["raises-exception"]}, "outputs": [],
+                        "source": ["raise ValueError('a bug of my own')"]})
+    path = lab.served / "exercises" / "zz_checker_messages.ipynb"
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return "exercises/" + path.name
+
+
+def test_checker_messages_are_one_clean_block_in_the_browser(lab, page):
+    """Issue 24 §1: what a learner sees under a checker cell in JupyterLab is the checker's own
+    message (the diagnosis, the replay call, the hint), not a traceback through the package;
+    only a bug in the learner's code adds the lines of *their* code. An ordinary error outside
+    a checker still shows IPython's traceback (so the check below can see one)."""
+    path = _checker_cells_copy(lab)
+    _open(page, lab, path)
+    outputs = run_all_read_outputs(page, RUN_TIMEOUT_MS)
+    checks = [o for o in outputs if "CheckFailed" in o or "NotAttempted" in o]
+    with explained(page, f"{path}: the checker messages"):
+        assert len(checks) == 3, f"expected 3 checker messages, the cells show: {outputs}"
+        wrong, stub, bug = checks
+        for text in checks:
+            assert "Traceback" not in text and "checking.py" not in text \
+                and "checks/ch02.py" not in text, f"a traceback through the package:\n{text}"
+            assert len(text.strip().splitlines()) <= 8, f"not one short block:\n{text}"
+        assert wrong.startswith("CheckFailed: kv_bytes_per_token: got ") and \
+            "replay: ch02.check_kv_bytes_per_token(your_function, seed=" in wrong and \
+            "hint:" in wrong, wrong
+        assert stub.strip().startswith("NotAttempted: kv_sequence_gib: not implemented yet"), stub
+        assert "raised ZeroDivisionError" in bug and "where your code raised it:" in bug and \
+            "return 1 // 0" in bug, bug
+        assert "Traceback" in outputs[-1] and "a bug of my own" in outputs[-1], outputs[-1]
