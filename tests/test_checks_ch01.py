@@ -1,6 +1,8 @@
 """Each chapter-01 checker passes the package's own function and fails a wrong answer with a
 message that names the mistake."""
 
+import re
+
 import pytest
 
 from llminfra.calc.memory import activation_bytes_training, training_memory
@@ -123,7 +125,7 @@ def _intensity_by_hand(spec, batch, context, dtype, weight_bytes=None, kv_bytes=
 @pytest.mark.parametrize("seed", range(5))
 def test_decode_intensity_ignoring_dtype_fails_every_run_with_the_right_hint(seed):
     """Ignoring dtype passed 3 % of runs (when no fp32 case was drawn); it was then told
-    'forgot the factor 2'. Every run now has fp32 and fp8 cases."""
+    'forgot the factor 2'. Every run now has fp32 (case 1), bf16 and fp16 cases."""
     assert ch01.check_decode_intensity(_intensity_by_hand, seed=seed) == 8
     with pytest.raises(CheckFailed, match="you ignored dtype") as e:
         ch01.check_decode_intensity(
@@ -160,3 +162,104 @@ def test_numpy_int32_answer_does_not_overflow_in_a_hint():
     import numpy as np
     with pytest.raises(CheckFailed, match="off by"):
         ch01.check_param_count(lambda s: np.int32(param_count(s) % 2**31 + 3))
+
+
+# ---- every branch has a fixed case: a wrong answer that ignores one fails on every seed, there
+SEEDS = range(8)
+
+
+def params_by_hand(s, tied_aware=True, kv_heads=True, norms_per_layer=2, mlp_matrices=3,
+                   final_norm=True):
+    """Embeddings (V·h, twice when untied) + L·(2h² + 2h·H_kv·d + 3h·I + 2h) + h, with one of
+    the usual slips switched on."""
+    h, L = s.hidden_size, s.num_layers
+    kv = (s.num_kv_heads if kv_heads else s.num_heads) * s.head_dim
+    emb = s.vocab_size * h * (1 if tied_aware and s.tied_embeddings else 2)
+    block = 2 * h * h + 2 * h * kv + mlp_matrices * h * s.intermediate_size + norms_per_layer * h
+    return emb + L * block + (h if final_norm else 0)
+
+
+@pytest.mark.parametrize("slip, case, message", [
+    (dict(tied_aware=False), r"case 2 of 8: .*\(GQA\).*, tied embeddings", "embeddings are tied"),
+    (dict(kv_heads=False), r"case 1 of 8: .*\(GQA\)", "grouped-query"),
+    (dict(norms_per_layer=1), "case 1 of 8", "TWO RMSNorm"),
+    (dict(mlp_matrices=2), "case 1 of 8", "THREE matrices"),
+    (dict(final_norm=False), "case 1 of 8", "final RMSNorm"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_param_count_slips_fail_every_run_at_their_case(slip, case, message, seed):
+    assert ch01.check_param_count(params_by_hand, seed=seed) == 8
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch01.check_param_count(lambda s: params_by_hand(s, **slip), seed=seed)
+    assert re.search(case, str(e.value))
+
+
+def training_by_hand(s, b, t, per_layer=True, flash=True, state_bytes=16):
+    """16 B per parameter + L · 34·t·b·h (+ L · 5·a·t²·b without FlashAttention)."""
+    layer = 34 * t * b * s.hidden_size + (0 if flash else 5 * s.num_heads * t * t * b)
+    return state_bytes * params_by_hand(s) + (s.num_layers if per_layer else 1) * layer
+
+
+@pytest.mark.parametrize("slip, message", [
+    (dict(per_layer=False), "34·s·b·h is per layer"),
+    (dict(flash=False), "no attention matrix is stored"),
+    (dict(state_bytes=12), "fp32 master weights"),
+    (dict(state_bytes=4), "optimizer state"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_training_memory_slips_fail_every_run_at_case_1(slip, message, seed):
+    """Case 1 has two layers or more: activations counted for one layer fail it in every run
+    (a one-layer spec, drawn now and then, cannot tell)."""
+    assert ch01.check_training_memory(training_by_hand, seed=seed) == 8
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch01.check_training_memory(lambda s, b, t: training_by_hand(s, b, t, **slip), seed=seed)
+    assert "case 1 of 8" in str(e.value)
+
+
+def activation_by_hand(s, b, h, a, flash, attention=lambda s, b, h, a: 5 * a * s * s * b,
+                       batch_in_34=True, use_flash=True):
+    stored = 34 * s * (b if batch_in_34 else 1) * h
+    return stored + (0 if flash and use_flash else attention(s, b, h, a))
+
+
+@pytest.mark.parametrize("slip, case, message", [
+    (dict(use_flash=False), 1, "is not stored"),
+    (dict(attention=lambda s, b, h, a: 0), 2, "add the attention matrices"),
+    (dict(attention=lambda s, b, h, a: 5 * h * s * s * b), 2, "not the hidden size h"),
+    (dict(attention=lambda s, b, h, a: 5 * a * s * s), 2, "grow with the batch"),
+    (dict(attention=lambda s, b, h, a: 5 * a * s * b), 2, "s × s"),
+    (dict(batch_in_34=False), 1, "grow with the batch: 34·s·b·h"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_activation_slips_fail_every_run_at_their_case(slip, case, message, seed):
+    """Case 1 (with FlashAttention) and case 2 (without) have b > 1 and h > a: a term without
+    the batch, or with h in place of a, was caught only when a random case happened to have
+    them."""
+    assert ch01.check_activation_bytes(activation_by_hand, seed=seed) == 8
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch01.check_activation_bytes(lambda *args: activation_by_hand(*args, **slip), seed=seed)
+    assert f"case {case} of 8: s=" in str(e.value)
+
+
+def intensity_slip(spec, batch, context, dtype, cache_heads=None, flop_heads=None,
+                   weights_per_sequence=False):
+    P, b = params_by_hand(spec), dtype_bytes(dtype)
+    L, d = spec.num_layers, spec.head_dim
+    flops = batch * (2 * P + 4 * L * (flop_heads or spec.num_heads) * d * context)
+    kv = batch * context * 2 * L * (cache_heads or spec.num_kv_heads) * d * b
+    return flops / (P * b * (batch if weights_per_sequence else 1) + kv)
+
+
+@pytest.mark.parametrize("slip, message", [
+    (lambda s: dict(cache_heads=s.num_heads), "num_kv_heads heads, not num_heads"),
+    (lambda s: dict(flop_heads=s.num_kv_heads), "every query head"),
+    (lambda s: dict(weights_per_sequence=True), "once for the whole batch"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decode_intensity_slips_fail_every_run_at_case_1(slip, message, seed):
+    """Case 1 is a grouped-query model (H_kv < H) at batch > 1, in fp32."""
+    assert ch01.check_decode_intensity(intensity_slip, seed=seed) == 8
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch01.check_decode_intensity(lambda s, b, c, dt: intensity_slip(s, b, c, dt, **slip(s)),
+                                    seed=seed)
+    assert re.search(r"case 1 of 8: .*\(GQA\).*fp32", str(e.value))

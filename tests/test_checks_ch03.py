@@ -1,6 +1,8 @@
 """Chapter 03 checkers: each passes on the package's own function and fails, with the right
 diagnosis, on the usual wrong answers."""
 
+import re
+
 import pytest
 import torch
 
@@ -185,3 +187,118 @@ def test_stubs_fail():
     for check in (ch03.check_absmax_int8, ch03.check_quantize_int4, ch03.check_gptq_column_step):
         with pytest.raises(NotAttempted, match="not implemented"):
             check(stub)
+
+
+# ---- every branch has a fixed case: a wrong answer that ignores one fails on every seed, there
+SEEDS = range(8)
+
+
+@pytest.mark.parametrize("wrong, case, message", [
+    (_absmax_guarded(_absmax_variant(rounding=torch.trunc)), "case 3 of 7: x / scale = ±(k + 0.7)",
+     "truncated"),
+    (_absmax_guarded(_absmax_variant(use_abs=False)), "case 3 of 7", r"max\(x\), not max\(\|x\|\)"),
+    (_absmax_guarded(_absmax_variant(divisor=128)), "case 2 of 7: exact .5 ties", "divided by 128"),
+    (_absmax_guarded(_absmax_variant(divisor=255)), "case 2 of 7", "asymmetric"),
+    (_absmax_guarded(lambda x: (torch.round(x / (x.abs().amax(-1, keepdim=True) / 127))
+                                .clamp(-127, 127).to(torch.int8), x.abs().amax(-1) / 127)),
+     "case 2 of 7", "not one per row"),
+    (lambda x: (torch.round(x / (x.abs().max() / 127)).clamp(-127, 127).to(torch.int8),
+                x.abs().max() / 127), "case 1 of 7: all-zero", "all-zero"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_absmax_slips_fail_every_run_at_their_case(wrong, case, message, seed):
+    """Truncation passed the .5-tie case (either neighbour is accepted there) and was caught
+    only by random values; ±(k + 0.7) quotients now catch it at case 3, whose largest magnitude
+    is negative too."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch03.check_absmax_int8(wrong, seed=seed)
+    assert case in str(e.value)
+
+
+def _int4_strided(w, g):
+    """Groups of every (cols / g)-th column instead of g consecutive columns."""
+    rows, cols = w.shape
+    G = w.reshape(rows, g, cols // g).transpose(1, 2)
+    scales = (G.abs().amax(-1) / 7).to(torch.float16)
+    s = scales.float().unsqueeze(-1)
+    q = torch.round(G / torch.where(s == 0, torch.ones_like(s), s)).clamp(-7, 7)
+    codes = (q.transpose(1, 2).reshape(rows, cols) + 8).to(torch.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scales
+
+
+def _int4_max_not_abs(w, g):
+    rows, cols = w.shape
+    G = w.reshape(rows, cols // g, g)
+    scales = (G.amax(-1) / 7).to(torch.float16)
+    s = scales.float().unsqueeze(-1)
+    q = torch.round(G / torch.where(s == 0, torch.ones_like(s), s)).clamp(-7, 7)
+    codes = (q.reshape(rows, cols) + 8).to(torch.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scales
+
+
+def _int4_per_row(w, g):
+    scale = (w.abs().amax(-1, keepdim=True) / 7).to(torch.float16)
+    s = scale.float()
+    codes = (torch.round(w / torch.where(s == 0, torch.ones_like(s), s)).clamp(-7, 7) + 8)
+    codes = codes.to(torch.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale
+
+
+@pytest.mark.parametrize("wrong, case, message", [
+    (_int4_variant(fp16_scale=False), r"case (1 of 6|2 of 6: w \(1, 16\))", "float32 scale"),
+    (_int4_max_not_abs, "case 1 of 6", r"max\(w\), not max\(\|w\|\)"),
+    (_int4_strided, "case 1 of 6", "consecutive columns"),
+    (_int4_per_row, "case 1 of 6", r"shape \(3, 2\)"),
+    (_int4_variant(guard=False), "case 1 of 6", "all-zero group"),
+    (_int4_variant(divisor=8), "case 1 of 6", "by 7"),
+    (_int4_variant(swap=True), "case 1 of 6", "nibbles swapped"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_int4_slips_fail_every_run_at_their_case(wrong, case, message, seed):
+    """Case 1 has two groups a row, an all-zero group and a group whose largest magnitude is
+    negative: max(w) for max|w| was caught only when a random group's extreme was negative.
+    The fp32 scale fails at case 2 at the latest (case 1 catches it now and then)."""
+    assert ch03.check_quantize_int4(_int4_variant(), seed=seed) == 6
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch03.check_quantize_int4(wrong, seed=seed)
+    assert re.search(case, str(e.value))
+
+
+def _gptq_sign(W, H, i, q):
+    W = W.clone()
+    W[:, i:] += ((W[:, i] - q) / H[i, i])[:, None] * H[i, i:][None, :]
+    return W
+
+
+def _gptq_not_last(W, H, i, q):
+    W = W.clone()
+    W[:, i:-1] -= ((W[:, i] - q) / H[i, i])[:, None] * H[i, i:-1][None, :]
+    return W
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_gptq_sign, "wrong sign"), (_gptq_not_last, "last column was left out"),
+    (_gptq_no_div, r"Hinv\[i, i\] before"), (_gptq_column, "ROW"), (_gptq_skip_i, "equal q"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gptq_slips_fail_every_run_at_case_1(wrong, message, seed):
+    """Case 1 updates column 0 of at least 3: every column after i, and i itself, changes."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch03.check_gptq_column_step(wrong, seed=seed)
+    assert "case 1 of 5: W (" in str(e.value) and "column i=0" in str(e.value)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_absmax_written_for_2d_only_fails_every_run_at_case_3(seed):
+    """'x of any shape': a max over dims (0, 1) is one scale a 2-D tensor, a vector of them
+    for the 3-D case 3."""
+    def two_d(x):
+        s = x.abs().amax(dim=(0, 1)) / 127
+        if bool((s == 0).all()):
+            return torch.zeros_like(x, dtype=torch.int8), 0.0
+        return torch.round(x / s).clamp(-127, 127).to(torch.int8), s
+    assert ch03.check_absmax_int8(lambda x: two_d(x) if x.dim() == 2 else absmax_quantize(x, 8),
+                                  seed=seed) == 7
+    with pytest.raises(CheckFailed, match="one scale for the whole tensor") as e:
+        ch03.check_absmax_int8(two_d, seed=seed)
+    assert "case 3 of 7" in str(e.value) and "3-D shape (2, 3, 4)" in str(e.value)

@@ -157,3 +157,89 @@ def test_forgotten_return_is_a_check_failure(check):
     """A body without ``return`` gives None: the checker must say so, not crash in a hint."""
     with pytest.raises(CheckFailed, match="returned None"):
         check(lambda *args: None)
+
+
+# ---- every branch has a fixed case: a wrong answer that ignores one fails on every seed, there
+SEEDS = range(8)
+
+
+class MinIdAllocator(BlockAllocator):
+    """Wrong: hands out the lowest free id (a heap or a sorted list), not the oldest freed."""
+
+    def allocate(self):
+        if not self._free:
+            raise BlockPoolExhausted("empty")
+        b = min(self._free)
+        self._free.remove(b)
+        self._ref[b] = 1
+        return b
+
+
+class FreeAlwaysReturns(ReturnsNone):
+    """Wrong: counts holders, but every free puts the block back on the free list."""
+
+    def allocate(self):
+        return NoRefCount.allocate(self)
+
+    def free(self, b):
+        self.ref[b] -= 1
+        self.free_ids.append(b)
+
+
+class FreeToFront(ReturnsNone):
+    """Wrong: a freed block goes to the FRONT of the free list (a stack)."""
+
+    def allocate(self):
+        return NoRefCount.allocate(self)
+
+    def free(self, b):
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            self.free_ids.appendleft(b)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (LifoAllocator, "allocate returned"), (MinIdAllocator, "allocate returned"),
+    (FreeToFront, "allocate returned"), (NoRefCount, "reference counts became"),
+    (FreeAlwaysReturns, r"free list is \[\d+\], expected \[\]"),
+    (ReturnsNone, "must raise BlockPoolExhausted"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_allocator_slips_fail_every_run_at_case_1(wrong, message, seed):
+    """Case 1 exhausts the pool, frees block 1 then block 0, allocates again (FIFO gives 1),
+    forks block 0 and frees it twice: each branch of the allocator is reached in every run."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch04.check_block_allocator(wrong, seed=seed)
+    assert "case 1 of 8: " in str(e.value) and "exhaust, free, reuse in FIFO order" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda b, p, B: [b[i // B] + i % B for i in p], "multiply the block id"),
+    (lambda b, p, B: list(p), "logical block index"),
+    (lambda b, p, B: [b[i // B] * B + i // B for i in p], "offset"),
+    (lambda b, p, B: [b[i // B] * len(b) + i % B for i in p], "not by the number of blocks"),
+    (lambda b, p, B: [b[0] * B + i for i in p], "expected slot"),
+    (lambda b, p, B: [min(b) * B + i for i in p], "expected slot"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_slot_mapping_slips_fail_every_run_at_case_1(wrong, message, seed):
+    """Case 1's table is descending, its ids are not their indices and block_size exceeds its
+    length: an identity table, a table read as one contiguous run from its first (or lowest)
+    block, or a product with the table's length cannot pass it."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch04.check_slot_mapping(wrong, seed=seed)
+    assert "case 1 of 10: block table" in str(e.value) and "descending" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda ls, m: 1 - sum(ls) / (len(ls) * max(ls)), "not the longest request"),
+    (lambda ls, m: sum(ls) / (len(ls) * m), "utilisation"),
+    (lambda ls, m: len(ls) * m - sum(ls), "not a count"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_contiguous_waste_slips_fail_every_run_at_case_1(wrong, message, seed):
+    """Case 1 is one request shorter than max_seq_len: sized by the longest request it would
+    waste nothing."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch04.check_contiguous_waste(wrong, seed=seed)
+    assert "case 1 of 10: 1 request(s)" in str(e.value)

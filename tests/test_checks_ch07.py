@@ -89,3 +89,44 @@ def test_case_count_does_not_depend_on_the_seed():
     """The notebooks print the count; it must not vary with the seed (it once did)."""
     import random
     assert {len(ch07._cases(random.Random(seed))) for seed in range(300)} == {6}
+
+
+# ---- every branch has a fixed case: a wrong answer that ignores one fails on every seed, there
+SEEDS = range(8)
+
+
+@pytest.mark.parametrize("check, wrong, message", [
+    (ch07.check_column_shard, lambda A, r, n: A[:, r::n], "stride"),
+    (ch07.check_row_shard, lambda A, r, n: A[r::n, :], "stride"),
+    (ch07.check_column_shard, row_right, "row-parallel shard"),
+    (ch07.check_row_shard, column_right, "column-parallel shard"),
+    (ch07.check_column_shard, lambda A, r, n: A[:, r * (A.shape[0] // n):][:, :A.shape[0] // n],
+     r"shape \("),
+    (ch07.check_column_shard, lambda A, r, n: column_right(A, n - 1 - r, n), "wrong block"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_shard_slips_fail_every_run_at_case_1(check, wrong, message, seed):
+    """Case 1 is rank 0 of 4 of a non-square A whose blocks are at least 2 wide: a stride, the
+    other dimension, a block width taken from the other dimension or the ranks counted from
+    the end cannot pass it."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        check(wrong, seed=seed)
+    assert "case 1 of 6: A (" in str(e.value) and "rank 0 of 4" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, case, message", [
+    (lambda p, m: (m - 1) / (m + p - 1), 1, "swapped p and m"),
+    (lambda p, m: m / (m + p - 1), 1, "busy share"),
+    (lambda p, m: p / (m + p - 1), 1, "p instead of p-1"),
+    (lambda p, m: (p - 1) / m, 2, "relative to the busy time"),
+    (lambda p, m: (p - 1) / (m + p), 2, "not m\\+p"),
+    (lambda p, m: (p - 1) // (m + p - 1), 2, "integer division"),
+])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bubble_slips_fail_every_run_at_their_case(wrong, case, message, seed):
+    """Case 1 is one stage (no bubble) of several micro-batches, case 2 one micro-batch
+    through several stages; they came last, after random pairs, and now come first."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch07.check_bubble(wrong, seed=seed)
+    name = "(one stage: no bubble)" if case == 1 else "(one micro-batch)"
+    assert f"case {case} of 9: " in str(e.value) and name in str(e.value)

@@ -122,3 +122,69 @@ def test_stub_and_crash_and_non_function():
         ch09.check_break_even_requests_per_day(lambda *a: 1 / 0)
     with pytest.raises(CheckFailed, match="expected a function"):
         ch09.check_monthly_api_cost(42)
+
+
+# ---- every branch has a fixed case: a wrong answer that ignores one fails on every seed, there
+EVERY = range(8)
+
+
+@pytest.mark.parametrize("wrong, case, message", [
+    (lambda n, i, o, pi, po, d: api_right(n, i, o, pi, po, d) * 1000, 1, "per MILLION"),
+    (lambda n, i, o, pi, po, d: api_right(n, i, o, pi, po, d) / d, 1, "one day's bill"),
+    (lambda n, i, o, pi, po, d: n * d * (i + o) * pi / 1e6, 1, "every token at the input price"),
+    (lambda n, i, o, pi, po, d: n * d * (i + o) * po / 1e6, 1, "every token at the output price"),
+    (lambda n, i, o, pi, po, d: n * d * (i * po + o * pi) / 1e6, 1, "swapped the prices"),
+    (lambda n, i, o, pi, po, d: d * (i * pi + o * po) / 1e6, 1, "requests per day"),
+    (lambda n, i, o, pi, po, d: n * d * i * pi / 1e6, 1, "left out the output tokens"),
+    (lambda n, i, o, pi, po, d: api_right(n, i, o, pi, po, 30), 3, "assumed 30 days"),
+])
+@pytest.mark.parametrize("seed", EVERY)
+def test_api_slips_fail_every_run_at_their_case(wrong, case, message, seed):
+    """Case 1 is source 000's volume in 30 days; case 3 a month of 7, 28 or 31 days."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch09.check_monthly_api_cost(wrong, seed=seed)
+    names = {1: "source 000's example volume, 30 days", 3: "a month that is not 30 days"}
+    assert f"case {case} of 8: {names[case]}" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, case, message", [
+    (lambda p, t, u, n: n * p / (t * 3600) * 1e6 * u, 2, "multiplied by the utilisation"),
+    (lambda p, t, u, n: n * p / (t * 3600) * 1e6, 2, "left out the utilisation"),
+    (lambda p, t, u, n: p / (t * u * 3600) * 1e6, 3, "number of GPUs"),
+    (lambda p, t, u, n: n * p / (t * u) * 1e6, 1, "3,600 seconds"),
+    (lambda p, t, u, n: n * p / (t * u * 3600), 1, "per token"),
+    (lambda p, t, u, n: n * p / (t * u * 3600) * 1e3, 1, "per thousand"),
+])
+@pytest.mark.parametrize("seed", EVERY)
+def test_selfhost_slips_fail_every_run_at_their_case(wrong, case, message, seed):
+    """At full load (case 1) the utilisation cannot show: case 2 is partly idle, case 3 has
+    several GPUs."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch09.check_selfhost_cost_per_million(wrong, seed=seed)
+    names = {1: "one GPU at full load", 2: "one GPU, partly idle", 3: "several GPUs at full load"}
+    assert f"case {case} of 8: {names[case]}" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, case, message", [
+    (lambda p, n, i, o, pi, po, d: break_even_right(p, n, i, o, pi, po, d) / 24, 1, "24 hours"),
+    (lambda p, n, i, o, pi, po, d: break_even_right(p, n, i, o, pi, po, d) * d, 1, "per MONTH"),
+    (lambda p, n, i, o, pi, po, d: break_even_right(p, n, i, o, pi, po, d) * (i + o), 1,
+     "tokens per day"),
+    (lambda p, n, i, o, pi, po, d: p * 24 / ((i * pi + o * po) / 1e6), 2, "number of GPUs"),
+    (lambda p, n, i, o, pi, po, d: n * p * 24 * 30 / ((i * pi + o * po) / 1e6) / d, 2,
+     "rented the GPUs for 30 days"),
+    (lambda p, n, i, o, pi, po, d: n * p * 24 * d / ((i * pi + o * po) / 1e6) / 30, 2,
+     "paid the API for 30 days"),
+    (lambda p, n, i, o, pi, po, d: n * p * 24 / ((i * po + o * pi) / 1e6), 1, "swapped"),
+    (lambda p, n, i, o, pi, po, d: n * p * 24 / (i * pi / 1e6), 1, "output tokens"),
+    (lambda p, n, i, o, pi, po, d: n * p * 24 / ((i + o) * pi / 1e6), 1, "all tokens at the input"),
+])
+@pytest.mark.parametrize("seed", EVERY)
+def test_break_even_slips_fail_every_run_at_their_case(wrong, case, message, seed):
+    """Case 1 is one GPU in a 30-day month: the GPU count and the days cannot show there; case
+    2 has several GPUs in a month of 7 or 31 days."""
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch09.check_break_even_requests_per_day(wrong, seed=seed)
+    names = {1: "source 000's request, one GPU, 30 days",
+             2: "several GPUs, a month that is not 30 days"}
+    assert f"case {case} of 8: {names[case]}" in str(e.value)

@@ -1,9 +1,12 @@
 """Checkers for chapter 01 (training vs inference memory): ``from llminfra.course.checks import ch01``.
 
-Each checker builds named cases from one seed (tied and untied embeddings, grouped-query and
-multi-head attention, every dtype the instructions name are always there), compares the learner's
-function with the package's own (:mod:`llminfra.calc.params`, :mod:`llminfra.calc.memory`) and,
-when they disagree, names the case, the seed and the term that is most likely missing or wrong.
+Each checker builds named cases from one seed. The cases that reach every branch of the
+reference are always there, in the same places: tied and untied embeddings with grouped-query and
+multi-head attention (cases 1-4, each with at least two layers, so a per-layer term counted once
+shows), a layer with and one without FlashAttention (batch and heads above 1), and fp32, bf16 and
+fp16 for the decode intensity; the rest is drawn from the seed. The learner's function is compared
+with the package's own (:mod:`llminfra.calc.params`, :mod:`llminfra.calc.memory`) and, when they
+disagree, the message names the case, the seed and the term that is most likely missing or wrong.
 """
 
 from __future__ import annotations
@@ -31,17 +34,18 @@ class _CompactSpec(ModelSpec):
 
 
 def random_llama_spec(rng: random.Random, tied: bool | None = None,
-                      gqa: bool | None = None) -> ModelSpec:
+                      gqa: bool | None = None, min_layers: int = 1) -> ModelSpec:
     """A valid random Llama-style ModelSpec (RMSNorm, rotary, SwiGLU, no biases) with
     grouped-query attention: H_kv divides H, head_dim even, sizes small and awkward.
-    ``gqa=True``: 1 < H_kv < H; ``gqa=False``: H_kv = H (multi-head); None: either."""
+    ``gqa=True``: 1 < H_kv < H; ``gqa=False``: H_kv = H (multi-head); None: either.
+    ``min_layers``: the fewest layers (1 … 12 are drawn)."""
     kv = rng.choice([2, 3, 4] if gqa else [1, 2, 3, 4])
     group = {True: rng.choice([2, 3, 4]), False: 1, None: rng.choice([1, 2, 3, 4])}[gqa]
     heads = kv * group
     head_dim = 2 * rng.randint(2, 40)
     return _CompactSpec(
         name="random-llama", display_name="random llama-style model", family="llama",
-        hidden_size=heads * head_dim, num_layers=rng.randint(1, 12), num_heads=heads,
+        hidden_size=heads * head_dim, num_layers=rng.randint(min_layers, 12), num_heads=heads,
         num_kv_heads=kv, intermediate_size=rng.randint(5, 700), vocab_size=rng.randint(50, 5000),
         max_positions=4096, mlp="gated", positions="rotary", norm="rmsnorm",
         tied_embeddings=rng.random() < 0.3 if tied is None else tied)
@@ -56,8 +60,10 @@ def spec_name(s: ModelSpec) -> str:
 
 
 def _spec_cases(rng: random.Random, n: int) -> list[Case]:
-    """Always: untied GQA, tied GQA, untied MHA, tied MHA; then random ones."""
-    specs = [random_llama_spec(rng, tied=t, gqa=g) for g in (True, False) for t in (False, True)]
+    """Always: untied GQA, tied GQA, untied MHA, tied MHA, each of 2 layers or more (a
+    per-layer term counted once is then wrong); then random ones (1 layer among them)."""
+    specs = [random_llama_spec(rng, tied=t, gqa=g, min_layers=2)
+             for g in (True, False) for t in (False, True)]
     specs += [random_llama_spec(rng) for _ in range(n - 4)]
     return [Case(spec_name(s), (s,)) for s in specs]
 
@@ -80,6 +86,8 @@ def _param_hint(args, kwargs, expected, got) -> str:
                               "grouped-query attention",
         -(2 * L * h + h): "missing the RMSNorm weights: 2·h per layer plus the final norm's h",
         -2 * L * h: "missing the two RMSNorm weights per layer (2·h each layer)",
+        -L * h: "a block has TWO RMSNorm weight vectors (before attention and before the MLP), "
+                "h each",
         -h: "missing the final RMSNorm (h weights)",
         -L * h * I: "the SwiGLU MLP has THREE matrices (gate, up, down), not two",
     }
@@ -102,15 +110,22 @@ def _training_hint(args, kwargs, expected, got) -> str:
     spec, batch, seq_len = args
     P = param_count(spec)
     parts = training_memory(spec, batch, seq_len)
+    L, acts = spec.num_layers, parts["activations"]
+    attention = L * 5 * spec.num_heads * seq_len * seq_len * batch
     for scale, unit in ((1e9, "GB"), (2**30, "GiB")):
         if abs(got * scale - expected) < 0.01 * expected:
             return f"that looks like {unit}: return bytes"
-    known = {parts["activations"]: "you left out the activations (Korthikanti: 34·s·b·h per layer)",
+    known = {acts: "you left out the activations (Korthikanti: 34·s·b·h per layer)",
+             -attention: "with FlashAttention no attention matrix is stored: leave out the "
+                         "5·a·s²·b term",
              4 * P: "you left out the fp32 master weights (4 bytes per parameter)",
              8 * P: "you left out AdamW's two fp32 moments (8 bytes per parameter)",
              2 * P: "you left out the 16-bit gradients (2 bytes per parameter)",
              12 * P: "you left out the optimizer state: fp32 master weights + two moments "
                      "= 12 bytes per parameter"}
+    if L > 1:
+        known[acts * (L - 1) // L] = ("34·s·b·h is per layer: multiply the activations by the "
+                                      "number of layers")
     for missing, why in known.items():
         if abs(expected - got - missing) <= 1:
             return why
@@ -140,12 +155,30 @@ def _activation_reference(seq_len, batch, hidden, heads, flash):
     return activation_bytes_training(spec, batch, seq_len, flash=flash)
 
 
+def _activation_variants(s, b, h, a, flash) -> dict[str, int]:
+    """Wrong answers a learner plausibly writes for one layer, each with what to say about it."""
+    base, attention = 34 * s * b * h, 5 * a * s * s * b
+    if flash:
+        wrong = {"with FlashAttention (flash=True) the 5·a·s²·b attention-matrix term is not "
+                 "stored": base + attention}
+    else:
+        wrong = {"without FlashAttention (flash=False) add the attention matrices: 5·a·s²·b "
+                 "bytes": base,
+                 "the attention term counts heads a, not the hidden size h: 5·a·s²·b":
+                     base + 5 * h * s * s * b,
+                 "the attention matrices grow with the batch: 5·a·s²·b": base + 5 * a * s * s,
+                 "each head's attention matrix is s × s: 5·a·s²·b, not 5·a·s·b":
+                     base + 5 * a * s * b}
+    wrong["the stored activations grow with the batch: 34·s·b·h"] = \
+        34 * s * h + (0 if flash else attention)
+    return wrong
+
+
 def _activation_hint(args, kwargs, expected, got) -> str:
     s, b, h, a, flash = args
-    if flash and got - expected == 5 * a * s * s * b:
-        return "with FlashAttention the 5·a·s²·b attention-matrix term is not stored"
-    if not flash and expected - got == 5 * a * s * s * b:
-        return "without FlashAttention add the attention matrices: 5·a·s²·b bytes"
+    known = first_matching(got, _activation_variants(*args), expected)
+    if known:
+        return known
     if isinstance(got, (int, float)) and got and abs(expected / got - round(expected / got)) < 1e-9 \
             and round(expected / got) in (2, 4):
         return f"off by a factor {expected / got:.4g}: the formula is already in bytes (16-bit)"
@@ -157,12 +190,16 @@ def _activation_hint(args, kwargs, expected, got) -> str:
 def check_activation_bytes(fn, seed: int | None = None) -> int:
     """``fn(seq_len, batch, hidden, heads, flash) -> bytes`` of one layer (Korthikanti et al.,
     2022, arXiv:2205.05198, eq. 1), against :func:`activation_bytes_training` on one layer;
-    half the cases with FlashAttention, half without."""
+    half the cases with FlashAttention (the odd ones), half without. Cases 1 (with) and 2
+    (without) have a batch above 1 and a hidden size above the head count, so a term without
+    the batch, or with h for a, fails every run."""
     seed, rng = seeded(seed)
     cases = []
     for i in range(8):
-        heads = rng.randint(1, 16)
-        s, b, h, flash = rng.randint(2, 4096), rng.randint(1, 16), heads * rng.randint(1, 200), i % 2 == 0
+        low = 2 if i < 2 else 1
+        heads = rng.randint(low, 16)
+        s, b, h = rng.randint(2, 4096), rng.randint(low, 16), heads * rng.randint(low, 200)
+        flash = i % 2 == 0
         cases.append(Case(f"s={s}, b={b}, h={h}, a={heads}, flash={flash}", (s, b, h, heads, flash)))
     return run_checks("activation_bytes_per_layer", fn, _activation_reference, cases,
                       hint=_activation_hint, seed=seed, replay="ch01.check_activation_bytes")
@@ -191,6 +228,8 @@ def _intensity_variants(spec, batch, context, dtype) -> dict[str, float]:
         "the cache holds num_kv_heads heads, not num_heads (grouped-query attention)":
             flops / (b * P + b * 2 * L * H * d * context * batch),
         "the cache holds K and V: 2·L·H_kv·d elements per token": flops / (b * P + b * kv / 2),
+        "the attention FLOPs use every query head: 4·L·H·d per cached position (H, not H_kv)":
+            batch * (2 * P + 4 * L * Hkv * d * context) / (b * P + b * kv),
         "you returned bytes / FLOPs; intensity is FLOPs / bytes": (b * P + b * kv) / flops,
     }
 

@@ -1,14 +1,17 @@
 """Answer checkers for chapter 03 (``solutions/03_precision_and_quantization.ipynb``):
 absmax int8, group-wise int4 with packing, and one GPTQ column update.
 
-Each checker builds named cases from one seed — always an all-zero input (absmax) or group
-(int4), exact .5 ties, a largest magnitude that is negative, for int4 a value that rounds one way
-with the fp16 scale and the other with the fp32 one, for GPTQ the first and the last-but-one
-column — compares the learner's function with the package's (:mod:`llminfra.quant`) and names
-the usual mistake the wrong answer matches: dividing by 128 instead of 127, ``max`` instead of
-``max |x|``, truncating instead of rounding, the fp32 scale where the fp16 one is stored, swapped
-nibbles, a missing offset of 8, a division by zero, the error not divided by ``[H⁻¹]_ii``, a
-column of ``H⁻¹`` used instead of a row, the input modified in place.
+Each checker builds named cases from one seed. Always there, in the same places: an all-zero
+input (absmax) or group (int4); exact .5 ties; a 3-D tensor whose quotients ``x / scale`` are
+±(k + 0.7), where rounding and truncation differ; a largest magnitude that is negative (absmax
+and int4); for int4 two groups a row and a value that rounds one way with the fp16 scale and the
+other with the fp32 one; for GPTQ the first and the last-but-one column. The learner's function
+is compared with the package's (:mod:`llminfra.quant`) and the message names the usual mistake
+the wrong answer matches: dividing by 128 (or 255) instead of 127, ``max`` instead of
+``max |x|``, one scale per row, truncating instead of rounding, the fp32 scale where the fp16
+one is stored, swapped nibbles, a missing offset of 8, a division by zero, the error not
+divided by ``[H⁻¹]_ii``, the update's sign, the last column left out, a column of ``H⁻¹`` used
+instead of a row, the input modified in place.
 
 Rounding ties: ``round`` means to nearest; a value exactly halfway between two integers (up to
 the float rounding of the division) may go either way, and both are accepted.
@@ -72,6 +75,9 @@ def _absmax_normalize(x, expected, got):
 def _absmax_hint(args, kwargs, expected, got) -> str:
     x = args[0].float()
     q_got, s_got = got
+    if torch.is_tensor(s_got) and s_got.numel() > 1:
+        return (f"one scale for the whole tensor (per-tensor absmax): the max of |x| over all "
+                f"of x, not one per row (you returned {s_got.numel()} scales)")
     if not isinstance(s_got, float):
         return f"scale must be a number (a float or a 0-d tensor), got {describe(s_got)}"
 
@@ -90,6 +96,9 @@ def _absmax_hint(args, kwargs, expected, got) -> str:
         return "the scale is right but q is not round(x / scale) clamped to [-127, 127]"
     if near(s_got, float(x.abs().max()) / 128):
         return "you divided by 128: the symmetric int8 range is [-127, 127], so scale = max|x| / 127"
+    if near(s_got, float(x.abs().max()) / 255) or near(s_got, float(x.max() - x.min()) / 255):
+        return ("that is an asymmetric (255-level) scale: absmax int8 is symmetric, "
+                "scale = max|x| / 127")
     if near(s_got, float(x.max()) / 127):
         return "you used max(x), not max(|x|): a negative value can have the largest magnitude"
     return "expected scale = max|x| / 127 and q = round(x / scale)"
@@ -103,7 +112,13 @@ def _absmax_cases(rng: random.Random) -> list[Case]:
     ties = (k * 2.0**-4).float()  # x / scale = k + ½ exactly: scale 2**-4 is a power of two
     ties.view(-1)[0] = 127 * 2.0**-4
     cases.append(Case("exact .5 ties: x = (k + ½)·2⁻⁴, max|x| = 127·2⁻⁴, shape (4, 16)", (ties,)))
-    for n in range(5):
+    k = torch.randint(0, 126, (2, 3, 4), generator=_gen(rng)).double() + 0.7
+    sign = torch.randint(0, 2, (2, 3, 4), generator=_gen(rng)).double() * 2 - 1
+    away = (sign * k * 2.0**-4).float()  # x / scale = ±(k + 0.7): round and trunc differ
+    away.view(-1)[-1] = -127 * 2.0**-4
+    cases.append(Case("x / scale = ±(k + 0.7), scale 2⁻⁴: rounding to nearest is not "
+                      "truncation; largest magnitude negative; 3-D shape (2, 3, 4)", (away,)))
+    for n in range(4):
         shape = (rng.randint(1, 9), rng.randint(2, 70))
         spread = [0.01, 1.0, 30.0][n % 3]
         x = torch.randn(*shape, generator=_gen(rng)) * spread
@@ -118,7 +133,9 @@ def _absmax_cases(rng: random.Random) -> list[Case]:
 @checker
 def check_absmax_int8(fn, seed: int | None = None) -> int:
     """``fn(x) -> (q int8, scale)`` for per-tensor symmetric absmax int8; an all-zero tensor
-    (guard) and exact .5 ties (either neighbour accepted) in every run."""
+    (guard), exact .5 ties (either neighbour accepted) and a 3-D tensor whose quotients are
+    ±(k + 0.7) (rounding, not truncation) and whose largest magnitude is negative, in every
+    run."""
     seed, rng = seeded(seed)
     current: list = [None]
 
@@ -174,7 +191,13 @@ def _int4_hint(args, kwargs, expected, got) -> str:
         ratio = float((scales.float() / expected[1].float()).nanmedian())
         if abs(ratio - 7 / 8) < 1e-3:
             return "divide the group's max|w| by 7 (codes -7..7), not by 8"
-        return "scales differ: scale = max|w| over each group of group_size columns / 7, as float16"
+        rows, cols = w.shape
+        G = w.float().reshape(rows, cols // group_size, group_size)
+        if torch.equal(scales, (G.amax(-1) / 7).to(torch.float16)):
+            return ("you used max(w), not max(|w|): a group's largest magnitude can be "
+                    "negative")
+        return ("scales differ: scale = max|w| over each group of group_size consecutive "
+                "columns / 7, as float16")
     swapped = (expected[0] >> 4) | ((expected[0] & 0x0F) << 4)
     if torch.equal(packed, swapped):
         return "nibbles swapped: the even column goes in the LOW 4 bits, the odd one in the HIGH 4"
@@ -217,7 +240,9 @@ def _int4_cases(rng: random.Random) -> list[Case]:
     cases = []
     w = torch.randn(3, 64, generator=_gen(rng))
     w[1, 32:] = 0
-    cases.append(Case("w (3, 64), group_size 32, row 1's second group all zero", (w, 32),
+    w[0, 5] = -(w[0, :32].abs().max() + 0.5)  # a group whose largest magnitude is negative
+    cases.append(Case("w (3, 64), group_size 32 (two groups a row), row 1's second group all "
+                      "zero, row 0's first group's largest magnitude negative", (w, 32),
                       nonfinite_hint=zero_hint))
     cases.append(Case("w (1, 16), group_size 16, a value between the fp16 and fp32 "
                       "scales' rounding boundaries", (_fp16_discriminating(rng, 16), 16)))
@@ -260,6 +285,11 @@ def _gptq_hint(args, kwargs, expected, got) -> str:
     err = W[:, i] - q
     no_div = W.clone()
     no_div[:, i:] -= err[:, None] * Hinv[i, i:][None, :]
+    wrong_sign = W.clone()
+    wrong_sign[:, i:] += (err / Hinv[i, i])[:, None] * Hinv[i, i:][None, :]
+    if torch.allclose(got, wrong_sign, **tol):
+        return ("the update has the wrong sign: err = (W[:, i] - q) / Hinv[i, i] is what rounding "
+                "removed; SUBTRACT err ⊗ Hinv[i, i:] (column i then equals q)")
     if torch.allclose(got, no_div, **tol):
         return "divide the rounding error by Hinv[i, i] before spreading it: err = (w_i - q) / Hinv[i, i]"
     col = W.clone()
@@ -270,6 +300,9 @@ def _gptq_hint(args, kwargs, expected, got) -> str:
         return "after the update column i must equal q: include column i itself (W[:, i:])"
     if not torch.allclose(got[:, :i], W[:, :i], **tol):
         return "columns before i are already quantized: leave W[:, :i] unchanged"
+    if torch.allclose(got[:, :-1], expected[:, :-1], **tol) \
+            and not torch.allclose(got[:, -1], expected[:, -1], **tol):
+        return "the last column was left out: update every column from i to the end, W[:, i:]"
     return "expected W[:, i:] -= ((W[:, i] - q) / Hinv[i, i]) ⊗ Hinv[i, i:]"
 
 

@@ -4,9 +4,10 @@ contiguous cache reserved at the maximum length.
 
 Each checker builds named cases from one seed — for the allocator always an exhausted pool, a
 block freed and handed out again in first-in-first-out order, and a forked (shared) block freed
-by one holder — compares the learner's answer with the package's (:mod:`llminfra.kvcache`) and
-names the usual mistake the wrong answer matches. A slot mapping may be a list, tuple, NumPy
-array or tensor.
+by one holder; for the slot mapping a descending table of three blocks (no block at its own
+index) of 4 to 16 tokens each, every position in it; for the waste one request alone — compares
+the learner's answer with the package's (:mod:`llminfra.kvcache`) and names the usual mistake
+the wrong answer matches. A slot mapping may be a list, tuple, NumPy array or tensor.
 
 Design: Kwon et al., 2023 (vLLM, arXiv:2309.06180), §3.1 (reservation waste), §4.2 (block
 tables, slot = block · B + offset), §4.4 (reference counts for shared blocks).
@@ -133,6 +134,8 @@ def _slot_hint(args, kwargs, expected, got) -> str:
             [(p // B) * B + p % B for p in positions],
         "you swapped the offset: use p % block_size inside the block":
             [blocks[p // B] * B + p // B for p in positions],
+        "multiply the block id by block_size (tokens per block), not by the number of blocks "
+        "in the table": [blocks[p // B] * len(blocks) + p % B for p in positions],
     }
     for text, w in wrong.items():
         if w == got:
@@ -143,10 +146,15 @@ def _slot_hint(args, kwargs, expected, got) -> str:
 @checker
 def check_slot_mapping(fn, seed: int | None = None) -> int:
     """``fn(block_ids, positions, block_size) -> slots`` (any sequence, array or tensor)
-    against the package's; every case has positions in at least two blocks."""
+    against the package's; every case has positions in at least two blocks. Case 1: a block
+    table in descending order (no id is its index, the blocks are not one contiguous run),
+    block_size above the table's length, every position of its three blocks."""
     seed, rng = seeded(seed)
-    cases = []
-    for _ in range(10):
+    B = rng.choice([4, 8, 16])
+    block_ids = sorted(rng.sample(range(8, 40), 3), reverse=True)
+    cases = [Case(f"block table {block_ids} (descending, no block at its own index), block_size "
+                  f"{B}, all {3 * B} positions", (block_ids, list(range(3 * B)), B))]
+    for _ in range(9):
         B = rng.choice([2, 3, 4, 8, 16])
         n_blocks = rng.randint(2, 6)
         block_ids = rng.sample(range(40), n_blocks)

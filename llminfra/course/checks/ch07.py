@@ -8,6 +8,10 @@ the full ``Y`` is the concatenation of the ``X A_r``. Row parallel: rank ``r`` h
 :func:`llminfra.parallel.tensor_parallel.shard_rows` / ``shard_cols`` (which work on
 ``nn.Linear``'s ``W = Aᵀ``) and :func:`llminfra.parallel.pipeline.bubble_fraction` (GPipe,
 Huang et al., 2019, arXiv:1811.06965, §2.2).
+
+Every run builds its cases from one seed, the branches first: every rank of one non-square
+matrix whose blocks are at least 2 wide (a stride, the other dimension or a block width taken
+from it cannot pass), and for the bubble one stage (no bubble) then one micro-batch.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def _cases(rng: random.Random, n: int = 6) -> list[Case]:
     return cases
 
 
+def _strided(A: torch.Tensor, rank: int, size: int, other: str) -> torch.Tensor:
+    """Every ``size``-th column (``other == "row"``: column shard) or row, from ``rank`` on."""
+    return A[:, rank::size] if other == "row" else A[rank::size, :]
+
+
 def _shard_hint(other: str):
     def hint(args, kwargs, expected, got) -> str:
         A, rank, size = args
@@ -59,6 +68,9 @@ def _shard_hint(other: str):
         swapped = (_row_reference if other == "row" else _column_reference)(A, rank, size)
         if compare(swapped, got, 0.0, 0.0) is None:
             return f"that is the {other}-parallel shard: you split the other dimension of A"
+        if compare(_strided(A, rank, size, other), got, 0.0, 0.0) is None:
+            return ("you took every size-th slice from rank on (a stride); rank r takes ONE "
+                    "consecutive block: r·k … (r+1)·k - 1")
         if got.shape == expected.shape:
             return "right shape, wrong block: rank r takes block r of n consecutive equal blocks"
         return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
@@ -92,6 +104,8 @@ def _bubble_hint(args, kwargs, expected, got) -> str:
         "the makespan is m+p-1 stage times, not m+p": (p - 1) / (m + p),
         "the bubble is (p-1)/(m+p-1); you used p instead of p-1": p / (m + p - 1),
         "integer division: (p - 1) // (m + p - 1) is 0; use /": (p - 1) // (m + p - 1),
+        "you swapped p and m: the bubble grows with the stages p, (p-1)/(m+p-1)":
+            (m - 1) / (m + p - 1),
     }
     return first_matching(got, wrong, expected) or \
         "idle share of p stages over a makespan of (m+p-1) stage times, each stage busy m"
@@ -99,12 +113,15 @@ def _bubble_hint(args, kwargs, expected, got) -> str:
 
 @checker
 def check_bubble(fn, seed: int | None = None) -> int:
-    """``fn(p, m)`` -> GPipe's bubble fraction ``(p-1)/(m+p-1)``; one stage (no bubble) and
-    one micro-batch in every run, then random p, m. Any number type is accepted (a
-    ``Fraction`` too)."""
+    """``fn(p, m)`` -> GPipe's bubble fraction ``(p-1)/(m+p-1)``; one stage (no bubble, case 1)
+    and one micro-batch (case 2) in every run, then random p, m. Any number type is accepted
+    (a ``Fraction`` too)."""
     seed, rng = seeded(seed)
-    pairs = [(rng.randint(2, 16), rng.randint(2, 64)) for _ in range(7)]
-    pairs += [(1, rng.randint(1, 9)), (rng.randint(2, 8), 1)]
-    cases = [Case(f"p={p} stages, m={m} micro-batches", (p, m)) for p, m in pairs]
+    edges = [(1, rng.randint(2, 9)), (rng.randint(2, 8), 1)]
+    pairs = edges + [(rng.randint(2, 16), rng.randint(2, 64)) for _ in range(7)]
+    cases = [Case(f"p={p} stage{'s' if p > 1 else ''}, m={m} micro-batch"
+                  f"{'es' if m > 1 else ''}" + (" (one stage: no bubble)" if p == 1 else
+                                                " (one micro-batch)" if m == 1 else ""), (p, m))
+             for p, m in pairs]
     return run_checks("bubble", fn, bubble_fraction, cases, rel=1e-9, abs_=1e-12,
                       hint=_bubble_hint, seed=seed, replay="check_bubble")

@@ -8,9 +8,11 @@ source 000's example volume, a request with no output tokens, a month that is no
 a partly idle GPU, several GPUs, and random volumes and prices. On a mismatch the message
 gives the case, the expected and returned values, their difference, and the usual mistake
 when the wrong answer matches one: prices per thousand instead of per million, one price for
-both directions, the input and output prices swapped, a daily instead of a monthly bill,
-multiplying by the utilisation instead of dividing, the 3,600 seconds or the 24 hours left out,
-the GPU count left out.
+both directions, the input and output prices swapped, a daily instead of a monthly bill, 30 days
+for a month of another length, multiplying by the utilisation instead of dividing, the 3,600 seconds
+or the 24 hours left out, the GPU count left out. Each of these fails at a fixed case in every
+run: at full load utilisation cannot show, on one GPU the GPU count cannot, in a 30-day month
+the days cannot, so each has a case of its own.
 
 References: :mod:`llminfra.calc.cost` (taught in chapter 09).
 """
@@ -149,6 +151,13 @@ def _break_even_hint(args, kwargs, expected, got) -> str:
         "you priced all tokens at the output price": n * p * 24 / ((i + o) * p_out / 1e6),
         "you returned tokens per day, not requests per day": expected * (i + o),
         "prices are per MILLION tokens: you divided by 1e3": n * p * 24 / (per_request * 1000),
+        "you swapped the prices: input tokens at the output price and vice versa":
+            n * p * 24 / ((i * p_out + o * p_in) / 1e6),
+        "you left out the output tokens' cost": n * p * 24 / (i * p_in / 1e6),
+        "you rented the GPUs for 30 days but paid the API for `days`: use the same days on "
+        "both sides (they cancel)": expected * 30 / d,
+        "you paid the API for 30 days but rented the GPUs for `days`: use the same days on "
+        "both sides (they cancel)": expected * d / 30,
     }
     return _matching(wrong, got, expected) or (
         "expected n_gpus · gpu_hour_price · 24 / ((input_tokens · "
