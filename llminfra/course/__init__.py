@@ -7,7 +7,10 @@
 * :mod:`llminfra.course.checks` — one module of checkers per chapter (``ch01``, ``ch02``, …);
 * ``python -m llminfra.course.exercises [--check]`` — ``exercises/`` from ``solutions/``, with
   nbgrader metadata on answer and checker cells;
-* ``python -m llminfra.course.grade DIR [--csv PATH]`` — grade a folder of learners' notebooks;
+* ``python -m llminfra.course.grade DIR [--csv PATH] [--summary]`` — grade a folder of learners'
+  notebooks (:mod:`~llminfra.course.grade_kernel` runs each one, :mod:`~llminfra.course.
+  grade_guard` keeps the package pristine for the checkers inside that kernel,
+  :mod:`~llminfra.course.grade_report` writes the report, summary and CSV);
 * ``python -m llminfra.course.teach check-machines | reset-exercises`` — a teacher's commands;
 * ``python -m llminfra.course.execute NOTEBOOK…`` — re-run notebooks and store their outputs,
   widget state and run times;

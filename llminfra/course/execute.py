@@ -30,6 +30,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from llminfra.bench.timing import cpu_name
+from llminfra.course.grade_kernel import KERNEL_ARGUMENTS, KERNEL_ENV
 
 #: the notebook that reads the others' run times; executed after them
 MAP_NOTEBOOK = "00_start_here.ipynb"
@@ -56,7 +57,9 @@ def execute(path: Path, timeout_s: int = 300, kernel: str = "python3",
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
     NotebookClient(nb, timeout=timeout_s, kernel_name=kernel, store_widget_state=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   extra_arguments=list(KERNEL_ARGUMENTS),   # the kernel's start-up warnings off
+                   resources={"metadata": {"path": str(path.parent)}}).execute(
+        env={**os.environ, **KERNEL_ENV})
     elapsed = time.perf_counter() - t0
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)

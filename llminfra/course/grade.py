@@ -7,7 +7,10 @@ found is run top to bottom in a fresh kernel, from its own folder, with a time l
 call a checker (nbgrader's autograder cells, see :mod:`llminfra.course.exercises`); each gets
 one status from what its checker cell did:
 
-* ``passed`` — the cell ran without an error and its checker printed its ``✓`` line;
+* ``passed`` — the checker returned and printed its ``✓`` line. When a later line of the same
+  cell (the course's example print after the check) then raised, the exercise is still
+  ``passed``, with that error as a note: the checker is the judge, and an answer it accepts
+  must not lose its point to the example's formatting;
 * ``failed`` — the checker raised ``CheckFailed`` (the message is the checker's diagnosis);
 * ``not attempted`` — the checker raised ``NotAttempted``: the learner's function is still the
   stub that raises ``NotImplementedError``;
@@ -19,59 +22,48 @@ A teacher can trust a ``passed``:
 * the checker cells are first restored from the pristine exercise notebook of the same name
   (``--reference DIR``; default: the course's own ``exercises/``, found from the package, from
   any working directory), so an edited checker cell grades nothing;
-* each checker cell runs the checker freshly imported from the package (the ``llminfra.course``
-  modules are dropped from ``sys.modules`` first), so an answer cell that monkeypatched a
-  checker or ``run_checks`` changes nothing;
+* the package is put back as imported before each checker cell, and the answers' changes to it
+  re-applied after (:mod:`llminfra.course.grade_guard`): an answer cell that replaced a checker,
+  ``run_checks``, or the package function a checker computes its expected values with
+  (``llminfra.parallel.pipeline.bubble_fraction = my_wrong_bubble``) is graded against the
+  package's own code, and the result's message names what it had changed;
+* "the checker returned" is a line only the grader can print (a random marker per notebook,
+  :mod:`llminfra.course.grade_kernel`), so an answer that prints a ``✓`` line itself passes
+  nothing;
 * a cell interrupted at the time limit, and every checker cell after it, is ``errored`` (an
   answer looping inside a bare ``except:`` swallows the interrupt: nothing after it ran);
 * only the course's exercise notebooks are graded, by name (``Untitled.ipynb``,
   ``…-Copy1.ipynb`` are listed as ignored, never counted), and a notebook that other students
   of the class handed in but one did not gives each of its exercises ``not attempted`` for
   that one ("notebook missing").
-Prints one block per student and a total (a progress bar on a terminal while it runs);
-``--summary`` adds one line per student, one column per exercise (✓ passed, ✗ failed, · not
-attempted, ! errored) and the student's points (one per passed exercise); ``--csv`` writes the
-columns ``student, notebook, exercise, status, points, message``. Exits 0 whatever the
-learners' results; 2 when it cannot do its own job (no such folder, no notebook found).
+
+Prints one block per student and a total (a progress bar on a terminal while it runs; the
+kernels' start-up warnings silenced); ``--summary`` adds a class table that fits ~100 columns
+(one line per student, one column of marks per chapter, the points:
+:mod:`llminfra.course.grade_report`); ``--csv`` writes the columns ``student, notebook,
+exercise, status, points, message``. Needs only the course install (``make course``: nbclient,
+nbformat, ipykernel), none of the test tools. Exits 0 whatever the learners' results; 2 when it
+cannot do its own job (no such folder, no notebook found).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
 from tqdm import tqdm
 
 from llminfra.course.exercises import checked_names
+from llminfra.course.grade_kernel import (TIMEOUT_ENAME, checker_cell, guard_cell, interrupted,
+                                          new_marker, read_stdout, run_notebook)
+from llminfra.course.grade_report import (COLUMNS, MARKS, POINTS, STATUSES, Result, report,
+                                          summary, write_csv)
 
-STATUSES = ("passed", "failed", "not attempted", "errored")
-COLUMNS = ("student", "notebook", "exercise", "status", "points", "message")
-#: points per status (one per passed exercise) and each status's mark in the summary
-POINTS = {"passed": 1, "failed": 0, "not attempted": 0, "errored": 0}
-MARKS = {"passed": "✓", "failed": "✗", "not attempted": "·", "errored": "!"}
-TIMEOUT_ENAME = "CellTimeout"
-
-
-@dataclass(frozen=True)
-class Result:
-    """One exercise of one student: a row of the report."""
-
-    student: str
-    notebook: str
-    exercise: str
-    status: str
-    message: str = ""
-
-    @property
-    def points(self) -> int:
-        return POINTS[self.status]
-
+__all__ = ["grade", "grade_notebook", "main", "status_of", "Result", "report", "summary",
+           "write_csv", "STATUSES", "COLUMNS", "POINTS", "MARKS"]
 
 #: the course's own exercise notebooks (the default reference), wherever the grader runs from
 COURSE_EXERCISES = Path(__file__).resolve().parents[2] / "exercises"
@@ -123,86 +115,42 @@ def missing_checkers(nb, reference) -> list[str]:
     return [ex for _, ex in exercise_cells(reference) if ex not in present]
 
 
-def status_of(cell, checker: bool = True) -> tuple[str, str]:
+def status_of(cell, checker: bool = True, marker: str = "") -> tuple[str, str]:
     """``(status, message)`` from the outputs of an executed checker cell (``checker=False``:
-    any other cell, which passes without printing a ``✓`` line)."""
+    any other cell, which passes without printing a ``✓`` line). ``marker``: the grader's token
+    (:mod:`llminfra.course.grade_kernel`); with it, a pass needs the marked "returned" line, and
+    an error after that line (a follow-up line of the cell) leaves the exercise passed, with a
+    note."""
+    printed, _, returned = read_stdout(cell, marker)
     for out in cell.get("outputs", []):
         if out.get("output_type") != "error":
             continue
         ename, evalue = out.get("ename", ""), out.get("evalue", "")
+        if ename in (TIMEOUT_ENAME, "KeyboardInterrupt"):
+            return "errored", f"interrupted: the cell ran longer than the time limit ({evalue or ename})"
+        if checker and returned and PASS_MARK in printed:
+            return "passed", (f"the checker passed; a later line of its cell then raised "
+                              f"{ename}: {evalue}")
         if ename == "NotAttempted":
             return "not attempted", evalue
         if ename == "CheckFailed":
             return "failed", evalue
-        if ename in (TIMEOUT_ENAME, "KeyboardInterrupt"):
-            return "errored", f"interrupted: the cell ran longer than the time limit ({evalue or ename})"
         return "errored", f"{ename}: {evalue}"
     if cell.get("execution_count") is None:
         return "errored", "the cell did not run (the kernel stopped before it)"
-    printed = "".join(out.get("text", "") for out in cell.get("outputs", [])
-                      if out.get("output_type") == "stream")
-    if checker and PASS_MARK not in printed:
+    if checker and (PASS_MARK not in printed or (marker and not returned)):
         return "errored", "the checker did not report a pass (no ✓ line in the cell's output)"
     return "passed", ""
 
 
-def _interrupted(cell) -> bool:
-    return any(out.get("output_type") == "error"
-               and out.get("ename") in (TIMEOUT_ENAME, "KeyboardInterrupt")
-               for out in cell.get("outputs", []))
-
-
-def fresh_checker_source(source: str, chapter: str) -> str:
-    """``source`` run after a fresh import of the checkers it calls: the ``llminfra.course``
-    modules are dropped from ``sys.modules``, then ``chNN`` (for ``chNN.check_x(...)``) and each
-    bare ``check_x`` (chapter ``chapter``'s) are bound again from the new modules, so whatever
-    an answer cell did to the old module objects or to those names is gone."""
-    modules = sorted(set(re.findall(r"\b(ch\d\d)\.check_", source)))
-    bare = sorted(set(re.findall(r"(?<![.\w])(check_\w+)\s*\(", source)))
-    prelude = ("import importlib as _grader_importlib, sys as _grader_sys\n"
-               "for _grader_m in [m for m in list(_grader_sys.modules) "
-               "if m == 'llminfra.course' or m.startswith('llminfra.course.')]:\n"
-               "    del _grader_sys.modules[_grader_m]\n")
-    prelude += "".join(f"{m} = _grader_importlib.import_module('llminfra.course.checks.{m}')\n"
-                       for m in modules)
-    if bare:
-        prelude += (f"_grader_checks = _grader_importlib.import_module("
-                    f"'llminfra.course.checks.ch{chapter}')\n")
-        prelude += "".join(f"{name} = _grader_checks.{name}\n" for name in bare)
-    return prelude + source
-
-
-def run_notebook(nb, cwd: Path, timeout_s: int, kernel: str = "python3"):
-    """Execute ``nb`` (in memory; nothing is written) in a fresh kernel started in ``cwd``;
-    return it with its outputs, or raise when the kernel cannot run it."""
-    from nbclient import NotebookClient
-
-    error = {"ename": TIMEOUT_ENAME, "evalue": f"the cell ran longer than {timeout_s} s and was "
-             "interrupted", "traceback": []}
-
-    def on_cell_executed(cell, cell_index, execute_reply):
-        # a cell that swallows the interrupt (a bare ``except:``) sends no error output: the
-        # time-out is only in nbclient's stand-in reply, so it is written into the cell here;
-        # its kernel is still busy in that cell, so every later cell would only wait out its
-        # own time limit: stop here (the grader marks the later checkers errored)
-        if ((execute_reply or {}).get("content", {}).get("ename") == TIMEOUT_ENAME
-                and not _interrupted(cell)):
-            cell.outputs.append(nbformat.v4.new_output("error", **error))
-            raise _KernelStuck(cell_index)
-
-    client = NotebookClient(
-        nb, timeout=timeout_s, kernel_name=kernel, allow_errors=True, interrupt_on_timeout=True,
-        error_on_timeout=error, on_cell_executed=on_cell_executed,
-        resources={"metadata": {"path": str(cwd)}})
-    try:
-        client.execute()
-    except _KernelStuck:
-        pass                         # nbclient has shut the kernel down on the way out
-    return nb
-
-
-class _KernelStuck(Exception):
-    """A cell swallowed the time limit's interrupt: its kernel cannot run another cell."""
+def changes_note(cell, marker: str) -> str:
+    """The guard's note on a checker cell: what the answers had changed in the package."""
+    changed = [note.removeprefix("changed ") for note in read_stdout(cell, marker)[1]
+               if note.startswith("changed ")]
+    if not changed:
+        return ""
+    return ("the answer cells had changed " + "; ".join(changed) + " — put back for the check, "
+            "so it judged the answer against the package's own code")
 
 
 def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path | None,
@@ -223,19 +171,25 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
     cells = exercise_cells(nb)
     if not cells:
         return gone
-    chapter = path.name[:2]
+    chapter, marker = path.name[:2], new_marker()
     for i, _ in cells:
-        nb.cells[i].source = fresh_checker_source(nb.cells[i].source, chapter)
+        nb.cells[i].source = checker_cell(nb.cells[i].source, chapter, marker)
+    nb.cells.insert(0, guard_cell(marker, chapter))
     try:
         ran = run_notebook(nb, path.parent, timeout_s, kernel)
     except Exception as e:  # noqa: BLE001 - a dead kernel fails this notebook only
         return [Result(student, path.name, ex, "errored", f"{type(e).__name__}: {e}")
                 for _, ex in cells]
+    guard = ran.cells.pop(0)         # the cell indices are the learner's again
+    status, message = status_of(guard, checker=False)
+    if status != "passed":
+        return [Result(student, path.name, ex, "errored", f"the grader's guard cell failed "
+                       f"({message}); nothing was graded") for _, ex in cells]
     results = []
     stopped = next((j for j, cell in enumerate(ran.cells)
-                    if cell.cell_type == "code" and _interrupted(cell)), None)
+                    if cell.cell_type == "code" and interrupted(cell)), None)
     for i, ex in cells:
-        status, message = status_of(ran.cells[i])
+        status, message = status_of(ran.cells[i], marker=marker)
         if stopped is not None and i > stopped:
             status, message = "errored", (f"not graded: cell {stopped} was interrupted at the "
                                           "time limit, so the cells after it did not run as "
@@ -243,6 +197,9 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
         cause = _earlier_error(ran, i, {j for j, _ in cells})
         if status == "errored" and cause and stopped is None:
             message += f" (after {cause})"
+        note = changes_note(ran.cells[i], marker)
+        if note:
+            message = f"{message}; {note}" if message else note
         results.append(Result(student, path.name, ex, status, message))
     return results + gone
 
@@ -310,46 +267,6 @@ def grade(root: Path, timeout_s: int = 120, reference_dir: Path | None = None, j
     return results
 
 
-def report(results: list[Result]) -> str:
-    """A plain-text report: per student, one line per exercise, then the student's total."""
-    lines = []
-    for student in sorted({r.student for r in results}):
-        mine = [r for r in results if r.student == student]
-        passed = sum(r.status == "passed" for r in mine)
-        lines.append(f"{student}: {passed} of {len(mine)} exercises passed")
-        for r in mine:
-            first = r.message.strip().splitlines()[0] if r.message.strip() else ""
-            lines.append(f"  {r.notebook:<45} {r.exercise:<32} {r.status:<14} {first[:100]}")
-    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    lines.append("total: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                 + f" ({len(results)} exercises, {len({r.student for r in results})} students)")
-    return "\n".join(lines)
-
-
-def summary(results: list[Result]) -> str:
-    """Students × exercises: each cell the status's mark (:data:`MARKS`), then the points and the
-    points possible, one line per student (a class of 30 on one screen)."""
-    import pandas as pd
-
-    frame = pd.DataFrame([{"student": r.student, "exercise": r.exercise,
-                           "mark": MARKS[r.status], "points": r.points} for r in results])
-    marks = frame.pivot_table(index="student", columns="exercise", values="mark",
-                              aggfunc="first", fill_value=" ")
-    marks["points"] = [f"{p} / {n}" for p, n in zip(
-        frame.groupby("student")["points"].sum(), frame.groupby("student").size())]
-    legend = "  ".join(f"{m} {s}" for s, m in MARKS.items())
-    return f"{marks.to_string()}\n{legend}; one point per passed exercise"
-
-
-def write_csv(results: list[Result], path: Path) -> None:
-    """The report as CSV with the columns :data:`COLUMNS`."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for r in results:
-            writer.writerow({**asdict(r), "points": r.points})
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dir", type=Path, help="one folder per student, or one student's notebooks")
@@ -357,10 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
     p.add_argument("--reference", type=Path, default=None,
                    help="pristine exercise notebooks whose checker cells are restored "
-                        "(default: ./exercises when it exists; 'none' to trust the cells)")
+                        "(default: the course's exercises/, from any folder; 'none' to trust "
+                        "the cells)")
     p.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
     p.add_argument("--summary", action="store_true",
-                   help="also print a student × exercise table with points")
+                   help="also print the class table: one line per student, one column of "
+                        "marks per chapter, the points")
     args = p.parse_args(argv)
     if not args.dir.is_dir():
         print(f"no such folder: {args.dir}", file=sys.stderr)

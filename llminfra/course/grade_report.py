@@ -1,0 +1,129 @@
+"""What the grader hands a teacher: one :class:`Result` per student and exercise, as a plain
+report, a class summary that fits a ~100-column terminal, and CSV (used by
+:mod:`llminfra.course.grade`).
+
+The summary has one line per student and one column per chapter; each chapter's column is a
+string of marks, one per exercise in notebook order (``✓✓✗·``), under the chapter's number::
+
+    student              01   02  03  …  11   points
+    ada                  ✓✓✓✓ ✓✓✗ ✓·· …  ✓✓!  24 / 33
+
+Names longer than :data:`NAME_WIDTH` are cut in the middle (``alexandra…nova``) so that two
+similar names stay apart; below the table, each chapter's exercises are named in column order.
+"""
+
+from __future__ import annotations
+
+import csv
+import textwrap
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STATUSES = ("passed", "failed", "not attempted", "errored")
+COLUMNS = ("student", "notebook", "exercise", "status", "points", "message")
+#: points per status (one per passed exercise) and each status's mark in the summary
+POINTS = {"passed": 1, "failed": 0, "not attempted": 0, "errored": 0}
+MARKS = {"passed": "✓", "failed": "✗", "not attempted": "·", "errored": "!"}
+#: the widest student name the summary shows whole
+NAME_WIDTH = 20
+#: the legend's lines are wrapped at this width
+LINE_WIDTH = 100
+
+
+@dataclass(frozen=True)
+class Result:
+    """One exercise of one student: a row of the report."""
+
+    student: str
+    notebook: str
+    exercise: str
+    status: str
+    message: str = ""
+
+    def __post_init__(self):
+        if self.status not in POINTS:
+            raise ValueError(f"unknown status {self.status!r}; the statuses are {STATUSES}")
+
+    @property
+    def points(self) -> int:
+        return POINTS[self.status]
+
+
+def report(results: list[Result]) -> str:
+    """A plain-text report: per student, one line per exercise, then the student's total."""
+    lines = []
+    for student in sorted({r.student for r in results}):
+        mine = [r for r in results if r.student == student]
+        passed = sum(r.status == "passed" for r in mine)
+        lines.append(f"{student}: {passed} of {len(mine)} exercises passed")
+        for r in mine:
+            first = r.message.strip().splitlines()[0] if r.message.strip() else ""
+            lines.append(f"  {r.notebook:<45} {r.exercise:<32} {r.status:<14} {first[:100]}")
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    lines.append("total: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+                 + f" ({len(results)} exercises, {len({r.student for r in results})} students)")
+    return "\n".join(lines)
+
+
+def fit_name(name: str, width: int = NAME_WIDTH) -> str:
+    """``name`` padded to ``width``, or cut in the middle with ``…`` (its start and its end
+    kept: ``student_name_01`` and ``student_name_02`` stay apart)."""
+    if len(name) <= width:
+        return name.ljust(width)
+    tail = (width - 1) // 2
+    return name[:width - 1 - tail] + "…" + name[len(name) - tail:]
+
+
+def _chapter(notebook: str) -> str:
+    """The column title of a notebook: its number (``02``), else its name without ``.ipynb``."""
+    stem = notebook.removesuffix(".ipynb")
+    head = stem.split("_", 1)[0]
+    return head if head else stem
+
+
+def summary(results: list[Result]) -> str:
+    """Students × chapters (see the module docstring): each chapter a string of marks
+    (:data:`MARKS`) in exercise order, then the student's points and the points possible; a
+    legend, the class's total and each chapter's exercises in column order below."""
+    order: dict[str, list[str]] = {}            # notebook -> exercises, in first-seen order
+    for r in results:
+        exercises = order.setdefault(r.notebook, [])
+        if r.exercise not in exercises:
+            exercises.append(r.exercise)
+    notebooks = sorted(order)
+    titles = {nb: _chapter(nb) for nb in notebooks}
+    widths = {nb: max(len(titles[nb]), len(order[nb])) for nb in notebooks}
+    status = {(r.student, r.notebook, r.exercise): r.status for r in results}
+    students = sorted({r.student for r in results})
+    width = min(NAME_WIDTH, max([len("student")] + [len(s) for s in students]))
+    possible = sum(len(ex) for ex in order.values())
+    lines = [" ".join([fit_name("student", width)] + [titles[nb].ljust(widths[nb])
+                                                       for nb in notebooks] + ["points"])]
+    total = 0
+    for student in students:
+        cells = []
+        for nb in notebooks:
+            marks = "".join(MARKS[status[student, nb, ex]] if (student, nb, ex) in status
+                            else " " for ex in order[nb])
+            cells.append(marks.ljust(widths[nb]))
+        points = sum(POINTS[s] for (who, _, _), s in status.items() if who == student)
+        total += points
+        lines.append(" ".join([fit_name(student, width)] + cells + [f"{points} / {possible}"]))
+    lines.append("  ".join(f"{m} {s}" for s, m in MARKS.items())
+                 + "; one point per passed exercise; blank: not graded")
+    lines.append(f"class: {total} of {possible * len(students)} points "
+                 f"({len(students)} students)")
+    for nb in notebooks:
+        names = [ex.removeprefix(titles[nb] + "-") for ex in order[nb]]
+        lines.append(textwrap.fill(f"{titles[nb]}: " + ", ".join(names), LINE_WIDTH,
+                                   subsequent_indent=" " * (len(titles[nb]) + 2)))
+    return "\n".join(lines)
+
+
+def write_csv(results: list[Result], path: Path) -> None:
+    """The report as CSV with the columns :data:`COLUMNS`."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in results:
+            writer.writerow({**asdict(r), "points": r.points})
