@@ -6,18 +6,18 @@
   design (the picture of Kwon et al., 2023, arXiv:2309.06180, Fig. 2, on our trace);
 * :func:`plot_sharing` — copy-on-write savings against the paper's ranges (Fig. 15).
 
-Functions take an ``Axes`` and return it; the ``*_png`` helpers use a bare
-:class:`~matplotlib.figure.Figure`, never registered with pyplot.
+Functions take an ``Axes`` and return it; :func:`block_pool_figure` draws on an off-screen
+Figure (:mod:`llminfra.plots.offscreen`), :func:`block_pool_png` returns its PNG.
 """
 
 from __future__ import annotations
 
-import io
-
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from llminfra.plots.labels import MIN_FONT_PT
+from llminfra.plots.offscreen import DPI, offscreen_figure, png_bytes
 
 PART_COLOURS = {"token": "#2da44e", "reserved": "#d4a72c", "internal": "#cf222e",
                 "external": "#8250df", "free": "#d0d7de"}
@@ -37,26 +37,32 @@ def plot_block_pool(state: dict, ax: Axes) -> Axes:
         if holders:
             fill = state["filled"][b] / B
             ax.add_patch(Rectangle((b, 0), 0.92, fill, facecolor=colour[holders[0]], alpha=0.55))
-            ax.text(b + 0.46, 0.62, "+".join(holders), ha="center", va="center", fontsize=8)
-            ax.text(b + 0.46, 0.3, f"ref {state['ref_counts'][b]}", ha="center", fontsize=7)
-        ax.text(b + 0.46, -0.22, str(b), ha="center", fontsize=8, color="#57606a")
+            ax.text(b + 0.46, 0.66, "+".join(holders), ha="center", va="center",
+                    fontsize=MIN_FONT_PT)
+            ax.text(b + 0.46, 0.3, f"ref {state['ref_counts'][b]}", ha="center", va="center",
+                    fontsize=MIN_FONT_PT)
+        ax.text(b + 0.46, -0.08, str(b), ha="center", va="top", fontsize=MIN_FONT_PT,
+                color="#57606a")
     ax.set_xlim(-0.1, n)
-    ax.set_ylim(-0.4, 1.1)
+    ax.set_ylim(-0.45, 1.05)
     ax.axis("off")
-    ax.set_title(state["event"], fontsize=9)
+    ax.set_title(state["event"], fontsize=10)
     return ax
 
 
-def block_pool_png(state: dict, width_in: float = 7.0, height_in: float = 1.6,
-                   dpi: int = 80) -> bytes:
-    """:func:`plot_block_pool` rendered to PNG bytes (for an ``ipywidgets.Image``)."""
-    fig = Figure(figsize=(width_in, height_in), dpi=dpi)
-    FigureCanvasAgg(fig)
+def block_pool_figure(state: dict, width_in: float = 7.0, height_in: float = 1.6,
+                      dpi: int = DPI) -> Figure:
+    """:func:`plot_block_pool` on an off-screen Figure."""
+    fig = offscreen_figure(width_in, height_in, dpi)
     plot_block_pool(state, fig.add_subplot(1, 1, 1))
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    return fig
+
+
+def block_pool_png(state: dict, width_in: float = 7.0, height_in: float = 1.6,
+                   dpi: int = DPI) -> bytes:
+    """:func:`block_pool_figure` as PNG bytes (for an ``ipywidgets.Image``)."""
+    return png_bytes(block_pool_figure(state, width_in, height_in, dpi))
 
 
 def plot_memory_split(fragmentation: dict, ax: Axes) -> Axes:
@@ -75,7 +81,8 @@ def plot_memory_split(fragmentation: dict, ax: Axes) -> Axes:
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of the KV budget (time-averaged while requests wait)")
-    ax.legend(ncol=5, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.legend(ncol=5, fontsize=MIN_FONT_PT, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              frameon=False)
     return ax
 
 
@@ -95,5 +102,5 @@ def plot_sharing(result: dict, paper: dict, ax: Axes) -> Axes:
     ax.set_xlabel("samples n / beam width")
     ax.set_ylabel("memory saved")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return ax

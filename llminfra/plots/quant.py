@@ -1,19 +1,19 @@
 """Figures of chapter 03: the rounding error of a quantized tensor, the levels of 4-bit formats,
 and bytes per parameter against error for a set of schemes.
 
-Each ``plot_*`` draws on an ``ax`` given by the notebook; :func:`error_histogram_png` renders
-off-screen (Agg canvas, no pyplot state) for the quantizer widget.
+Each ``plot_*`` draws on an ``ax`` given by the notebook; :func:`error_histogram_figure` /
+:func:`error_histogram_png` draw off-screen (no pyplot state) for the quantizer widget.
 """
 
 from __future__ import annotations
 
-import io
-
 import torch
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
+
+from llminfra.plots.labels import MIN_FONT_PT
+from llminfra.plots.offscreen import offscreen_figure, png_bytes
 
 
 def plot_error_histogram(w: torch.Tensor, w_hat: torch.Tensor, ax: Axes, title: str = "") -> Axes:
@@ -22,19 +22,21 @@ def plot_error_histogram(w: torch.Tensor, w_hat: torch.Tensor, ax: Axes, title: 
     ax.hist(err.numpy(), bins=80, color="#1f77b4")
     ax.set_xlabel("rounding error ŵ - w, in units of std(w)")
     ax.set_ylabel("weights")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     return ax
 
 
-def error_histogram_png(w: torch.Tensor, w_hat: torch.Tensor, title: str = "") -> bytes:
-    """:func:`plot_error_histogram` as PNG bytes (for an ``ipywidgets.Image``)."""
-    fig = Figure(figsize=(6.0, 2.6), dpi=80)
-    FigureCanvasAgg(fig)
+def error_histogram_figure(w: torch.Tensor, w_hat: torch.Tensor, title: str = "") -> Figure:
+    """:func:`plot_error_histogram` on an off-screen 6 × 2.6 in Figure."""
+    fig = offscreen_figure(6.0, 2.6)
     plot_error_histogram(w, w_hat, fig.add_subplot(1, 1, 1), title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return fig
+
+
+def error_histogram_png(w: torch.Tensor, w_hat: torch.Tensor, title: str = "") -> bytes:
+    """:func:`error_histogram_figure` as PNG bytes (for an ``ipywidgets.Image``)."""
+    return png_bytes(error_histogram_figure(w, w_hat, title))
 
 
 def plot_levels(levels: dict[str, torch.Tensor], ax: Axes) -> Axes:
@@ -67,6 +69,6 @@ def plot_bytes_vs_error(rows: dict[str, dict], ax: Axes, key: str = "layer_rel_e
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
     ax.set_xlabel("bytes per parameter (scales included)")
     ax.set_ylabel("layer output error (%)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
-              title="scheme (red: GPTQ / AWQ)", title_fontsize=7)
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
+              title="scheme (red: GPTQ / AWQ)", title_fontsize=MIN_FONT_PT)
     return ax

@@ -1,20 +1,20 @@
 """Figures of chapter 05: the batching timeline (a Gantt chart of requests over engine steps)
 and the latency–throughput curve of a load sweep.
 
-Each ``plot_*`` draws on a given ``ax``; :func:`gantt_png` renders off-screen (Agg, no pyplot
-state) for the batching-timeline widget. Timelines: :mod:`llminfra.engine.timeline`; sweeps:
-:mod:`llminfra.serving.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
+Each ``plot_*`` draws on a given ``ax``; :func:`gantt_figure` / :func:`gantt_png` draw
+off-screen (no pyplot state) for the batching-timeline widget. Timelines:
+:mod:`llminfra.engine.timeline`; sweeps: :mod:`llminfra.serving.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
 OSDI '22.
 """
 
 from __future__ import annotations
 
-import io
-
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+
+from llminfra.plots.labels import MIN_FONT_PT, label_points
+from llminfra.plots.offscreen import DPI, offscreen_figure, png_bytes
 
 #: bar colours: queued, prefill (incl. chunks), decode, padding (a finished row still computed)
 PHASE_COLOURS = {"queued": "#c8c8c8", "prefill": "#dd8452", "decode": "#4c72b0",
@@ -51,26 +51,40 @@ def plot_gantt(rows: list, ax: Axes, title: str | None = None, x_max: float | No
     ax.set_xlim(0, end)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_yticks(range(len(rows)), [f"req {r.request_id} ({r.prompt_len}→{r.output_len})"
-                                     for r in rows], fontsize=7)
+                                     for r in rows], fontsize=MIN_FONT_PT)
     ax.set_xlabel("engine step")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in PHASE_COLOURS.items()],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=MIN_FONT_PT, frameon=False)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
     return ax
 
 
-def gantt_png(rows: list, title: str | None = None, x_max: float | None = None,
-              width_in: float = 7.5, dpi: int = 80) -> bytes:
-    """:func:`plot_gantt` rendered off-screen as PNG bytes (nothing shown, nothing left open)."""
-    fig = Figure(figsize=(width_in, 1.0 + 0.28 * len(rows)), dpi=dpi)
-    FigureCanvasAgg(fig)
+def gantt_figure(rows: list, title: str | None = None, x_max: float | None = None,
+                 width_in: float = 7.5, dpi: int = DPI) -> Figure:
+    """:func:`plot_gantt` on an off-screen Figure, 0.28 in per request."""
+    fig = offscreen_figure(width_in, 1.1 + 0.28 * len(rows), dpi)
     plot_gantt(rows, fig.add_subplot(1, 1, 1), title, x_max)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    fig.clear()
-    return buf.getvalue()
+    return fig
+
+
+def gantt_png(rows: list, title: str | None = None, x_max: float | None = None,
+              width_in: float = 7.5, dpi: int = DPI) -> bytes:
+    """:func:`gantt_figure` as PNG bytes (nothing shown, nothing left open)."""
+    return png_bytes(gantt_figure(rows, title, x_max, width_in, dpi))
+
+
+def _spaced_tick_labels(xs: list[float], min_gap: float = 0.12) -> list[str]:
+    """Tick labels at the measured values, left blank where one would sit closer than
+    ``min_gap`` of the axis' span to a label already written (their texts would overlap)."""
+    span = (max(xs) - min(xs)) or 1.0
+    out, kept = [""] * len(xs), []
+    for i in sorted(range(len(xs)), key=lambda i: xs[i]):
+        if all(abs(xs[i] - k) >= min_gap * span for k in kept):
+            out[i] = f"{xs[i]:,.0f}"
+            kept.append(xs[i])
+    return out
 
 
 def plot_latency_throughput(points: list[dict], ax: Axes, latency_key: str = "tpot_s",
@@ -81,10 +95,9 @@ def plot_latency_throughput(points: list[dict], ax: Axes, latency_key: str = "tp
     xs = [p["output_tokens_per_s"] for p in points]
     ys = [1e3 * p[latency_key]["p50"] for p in points]
     ax.plot(xs, ys, "o-", label=label)
-    for p, x, y in zip(points, xs, ys):
-        ax.annotate(f"C={p['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4),
-                    fontsize=7)
-    ax.set_xticks(xs, [f"{x:.0f}" for x in xs], fontsize=7)
+    ax.margins(x=0.12, y=0.1)                      # room for the labels of the end points
+    label_points(ax, [(x, y, f"C={p['concurrency']}") for p, x, y in zip(points, xs, ys)])
+    ax.set_xticks(xs, _spaced_tick_labels(xs))
     ax.set_xlabel("throughput (output tokens/s)")
     name = {"tpot_s": "time per output token", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
     ax.set_ylabel(f"median {name.get(latency_key, latency_key)} (ms)")

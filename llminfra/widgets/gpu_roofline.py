@@ -21,6 +21,7 @@ from llminfra.calc.memory import kv_budget
 from llminfra.calc.roofline import (decode_batch, device_roofline, prefill_batch,
                                     step_breakdown)
 from llminfra.plots.roofline import roofline_png
+from llminfra.plots.table import format_number
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import get_model, model_names
 from llminfra.widgets.panel import Panel, natural_size
@@ -85,16 +86,23 @@ def summary_text(d: dict) -> str:
     return "\n".join(summary_lines(d))
 
 
-def roofline_image(d: dict) -> bytes:
-    """PNG of the GPU's roofline with the decode and prefill steps of ``d`` placed on it."""
+def roofline_points(d: dict) -> tuple[list, list[dict]]:
+    """``([roof], points)``: the GPU's roofline and the decode and prefill steps of ``d``, as
+    :func:`llminfra.plots.roofline.plot_roofline` takes them."""
     roof = device_roofline(d["gpu"], d["dtype"])
     points = []
     for name, step in (("decode", d["decode"]), ("prefill", d["prefill"])):
         busy = max(step["compute_s"], step["memory_s"])
-        points.append({"label": f"{name}: {step['flops'] / step['bytes']:.3g} FLOP/B",
-                       "intensity": step["flops"] / step["bytes"],
+        intensity = step["flops"] / step["bytes"]
+        points.append({"label": f"{name}: {format_number(intensity, 3)} FLOP/B",
+                       "intensity": intensity,
                        "flops_per_s": step["flops"] / step["tensor_parallel"] / busy})
-    return roofline_png([roof], points)
+    return [roof], points
+
+
+def roofline_image(d: dict) -> bytes:
+    """PNG of the GPU's roofline with the decode and prefill steps of ``d`` placed on it."""
+    return roofline_png(*roofline_points(d))
 
 
 class RooflineCalculator:

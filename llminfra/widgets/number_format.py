@@ -10,6 +10,7 @@ Dettmers et al., 2023 (arXiv:2305.14314). Chapter 03.
 from __future__ import annotations
 
 import html
+import math
 
 import ipywidgets as widgets
 
@@ -17,22 +18,38 @@ from llminfra.quant.formats import SHOWN_FORMATS, encode_all
 from llminfra.widgets.panel import Panel
 
 
+_LEFT, _RIGHT = "text-align:left", "text-align:right"
+
+
+def _shown(x: float, digits: int) -> str:
+    """A value as a person reads it: ``NaN`` and ``∞`` spelt out, else ``digits`` digits."""
+    if math.isnan(x):
+        return "NaN"
+    return ("∞" if x > 0 else "-∞") if math.isinf(x) else f"{x:.{digits}g}"
+
+
 def encoding_lines(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> list[str]:
-    """One line per format: name, bit pattern, stored value, relative error (4 significant digits)."""
+    """One line per format: name, bit pattern, stored value (6 significant digits), relative
+    error (3); ``NaN`` and ``∞`` spelt as such."""
     lines = [f"{'format':<9} {'bits (sign exponent mantissa)':<36} {'stored':>12} {'rel. error':>10}"]
     for r in encode_all(value, formats):
-        lines.append(f"{r['format']:<9} {r['bits']:<36} {r['stored']:>12.6g} {r['rel_error']:>10.3g}")
+        lines.append(f"{r['format']:<9} {r['bits']:<36} {_shown(r['stored'], 6):>12} "
+                     f"{_shown(r['rel_error'], 3):>10}")
     return lines
 
 
 def encoding_html(value: float, formats: tuple[str, ...] = SHOWN_FORMATS) -> str:
-    """The rows of :func:`encoding_lines` as an HTML table (bits in a monospace font)."""
+    """The rows of :func:`encoding_lines` as an HTML table (bits in a monospace font; text
+    left-aligned, numbers right-aligned)."""
     rows = "".join(
-        f"<tr><td>{html.escape(r['format'])}</td><td style='font-family:monospace'>"
-        f"{html.escape(r['bits'])}</td><td>{r['stored']:.6g}</td><td>{r['rel_error']:.3g}</td></tr>"
+        f"<tr><td style='{_LEFT}'>{html.escape(r['format'])}</td>"
+        f"<td style='{_LEFT};font-family:monospace'>{html.escape(r['bits'])}</td>"
+        f"<td style='{_RIGHT}'>{_shown(r['stored'], 6)}</td>"
+        f"<td style='{_RIGHT}'>{_shown(r['rel_error'], 3)}</td></tr>"
         for r in encode_all(value, formats))
-    return ("<table><tr><th>format</th><th>bits (sign exponent mantissa)</th><th>stored value</th>"
-            f"<th>relative error</th></tr>{rows}</table>")
+    return (f"<table><tr><th style='{_LEFT}'>format</th><th style='{_LEFT}'>bits (sign exponent "
+            f"mantissa)</th><th style='{_RIGHT}'>stored value</th><th style='{_RIGHT}'>relative "
+            f"error</th></tr>{rows}</table>")
 
 
 class NumberFormatExplorer:

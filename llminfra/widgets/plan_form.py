@@ -41,11 +41,13 @@ def plan_html(plan) -> str:
     checks = "".join(
         f"<tr><td style='text-align:left'>{html.escape(r['group'])}</td>"
         f"<td style='text-align:left'>{html.escape(r['check'])}</td>"
-        f"<td>{_MARK[r['ok']]}</td><td style='text-align:left'>{html.escape(r['number'])}</td></tr>"
+        f"<td style='text-align:left'>{_MARK[r['ok']]}</td>"
+        f"<td style='text-align:left'>{html.escape(r['number'])}</td></tr>"
         for r in plan.checklist)
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in plan.reasons)
     return (f"<table>{summary}</table><ul>{reasons}</ul>"
-            f"<table><thead><tr><th>group</th><th>check</th><th>ok</th><th>number</th></tr>"
+            "<table><thead><tr>" + "".join(f"<th style='text-align:left'>{h}</th>"
+                                           for h in ("group", "check", "ok", "number")) + "</tr>"
             f"</thead><tbody>{checks}</tbody></table>")
 
 

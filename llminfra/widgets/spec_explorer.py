@@ -3,14 +3,11 @@ each γ yields and which one the adaptive rule picks (chapter 05)."""
 
 from __future__ import annotations
 
-import io
-
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 
 from llminfra.engine.spec_decode import (choose_gamma, expected_tokens_per_step,
                                          predicted_speedup)
-from llminfra.plots.spec_decode import plot_spec_speedup
+from llminfra.plots.spec_decode import spec_speedup_png
 from llminfra.widgets.panel import Panel, natural_size
 
 
@@ -22,16 +19,6 @@ def summary_html(alpha: float, cost_per_draft: float, cost_fixed: float,
             f"{expected_tokens_per_step(alpha, g):.3g} tokens per step, predicted speedup "
             f"<b>{predicted_speedup(alpha, g, cost_per_draft, cost_fixed):.3g}×</b>"
             + (" (no γ beats plain decoding: it does not speculate)" if g == 0 else ""))
-
-
-def _png(alpha, cost_per_draft, cost_fixed, gamma_max) -> bytes:
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    plot_spec_speedup(ax, alpha, cost_per_draft, cost_fixed, gamma_max)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def spec_explorer(alpha: float = 0.8, cost_per_draft: float = 0.05, cost_fixed: float = 0.9,
@@ -52,11 +39,11 @@ def spec_explorer(alpha: float = 0.8, cost_per_draft: float = 0.05, cost_fixed: 
         return (sliders["alpha"].value, sliders["cost_per_draft"].value,
                 sliders["cost_fixed"].value, gamma_max)
 
-    image = natural_size(widgets.Image(format="png", value=_png(*values())))
+    image = natural_size(widgets.Image(format="png", value=spec_speedup_png(*values())))
     html = widgets.HTML(value=summary_html(*values()))
 
     def update(_change):
-        image.value = _png(*values())
+        image.value = spec_speedup_png(*values())
         html.value = summary_html(*values())
 
     for s in sliders.values():
