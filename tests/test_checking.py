@@ -1,6 +1,7 @@
 """The checker framework: type-tolerant comparison with short diagnostics, seeds in messages,
 and no checker ever raising anything but CheckFailed, whatever the learner returns."""
 
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -90,6 +91,45 @@ def test_lower_precision_tensor_gets_its_dtype_tolerance_only_in_tolerant_checks
     e = torch.randn(20, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     assert compare(e, e.float(), 1e-9, 1e-12) is None
     assert compare(e, e.float(), 0.0, 0.0) is not None
+
+
+def test_a_float32_number_is_judged_at_float32_precision_in_tolerant_checks():
+    """float32 holds ~7 digits: the right value rounded to float32 passes a rel=1e-9 check
+    (as a NumPy scalar, a 0-d tensor or the items of a 1-D array); 1e-5 off does not; an exact
+    check stays exact."""
+    x = 1 / 3
+    for got in (np.float32(x), torch.tensor(x, dtype=torch.float32),
+                np.array([x], dtype=np.float32)):
+        assert compare(x, got, 1e-9, 1e-12) is None, type(got)
+    assert compare([x, 2 * x], np.array([x, 2 * x], dtype=np.float32), 1e-9) is None
+    assert compare((x, 0.5), (torch.tensor(x), np.float32(0.5)), 1e-9) is None
+    assert "difference" in compare(x, np.float32(x * (1 + 1e-5)), 1e-9)
+    assert compare(x, np.float32(x), 0.0, 0.0) is not None
+
+
+def test_decimal_holds_a_number():
+    assert compare(0.1, Decimal("0.1")) is None and compare(1 / 3, Decimal(1 / 3)) is None
+    assert compare([0.25, 3], [Decimal("0.25"), Decimal(3)]) is None
+    assert "got 0.3, expected 0.1" in compare(0.1, Decimal("0.3"))
+    assert "expected a number" in compare(0.1, Decimal("sNaN"))
+
+
+def test_a_count_is_exact_whatever_type_holds_it():
+    """An int expected value is a count: any type holding that whole number passes; a fraction
+    fails however close (half a byte of 10**10 is within rel=1e-9), so does a count off by one;
+    float32 above 2**24 cannot hold every count, and the message says so."""
+    n = 10**10
+    for got in (n, float(n), np.float64(n), np.int64(n), Decimal(n), Fraction(2 * n, 2),
+                torch.tensor(n), torch.tensor(float(n), dtype=torch.float64)):
+        assert compare(n, got, 1e-9) is None, type(got)
+    for got in (n + 0.5, np.float64(n) + 0.5, Decimal(n) + Decimal("0.5"), Fraction(2 * n + 1, 2)):
+        assert compare(n, got, 1e-9) == \
+            "got 10000000000.5, expected the whole number 10000000000: a count has no fraction"
+    assert compare(n, n + 1, 1e-6) == "got 10000000001, expected 10000000000 (difference 1)"
+    assert compare(12, np.float32(12)) is None and compare(2**24, np.float32(2**24)) is None
+    assert "float32 holds whole numbers exactly only up to 16,777,216" in \
+        compare(2**24 + 1, np.float32(2**24 + 1), 1e-9)
+    assert "index 1: got 2.5, expected the whole number 2" in compare([1, 2, 3], [1, 2.5, 3])
 
 
 def test_first_matching_ignores_variants_equal_to_the_right_answer():

@@ -5,10 +5,11 @@ grouped-query layout, a negative result to clip, a tie…) are always there, the
 from the seed, so a hard-coded answer does not pass and every failure can be replayed with
 ``check_x(fn, seed=N)``. The learner's result is compared with the package's reference by
 :func:`compare`, which accepts any type that holds the right value (a list, tuple, NumPy array or
-tensor of the right numbers; an int, float, ``Fraction``, NumPy or 0-d tensor scalar) and, on a
-mismatch, says where the first difference is and how large the largest one is — never a full
-tensor (:mod:`llminfra.course.compare`). The first failing case raises :class:`CheckFailed` naming the case, the seed, the
-mismatch and a hint; a stub that still raises ``NotImplementedError`` raises
+tensor of the right numbers; an int, float, ``Fraction``, ``Decimal``, NumPy or 0-d tensor
+scalar; a float32 answer at float32's precision, a count exactly) and, on a mismatch, says where
+the first difference is and how large the largest one is — never a full tensor
+(:mod:`llminfra.course.compare`). The first failing case raises :class:`CheckFailed` naming the
+case, the seed, the mismatch and a hint; a stub that still raises ``NotImplementedError`` raises
 :class:`NotAttempted`. Whatever goes wrong inside a checker itself is reported as
 :class:`CheckFailed` too, never as a traceback from inside torch.
 

@@ -1,10 +1,26 @@
 """Compare a learner's answer with the expected value, whatever type holds it.
 
 :func:`compare` accepts any type that holds the right value — a list, tuple, NumPy array or
-tensor of the right numbers; an int, float, ``Fraction``, NumPy or 0-d tensor scalar — and, on a
-mismatch, returns one line saying where the first difference is and how large the largest one
-is, never a full tensor. A floating tensor of lower precision than the expected one is judged
-with its own dtype's tolerance (torch.testing's defaults) in tolerance-based checks.
+tensor of the right numbers; an int, float, ``Fraction``, ``Decimal``, NumPy or 0-d tensor
+scalar — and, on a mismatch, returns one line saying where the first difference is and how
+large the largest one is, never a full tensor. Two rules decide what "holds the right value"
+means:
+
+* **Lower precision.** An answer stored in float32, float16 or bfloat16 (a tensor, a NumPy
+  array or scalar, a 0-d tensor) can only hold the expected value rounded to its dtype: float32
+  keeps about 7 significant digits, so a check at ``rel=1e-9`` would reject every right float32
+  answer. In a tolerance-based check (``rel`` or ``abs_`` above 0) such an answer is judged
+  with its own dtype's relative tolerance, torch.testing's default (float32: 1.3e-6, about 11
+  units in the last place); a tensor also gets that dtype's absolute tolerance, a scalar keeps
+  the check's own ``abs_``. This accepts the right value rounded to the dtype, not any
+  computation done in it: a float32 difference of two nearby numbers loses more digits than
+  that and still fails. An exact check (``rel = abs_ = 0``) stays exact.
+* **Counts.** An ``int`` expected value is a count (bytes, parameters, tokens, GPUs): it is
+  matched exactly, whatever ``rel`` says, by an answer of any type whose value is that whole
+  number (``12``, ``12.0``, ``np.float32(12)``, ``Decimal("12")``, ``Fraction(24, 2)``); a
+  value with a fraction is rejected, however close. float32 holds whole numbers exactly only up
+  to 2**24 (float16: 2**11, bfloat16: 2**8), so a larger count in those dtypes is not the right
+  value; the message says so.
 :func:`as_like` converts an answer to the expected kind for a hint's arithmetic, and
 :func:`first_matching` names the known mistake an answer equals. Used by
 :mod:`llminfra.course.checking`; taught in chapter 00 (how exercises are checked).
@@ -14,7 +30,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from fractions import Fraction
+from decimal import Decimal
 from typing import Any
 
 __all__ = ["compare", "as_like", "first_matching", "describe"]
@@ -29,14 +45,34 @@ def _is_tensor(x) -> bool:
     return _torch().is_tensor(x)
 
 
+#: torch.testing's default (rtol, atol) of each floating dtype, by name (NumPy's or torch's)
+_TOLERANCE = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
+              "float64": (1e-7, 1e-7)}
+#: the largest whole number up to which every whole number is exact in each dtype
+_EXACT_WHOLE = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24}
+
+
+def _low_precision(x) -> str | None:
+    """``"float32"``, ``"float16"`` or ``"bfloat16"`` when ``x`` (a NumPy or torch scalar or
+    array) is stored in that dtype, else None."""
+    name = str(getattr(x, "dtype", "")).replace("torch.", "")
+    return name if name in _EXACT_WHOLE else None
+
+
 def _scalar(x) -> float | int | None:
-    """A Python number for anything that holds one number, else None."""
+    """A Python number for anything that holds one number, else None: an int when the value
+    is a whole number held exactly (an int, a ``Fraction`` of denominator 1, a whole
+    ``Decimal``), else a float."""
     if isinstance(x, bool):
         return None
     if isinstance(x, numbers.Integral):
         return int(x)
-    if isinstance(x, (Fraction, numbers.Rational)):
-        return float(x)
+    if isinstance(x, numbers.Rational):
+        return int(x) if x.denominator == 1 else float(x)
+    if isinstance(x, Decimal):
+        if not x.is_finite():
+            return None if x.is_snan() else float(x)
+        return int(x) if x == x.to_integral_value() else float(x)
     if isinstance(x, numbers.Real):
         return float(x)
     if hasattr(x, "shape") and tuple(getattr(x, "shape")) in ((), (1,)) and hasattr(x, "item"):
@@ -89,10 +125,7 @@ def _fmt(v) -> str:
 
 def _eps_tolerance(dtype) -> tuple[float, float]:
     """torch.testing's default (rtol, atol) for a floating dtype; (0, 0) for integers."""
-    torch = _torch()
-    table = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
-             torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
-    return table.get(dtype, (0.0, 0.0))
+    return _TOLERANCE.get(str(dtype).replace("torch.", ""), (0.0, 0.0))
 
 
 def _compare_tensors(expected, got, rel: float, abs_: float, where: str) -> str | None:
@@ -130,9 +163,10 @@ def compare(expected: Any, got: Any, rel: float = 1e-9, abs_: float = 0.0,
             where: str = "") -> str | None:
     """None when ``got`` holds the value ``expected``; else one line saying where it differs.
 
-    Numbers match within ``rel``/``abs_`` whatever their type; sequences, arrays and tensors
-    match element-wise whatever their container (a lower-precision float tensor gets its dtype's
-    tolerance); dicts by keys. Never raises on odd input and never prints a whole tensor.
+    Numbers match within ``rel``/``abs_`` whatever their type (an answer in float32 or lower
+    within its dtype's tolerance, an ``int`` expected value exactly: see the module docstring);
+    sequences, arrays and tensors match element-wise whatever their container; dicts by keys.
+    Never raises on odd input and never prints a whole tensor.
     """
     try:
         return _compare(expected, got, rel, abs_, where)
@@ -154,6 +188,11 @@ def _compare(expected, got, rel, abs_, where):
             return f"{where}expected a number, got {describe(got)}"
         if isinstance(g, float) and not math.isfinite(g):
             return f"{where}got {g}, expected {_fmt(expected)}"
+        low = _low_precision(got)
+        if isinstance(expected, numbers.Integral):
+            return _compare_count(int(expected), g, low, where)
+        if low and (rel or abs_):
+            rel = max(rel, _TOLERANCE[low][0])  # the right value rounded to the answer's dtype
         if math.isclose(g, expected, rel_tol=rel, abs_tol=abs_) or g == expected:
             return None
         return f"{where}got {_fmt(g)}, expected {_fmt(expected)} (difference {_fmt(g - expected)})"
@@ -171,18 +210,21 @@ def _compare(expected, got, rel, abs_, where):
         return None
     if isinstance(expected, (list, tuple)):
         if all(isinstance(e, numbers.Real) and not isinstance(e, bool) for e in expected):
-            items = got.tolist() if hasattr(got, "tolist") and not isinstance(got, (list, tuple)) else got
+            items = got
+            if hasattr(got, "tolist") and not isinstance(got, (list, tuple)):
+                # a 1-D array's items keep its dtype (float32 judged as float32)
+                items = list(got) if getattr(got, "ndim", None) == 1 else got.tolist()
             if not isinstance(items, (list, tuple)):
                 return f"{where}expected a sequence of {len(expected)} numbers, got {describe(got)}"
             if len(items) != len(expected):
                 return f"{where}{len(items)} items, expected {len(expected)}"
-            bad = [i for i, (e, g) in enumerate(zip(expected, items))
-                   if _compare(e, g, rel, abs_, "") is not None]
+            problems = [_compare(e, g, rel, abs_, "") for e, g in zip(expected, items)]
+            bad = [i for i, p in enumerate(problems) if p is not None]
             if not bad:
                 return None
             i = bad[0]
-            return (f"{where}first mismatch at index {i}: got {describe(items[i])}, expected "
-                    f"{expected[i]!r}; {len(bad)} of {len(expected)} items differ")
+            return (f"{where}first mismatch at index {i}: {problems[i]}; {len(bad)} of "
+                    f"{len(expected)} items differ")
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
             return f"{where}expected a {type(expected).__name__} of {len(expected)} items, got {describe(got)}"
         for i, (e, g) in enumerate(zip(expected, got)):
@@ -191,6 +233,19 @@ def _compare(expected, got, rel, abs_, where):
                 return problem
         return None
     return None if expected == got else f"{where}got {describe(got)}, expected {describe(expected)}"
+
+
+def _compare_count(expected: int, g: int | float, low: str | None, where: str) -> str | None:
+    """An exact match of a whole number ``g`` (any type's value) with the count ``expected``."""
+    if g == expected:
+        return None
+    if isinstance(g, float) and not g.is_integer():
+        return f"{where}got {g!r}, expected the whole number {expected}: a count has no fraction"
+    text = f"{where}got {_fmt(g)}, expected {_fmt(expected)} (difference {_fmt(g - expected)})"
+    if low and abs(expected) > _EXACT_WHOLE[low]:
+        text += (f"; {low} holds whole numbers exactly only up to {_EXACT_WHOLE[low]:,}: "
+                 "compute counts with Python ints (or int64)")
+    return text
 
 
 def as_like(expected: Any, got: Any) -> Any:

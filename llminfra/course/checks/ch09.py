@@ -19,17 +19,10 @@ References: :mod:`llminfra.calc.cost` (taught in chapter 09).
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from llminfra.calc.cost import (api_monthly_cost, blended_price_per_million,
                                 break_even_tokens_per_month, gpu_rental_monthly_cost,
                                 selfhost_cost_per_million_tokens)
 from llminfra.course.checking import Case, checker, first_matching, run_checks, seeded
-
-
-def _as_number(expected, got):
-    """A ``Decimal`` answer as a float (any other type is judged as it is by the comparison)."""
-    return float(got) if isinstance(got, Decimal) else got
 
 
 def _matching(wrong: dict, got, expected) -> str:
@@ -38,7 +31,7 @@ def _matching(wrong: dict, got, expected) -> str:
 
 def _run(name: str, fn, reference, cases: list[Case], seed: int, hint) -> int:
     return run_checks(name, fn, reference, cases, rel=1e-6, hint=hint, seed=seed,
-                      replay=f"ch09.check_{name}", normalize=_as_number)
+                      replay=f"ch09.check_{name}")
 
 
 # --- exercise 1: the monthly API bill -----------------------------------------------------

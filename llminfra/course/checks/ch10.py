@@ -13,7 +13,8 @@ import math
 import random
 
 from llminfra.calc.memory import kv_bytes_per_token, weight_bytes
-from llminfra.course.checking import Case, CheckFailed, checker, first_matching, run_checks, seeded
+from llminfra.course.checking import (Case, CheckFailed, as_like, checker, describe,
+                                      first_matching, run_checks, seeded)
 from llminfra.planning import MISTAKES, DraftPlan, find_mistakes, gpus_for_memory
 from llminfra.specs import get_gpu
 
@@ -52,10 +53,12 @@ def _gpus_case(rng: random.Random) -> tuple:
 
 
 def _int_answer(expected, got):
-    if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "item"):
-        raise CheckFailed(f"return a whole number of GPUs (an int), got {type(got).__name__}")
-    value = got.item() if hasattr(got, "item") else got
-    if value != int(value):
+    """The answer as an int when it holds a whole number, of any type (``2``, ``2.0``,
+    ``np.int64(2)``, a 0-d tensor, ``Fraction(4, 2)``, ``Decimal("2")``); else a message."""
+    value = as_like(expected, got)  # a Python number for anything that holds one
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckFailed(f"return a whole number of GPUs (an int), got {describe(got)}")
+    if isinstance(value, float) and not value.is_integer():
         raise CheckFailed(f"return a whole number of GPUs, got {value!r}")
     return int(value)
 
