@@ -2,9 +2,16 @@
 
 Each chapter whose figures the ledger checks ends with one markdown cell (tagged
 ``ledger-links``) listing those claims with their verdicts and linking to the chapter's section
-of ``A1_claims_ledger.ipynb`` (a heading ``Chapter NN``); the ledger's section links back to the
-chapter. ``python -m llminfra.course.ledger_links --apply`` writes the cells (source only, cell
-ids kept), ``--check`` fails when one is stale.
+of ``A1_claims_ledger.ipynb``: the markdown cell with the heading ``Chapter NN`` and the cell id
+``chapter-NN`` (:func:`anchor`); the ledger's section links back to the chapter.
+``python -m llminfra.course.ledger_links --apply`` writes the cells (source only, cell ids
+kept), ``--check`` fails when one is stale.
+
+The link names the cell by its id (``A1_claims_ledger.ipynb#cell-id=chapter-08``, JupyterLab's
+fragment for a cell, since 4.0), not by its heading (``#Chapter-08``): measured in JupyterLab
+4.6 with Chromium, a heading fragment left a freshly opened A1 at its top in every windowing
+mode, because the fragment is looked up before the notebook's markdown is drawn, while the cell
+id is found in the notebook's model and scrolled to.
 
 Taught in appendix A1.
 """
@@ -28,6 +35,17 @@ def chapter_notebooks(folder: Path) -> dict[str, Path]:
     return {p.name[:2]: p for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
 
 
+def anchor(chapter: str) -> str:
+    """The cell id of chapter ``chapter``'s section of the ledger (``"08"`` → ``"chapter-08"``),
+    which the chapter's link names."""
+    return f"chapter-{chapter}"
+
+
+def link(chapter: str) -> str:
+    """The link from a chapter to its section of the ledger (relative to ``notebooks/``)."""
+    return f"{LEDGER}#cell-id={anchor(chapter)}"
+
+
 def links_markdown(chapter: str) -> str | None:
     """The chapter's closing cell: the ledger's claims that come up in it (None if there are
     none)."""
@@ -37,7 +55,7 @@ def links_markdown(chapter: str) -> str | None:
     items = ", ".join(f"{c.id} ({c.verdict})" for c in claims)
     return (f"**The source texts' figures in this chapter**, each recomputed or sourced with a "
             f"verdict in the claims ledger — [appendix A1, chapter {chapter}'s rows]"
-            f"({LEDGER}#Chapter-{chapter}): {items}.")
+            f"({link(chapter)}): {items}.")
 
 
 def _sync(path: Path, chapter: str, write: bool) -> bool:

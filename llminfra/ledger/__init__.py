@@ -3,7 +3,9 @@ with the package or settled by a primary source, with a verdict.
 
 ``all_claims()`` lists them in source order; ``evaluate(claim)`` runs its computation;
 ``ledger_frame()`` is the whole ledger as a pandas DataFrame; ``verdict_counts()`` counts the
-verdicts. Taught in appendix A1 (``notebooks/A1_claims_ledger.ipynb``).
+verdicts. Each claim quotes the text's own words under its heading
+(:mod:`llminfra.ledger.quotes`); :mod:`llminfra.ledger.display` draws the tables appendix A1
+shows. Taught in appendix A1 (``notebooks/A1_claims_ledger.ipynb``).
 """
 
 from llminfra.ledger.claim import SOURCES, VERDICTS, Claim, Finding, ratio_verdict, rel_error

@@ -223,3 +223,34 @@ def selfhost_vs_api(api_usd_per_m: float = 1.0, gpu_usd_per_h: float = 2.0,
     return Finding(f"example: GPU ${gpu_usd_per_h:g}/h at {tokens_per_s:g} tok/s = ${full:.3g} per M "
                    f"tokens when busy; it matches a ${api_usd_per_m:g}/M API at {u:.0%} utilisation, "
                    f"costs {1 / 0.1 * full / api_usd_per_m:.3g}× the API at 10 %", 0 < u < 1)
+
+
+def api_example() -> Finding:
+    """1,000 requests/day × (2,000 in, 500 out) × 30 days, by chapter 09's cost model."""
+    from llminfra.calc.cost import api_monthly_cost
+    day = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=1)
+    month = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=30)
+    got = (day.monthly_input_tokens, day.monthly_output_tokens, month.monthly_input_tokens,
+           month.monthly_output_tokens)
+    return Finding(f"per day {got[0]:,.0f} in / {got[1]:,.0f} out; per 30 days {got[2]:,.0f} / "
+                   f"{got[3]:,.0f} tokens", got == (2e6, 5e5, 6e7, 1.5e7))
+
+
+def per_token_cost() -> Finding:
+    """Cost per token = hourly price / tokens per hour, divided by the utilisation
+    (chapter 09's :func:`~llminfra.calc.cost.selfhost_cost_per_million_tokens`)."""
+    from llminfra.calc.cost import selfhost_cost_per_million_tokens as per_m
+    full, double, quarter = per_m(2.0, 1000), per_m(2.0, 2000), per_m(2.0, 1000, 0.25)
+    return Finding(f"example $2/h at 1,000 tok/s: ${full:.3g} per M tokens; at 2,000 tok/s "
+                   f"${double:.3g}; busy 25 % of the hour ${quarter:.3g}",
+                   abs(double - full / 2) < 1e-12 and abs(quarter - 4 * full) < 1e-9)
+
+
+def largest_gpu() -> Finding:
+    """The catalog's largest memory against the 80 GB "largest GPU" of 2023."""
+    from llminfra.specs import gpu_names
+    big = max(gpu_names(), key=lambda n: get_gpu(n).memory_bytes)
+    g = get_gpu(big)
+    return Finding(f"largest in the catalog: {big} with {g.memory_bytes / 2**30:.4g} GiB "
+                   f"({g.launch}); h200 {get_gpu('h200').memory_bytes / 2**30:.4g} GiB",
+                   g.memory_bytes > 80 * 2**30)

@@ -1,7 +1,7 @@
 """One checkable statement of a source text, its evidence and its verdict.
 
-A :class:`Claim` records where a statement is (source file and section), what it says (in the
-course's own words), what it depends on, and a verdict with a one- or two-sentence reason. A
+A :class:`Claim` records where a statement is (source text and section), what it says (in the
+course's own words; the text's own words are in :mod:`llminfra.ledger.quotes`), what it depends on, and a verdict with a one- or two-sentence reason. A
 claim is settled either by a computation with the package (``check``) or by a primary source
 named in ``evidence`` where nothing can be computed. ``check()`` returns a :class:`Finding`: the
 figure the package computes and whether that figure still supports the recorded verdict, so a
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 VERDICTS = ("holds", "approximately", "misleading", "wrong", "not checkable")
 
-#: source id -> file in ``shared/sources`` and its title (English)
+#: source id -> the text's file among the course's source texts (not in a learner's clone; the
+#: tests read it when present) and its title in English
 SOURCES = {
     "000": ("000_e1d4657a95998448.txt",
             "LLM infrastructure basics: GPU memory, serving and cost at a glance"),

@@ -1,8 +1,9 @@
 """The checkable statements of source text 000 ("LLM infrastructure basics"), in its order.
 
 Each :class:`~llminfra.ledger.claim.Claim` paraphrases the statement in the course's words; the
-text itself is in ``shared/sources/000_e1d4657a95998448.txt`` (Korean). Section names are the
-text's headings, translated. Computations live in :mod:`llminfra.ledger.checks`.
+text's own words (Korean) and the heading they stand under are in :mod:`llminfra.ledger.quotes`.
+Section names are the text's headings, translated. Computations live in
+:mod:`llminfra.ledger.checks`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from functools import lru_cache
 from llminfra.ledger import checks as c
 from llminfra.ledger.claim import Claim, Finding
 
-S1 = "What and why: training and inference differ"
+S1 = "What and why: training and inference are different jobs"
 S2 = "Components: where GPU memory goes"
-S3 = "Precision and quantization"
-S4 = "Inference engines and continuous batching"
+S3 = "Precision and quantization: how finely to write the numbers"
+S4 = "Inference engines and continuous batching: balancing latency and throughput"
 S5 = "When one GPU is not enough: tensor and pipeline parallelism"
 S6 = "Step by step: choosing a deployment and estimating cost"
 S7 = "Checklist and common mistakes"
@@ -111,36 +112,6 @@ def _tp_link() -> Finding:
     nvl = communication_share("llama-2-70b", "a100-80gb", 4, "nvlink-a100", "prefill")["share"]
     return Finding(f"Llama-2-70B, 4-way TP prefill (2,048 tokens): communication {pcie:.1%} of "
                    f"the step over PCIe Gen4, {nvl:.1%} over NVLink", pcie > 3 * nvl)
-
-
-def _api_example() -> Finding:
-    """1,000 requests/day × (2,000 in, 500 out) × 30 days, by chapter 09's cost model."""
-    from llminfra.calc.cost import api_monthly_cost
-    day = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=1)
-    month = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=30)
-    got = (day.monthly_input_tokens, day.monthly_output_tokens, month.monthly_input_tokens,
-           month.monthly_output_tokens)
-    return Finding(f"per day {got[0]:,.0f} in / {got[1]:,.0f} out; per 30 days {got[2]:,.0f} / "
-                   f"{got[3]:,.0f} tokens", got == (2e6, 5e5, 6e7, 1.5e7))
-
-
-def _per_token_cost() -> Finding:
-    """Cost per token = hourly price / tokens per hour, divided by the utilisation
-    (chapter 09's :func:`~llminfra.calc.cost.selfhost_cost_per_million_tokens`)."""
-    from llminfra.calc.cost import selfhost_cost_per_million_tokens as per_m
-    full, double, quarter = per_m(2.0, 1000), per_m(2.0, 2000), per_m(2.0, 1000, 0.25)
-    return Finding(f"example $2/h at 1,000 tok/s: ${full:.3g} per M tokens; at 2,000 tok/s "
-                   f"${double:.3g}; busy 25 % of the hour ${quarter:.3g}",
-                   abs(double - full / 2) < 1e-12 and abs(quarter - 4 * full) < 1e-9)
-
-
-def _largest_gpu() -> Finding:
-    from llminfra.specs import get_gpu, gpu_names
-    big = max(gpu_names(), key=lambda n: get_gpu(n).memory_bytes)
-    g = get_gpu(big)
-    return Finding(f"largest in the catalog: {big} with {g.memory_bytes / 2**30:.4g} GiB "
-                   f"({g.launch}); h200 {get_gpu('h200').memory_bytes / 2**30:.4g} GiB",
-                   g.memory_bytes > 80 * 2**30)
 
 
 CLAIMS: list[Claim] = [
@@ -282,7 +253,7 @@ CLAIMS: list[Claim] = [
           "the GPU catalog and launch dates", "approximately",
           "True of the common data-centre cards in 2023, though the H100 NVL (94 GB) was "
           "announced that March; today H200 has 141 GB and MI300X 192 GB. The text itself dates it.",
-          ("00", "08"), "GPU catalog (llminfra.specs.gpus)", _largest_gpu),
+          ("00", "08"), "GPU catalog (llminfra.specs.gpus)", c.largest_gpu),
     Claim("000-30", S5, "Megatron-LM sustained 15.1 PFLOP/s on 512 GPUs, 76 % scaling efficiency "
           "against one GPU.", "the paper's single-GPU baseline of 39 TFLOP/s", "holds",
           "15.1e15 / (512 × 39e12) = 75.6 %.", ("07",), f"{MEGATRON}, abstract", _megatron_efficiency),
@@ -303,13 +274,13 @@ CLAIMS: list[Claim] = [
     Claim("000-34", S6, "1,000 requests a day of 2,000 input and 500 output tokens is 2 M input and "
           "0.5 M output tokens a day, 60 M and 15 M in 30 days.", "arithmetic", "holds",
           "1,000 × 2,000 = 2,000,000; × 30 = 60,000,000 (and 500,000 / 15,000,000 for output).",
-          ("09",), "arithmetic (chapter 09's cost model)", _api_example),
+          ("09",), "arithmetic (chapter 09's cost model)", c.api_example),
     Claim("000-35", S6, "Self-hosted cost per token ≈ GPU cost per hour ÷ tokens per hour; double "
           "the throughput, half the cost; an idle GPU still costs its hour.",
           "the cost model", "holds",
           "Cost per token is price / (throughput · 3,600 · utilisation): halving at 2× "
           "throughput, quadrupling at 25 % utilisation.", ("09", "10"), "arithmetic (chapter 09's cost model)",
-          _per_token_cost),
+          c.per_token_cost),
     Claim("000-36", S6, "LMSYS cut the GPUs needed for the same traffic by 50 % with vLLM.",
           "LMSYS's deployment (Vicuna / Chatbot Arena)", "not checkable",
           "Reported by the vLLM blog about LMSYS's own service; nothing public lets us recompute it.",
@@ -360,7 +331,7 @@ CLAIMS: list[Claim] = [
     Claim("000-45", S6, "Monthly API cost ≈ monthly requests × (input tokens × input price + output "
           "tokens × output price), with input and output priced apart.", "the cost model", "holds",
           "That is how per-token API prices are set; chapter 09's cost model computes it.",
-          ("09", "10"), "arithmetic (chapter 09's cost model)", _api_example),
+          ("09", "10"), "arithmetic (chapter 09's cost model)", c.api_example),
     Claim("000-46", S6, "With low or bursty traffic an API tends to be cheaper; with steady heavy "
           "traffic, self-hosting.", "utilisation, prices", "holds",
           "A rented GPU's cost per token is divided by its utilisation, so below a break-even "
@@ -385,4 +356,21 @@ CLAIMS: list[Claim] = [
           "A 7–8B model in int4 needs about 4–5 GB of weights, within a laptop's memory; it serves "
           "one user (chapter 09's deployment table).", ("03", "09"),
           "llminfra.calc.memory.weight_bytes; llminfra.calc.deployment.deployment_options"),
+    Claim("000-51", S7, "Expecting a benchmark's 'up to 24×' on your own setup is a common mistake.",
+          "the models, GPUs, lengths and baseline behind a speed-up", "holds",
+          "The 24× is vLLM's blog's, for its models, GPUs and output lengths; on chapter 10's own "
+          "workload the simulator's continuous-over-static ratio is about 2×, and chapter 05 "
+          "measures the course's engine.", ("05", "10"),
+          f"{VLLM_BLOG}; chapter 10 (llminfra.planning)"),
+    Claim("000-52", S7, "Raising throughput alone lengthens TTFT, and users feel it.",
+          "queueing once the GPU is saturated", "holds",
+          "Past saturation requests wait before their prefill: chapter 10 pushes one GPU to several "
+          "times its throughput and its p99 TTFT goes far past a 1 s target; chapter 05 measures "
+          "the trade-off on a real engine.", ("05", "10"), "chapters 05 and 10 (llminfra.planning)"),
+    Claim("000-53", S7, "Buying your own servers for few requests leaves GPU utilisation low.",
+          "utilisation, purchase, amortisation", "holds",
+          "A GPU is paid whether it works or not: at chapter 09's example prices an 8-GPU server "
+          "busy 25 % of the time does not pay back within its 36-month life (000-49), and chapter "
+          "10's rented GPU at a few per cent utilisation costs several times the API.",
+          ("09", "10"), "chapter 09 (llminfra.calc.cost.months_to_pay_back); chapter 10"),
 ]

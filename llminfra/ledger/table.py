@@ -1,4 +1,5 @@
-"""The ledger as data: all claims, their evaluation, a DataFrame and the verdict counts.
+"""The ledger as data: all claims, their evaluation, a DataFrame, the texts' sections and the
+verdict counts.
 
 Taught in appendix A1.
 """
@@ -9,12 +10,15 @@ from functools import lru_cache
 
 import pandas as pd
 
-from llminfra.ledger.claim import SOURCES, VERDICTS, Claim, Finding
+from llminfra.ledger.claim import VERDICTS, Claim, Finding
 from llminfra.ledger.claims_000 import CLAIMS as CLAIMS_000
 from llminfra.ledger.claims_004 import CLAIMS as CLAIMS_004
+from llminfra.ledger.quotes import headings, quote
 
-COLUMNS = ["id", "source", "section", "says", "depends on", "verdict", "reason", "computed",
-           "figure", "evidence", "chapters"]
+#: ``section`` is the course's English for the text's heading, ``section (text)`` the heading
+#: itself; ``quote`` is the text's own words (Korean) and ``says`` their English gloss
+COLUMNS = ["id", "source", "section", "section (text)", "quote", "says", "depends on", "verdict",
+           "reason", "computed", "figure", "evidence", "chapters"]
 
 
 def all_claims() -> list[Claim]:
@@ -65,12 +69,26 @@ def ledger_frame(verdict: str | None = None, chapter: str | None = None) -> pd.D
         if f is not None and not f.supports:
             raise RuntimeError(f"claim {c.id}: the package now computes '{f.figure}', which no "
                                f"longer supports the verdict '{c.verdict}'")
-        rows.append({"id": c.id, "source": SOURCES[c.source][0], "section": c.section,
-                     "says": c.says, "depends on": c.depends_on, "verdict": c.verdict,
-                     "reason": c.reason, "computed": f is not None,
-                     "figure": "" if f is None else f.figure, "evidence": c.evidence,
-                     "chapters": ", ".join(c.chapters)})
+        q = quote(c.id)
+        rows.append({"id": c.id, "source": c.source, "section": c.section,
+                     "section (text)": q.section, "quote": q.text, "says": c.says,
+                     "depends on": c.depends_on, "verdict": c.verdict, "reason": c.reason,
+                     "computed": f is not None, "figure": "" if f is None else f.figure,
+                     "evidence": c.evidence, "chapters": ", ".join(c.chapters)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def source_sections(source: str) -> list[tuple[int, str, str, list[Claim]]]:
+    """The sections of text ``source`` that hold claims, in the text's order: ``(number,
+    heading in Korean, heading in English, claims)``, numbered over all the text's headings
+    from 1 (so "§9" of text 004 is its ninth heading, whether or not §8 holds a claim)."""
+    claims = [c for c in all_claims() if c.source == source]
+    out = []
+    for n, (ko, en) in enumerate(headings(source), start=1):
+        under = [c for c in claims if quote(c.id).section == ko]
+        if under:
+            out.append((n, ko, en, under))
+    return out
 
 
 def verdict_counts(claims: list[Claim] | None = None) -> dict[str, int]:
