@@ -20,7 +20,7 @@ def _policy(hit, n=4):
 
 
 def test_router_summary_counts_finished_and_the_ratio():
-    res = {"model": "m", "num_replicas": 2, "workload": {}, "engine": {}, "repeats": 1,
+    res = {"environment": {"date": "d"}, "model": "m", "num_replicas": 2, "workload": {}, "engine": {}, "repeats": 1,
            "prefix_hit_rate_ceiling": 0.75,
            "policies": {"round_robin": _policy(0.3), "least_loaded": _policy(0.35),
                         "prefix_aware": _policy(0.66)},
@@ -33,6 +33,7 @@ def test_router_summary_counts_finished_and_the_ratio():
     assert r["prefix_aware_share_of_ceiling"] == pytest.approx(0.88)
     assert r["ceiling_over_round_robin"] == pytest.approx(2.5)
     assert r["policies"]["least_loaded"]["num_finished"] == 3
+    assert r["environment"] == {"date": "d"}   # the router run's own (it is re-run on its own)
 
 
 def test_the_recorded_run_has_the_keys_and_meets_the_targets():
@@ -49,9 +50,11 @@ def test_the_recorded_run_has_the_keys_and_meets_the_targets():
     assert not rec["quick"] and [c["world_size"] for c in rec["selfchecks"]] == [2, 4]
     t, router = rec["targets"], rec["router"]
     assert t["errors_at_most_1e-5"] and t["every_request_finished"], t
-    # the hit-rate target (2x) is reported as measured, met or not; prefix-aware must win
+    # the hit-rate target (2x), met on the bench's 4 replicas (2 cap it near 2x: bench/router.py)
+    from llminfra.bench.router import NUM_REPLICAS
     ratio = router["hit_rate_prefix_aware_over_round_robin"]
-    assert ratio > 1 and t["prefix_aware_hit_rate_at_least_2x_round_robin"] == (ratio >= 2)
+    assert router["num_replicas"] == NUM_REPLICAS
+    assert ratio >= 2 and t["prefix_aware_hit_rate_at_least_2x_round_robin"], ratio
     # no router beats the ceiling, which the recorded workload settings and seed determine
     from llminfra.bench.router import SEED
     from llminfra.serving.router_workload import (prefix_hit_rate_ceiling,
@@ -62,5 +65,5 @@ def test_the_recorded_run_has_the_keys_and_meets_the_targets():
     ceiling = prefix_hit_rate_ceiling(with_cache_salt(work, 1), rec["router"]["engine"]
                                       ["block_size"])
     assert router["prefix_hit_rate_ceiling"] == pytest.approx(ceiling)
-    assert max(p["prefix_hit_rate"] for p in router["policies"].values()) <= ceiling
+    assert max(p["prefix_hit_rate"] for p in router["policies"].values()) <= ceiling + 1e-12
     assert "errors vs one process" in format_table(rec)

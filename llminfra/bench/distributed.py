@@ -6,7 +6,7 @@
 * ``disagg``: colocated vs disaggregated prefill/decode on SmolLM2-135M, TTFT / TPOT
   percentiles and goodput at the stated SLOs (:mod:`llminfra.bench.disagg`), and
   ``kv_transfer_bytes_per_s``, the KV handoff's measured rate between the two processes;
-* ``router``: prefix-cache hit rate and TTFT p50 per routing policy on 2 replica processes of
+* ``router``: prefix-cache hit rate and TTFT p50 per routing policy on 4 replica processes of
   SmolLM2-135M, shared-system-prompt workload (:mod:`llminfra.bench.router`).
 
 Targets (issue 23): every error ≤ 1e-5; prefix-aware hit rate ≥ 2× round robin's; every request
@@ -39,7 +39,8 @@ def _router(result: dict) -> dict:
     rr = policies["round_robin"]["prefix_hit_rate"]
     ratio = policies["prefix_aware"]["prefix_hit_rate"] / rr if rr > 0 else float("inf")
     ceiling = result["prefix_hit_rate_ceiling"]
-    return {"model": result["model"], "num_replicas": result["num_replicas"],
+    return {"environment": result["environment"],   # its own run's (`bench router` re-runs it)
+            "model": result["model"], "num_replicas": result["num_replicas"],
             "workload": result["workload"], "engine": result["engine"],
             "repeats": result["repeats"], "policies": policies,
             "hit_rate_prefix_aware_over_round_robin": ratio,
