@@ -619,3 +619,13 @@ def run_all_read_outputs(page, timeout_ms: int) -> list[str]:
         return page.evaluate(f"""(s) => [...document.querySelector(s).querySelectorAll(
             '.jp-CodeCell')].map(c => {{ const o = c.querySelector('.jp-Cell-outputArea');
                                          return o ? o.innerText : ''; }})""", PANEL)
+
+
+def put_setting(lab: Lab, plugin: str, value: dict) -> None:
+    """Replace the user settings of JupyterLab ``plugin`` (``"@jupyterlab/notebook-extension:
+    tracker"``) with ``value`` through the server's settings API; ``{}``: its defaults."""
+    req = urllib.request.Request(f"{lab.base}/lab/api/settings/{plugin}?token={lab.token}",
+                                 data=json.dumps({"raw": json.dumps(value)}).encode(),
+                                 method="PUT", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status in (200, 204), f"settings of {plugin} not written: HTTP {r.status}"

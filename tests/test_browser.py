@@ -14,7 +14,8 @@ is taken, which saves the ~2 s per widget of letting the kernel settle). Further
 chapter does not rewrite it (the installed kernel is the one the notebooks name); a copy of a
 notebook whose callback is disconnected, and one with a raising cell, make the checks fail; an
 exercise set with a wrong answer, a stub and a bug shows the checkers' messages as one short
-block each, not a traceback through the package (issue 24 §1).
+block each, not a traceback through the package; a chapter's link to appendix A1 opens A1 at
+that chapter's rows (issue 24 §1).
 
 A failure says what the page showed (``browser_lab.describe_page``): the path of a screenshot
 saved to a temporary folder, any dialog, the kernel status, and the running, last-run and last
@@ -45,10 +46,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_lab import (CHROMIUM, CHROMIUM_ARGS, ROOT, CellError,
+from browser_lab import (CHROMIUM, CHROMIUM_ARGS, PANEL, ROOT, CellError,
                          WidgetDidNotChange, WidgetRow, copy_repository, explained, move_and_check,
-                         output_mismatches, run_all_cells, run_all_read_outputs, save_notebook,
-                         start_lab, wait_for_kernel, widget_drawn)
+                         output_mismatches, put_setting, run_all_cells, run_all_read_outputs,
+                         save_notebook, start_lab, wait_for_kernel, widget_drawn)
 
 pytestmark = pytest.mark.browser
 
@@ -453,3 +454,54 @@ def test_checker_messages_are_one_clean_block_in_the_browser(lab, page):
         assert "raised ZeroDivisionError" in bug and "where your code raised it:" in bug and \
             "return 1 // 0" in bug, bug
         assert "Traceback" in outputs[-1] and "a bug of my own" in outputs[-1], outputs[-1]
+
+
+TRACKER = "@jupyterlab/notebook-extension:tracker"
+#: JavaScript: [top of the markdown heading whose text is ``text`` in the notebook on show, in px
+#: from the top of its scrolled view; the view's height] (top null while it is not drawn)
+_HEADING_IN_VIEW = """(text) => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  if (!panel) return [null, 0];
+  const view = (panel.querySelector('.jp-WindowedPanel-outer') || panel).getBoundingClientRect();
+  const h = [...panel.querySelectorAll('.jp-MarkdownCell h3')]
+      .find(e => e.textContent.trim().startsWith(text) && e.getClientRects().length);
+  return [h ? h.getBoundingClientRect().top - view.top : null, view.height];
+}"""
+
+
+@pytest.mark.parametrize("chapter", ["08"])   # every link is built alike (test_ledger checks each anchor)
+def test_a_chapter_link_opens_A1_at_the_chapters_rows(lab, page, chapter):
+    """The closing cell of a chapter links to its rows of appendix A1
+    (``A1_claims_ledger.ipynb#cell-id=chapter-NN``, :mod:`llminfra.course.ledger_links`):
+    clicked once in JupyterLab with its default notebook windowing (what a learner has; this
+    module's JupyterLab otherwise draws every cell), A1 opens with the heading "Chapter NN" in
+    view — JupyterLab scrolls just far enough, so it may sit low in the view — not at A1's own
+    top, where a heading fragment left it."""
+    notebook = next(p.name for p in (lab.served / "notebooks").glob(f"{chapter}_*.ipynb"))
+    put_setting(lab, TRACKER, {})
+    try:
+        _open(page, lab, f"notebooks/{notebook}")
+        with explained(page, f"{notebook}: the link to appendix A1"):
+            # JupyterLab resolves the href of a rendered link; it is found by its text
+            link = page.locator(PANEL).get_by_role("link", name=f"chapter {chapter}'s rows")
+            page.locator(f"{PANEL} .jp-Cell .jp-InputPrompt").first.click()
+            page.keyboard.press("Escape")
+            for _ in range(400):              # down cell by cell (command mode), as a reader
+                if link.count() and link.first.is_visible():  # scrolls, to the closing cell
+                    break
+                page.keyboard.press("j")
+                time.sleep(0.05)
+            link.first.click()
+            page.locator(".lm-TabBar-tab.lm-mod-current",
+                         has_text="A1_claims_ledger.ipynb").wait_for(timeout=60_000)
+            deadline, top, height = time.monotonic() + 30, None, 0
+            while time.monotonic() < deadline:
+                top, height = page.evaluate(_HEADING_IN_VIEW, f"Chapter {chapter}")
+                if top is not None and 0 <= top < height - 30:
+                    break
+                time.sleep(0.5)
+            assert top is not None and 0 <= top < height - 30, \
+                (f"A1 opened without its 'Chapter {chapter}' heading in view (at {top} px of "
+                 f"a {height:.0f}-px view)")
+    finally:
+        put_setting(lab, TRACKER, {"windowingMode": "none"})
