@@ -469,7 +469,8 @@ _HEADING_IN_VIEW = """(text) => {
 }"""
 
 
-@pytest.mark.parametrize("chapter", ["08"])   # every link is built alike (test_ledger checks each anchor)
+# one chapter: every link is built alike, and tests/test_ledger.py checks each one's anchor
+@pytest.mark.parametrize("chapter", ["08"])
 def test_a_chapter_link_opens_A1_at_the_chapters_rows(lab, page, chapter):
     """The closing cell of a chapter links to its rows of appendix A1
     (``A1_claims_ledger.ipynb#cell-id=chapter-NN``, :mod:`llminfra.course.ledger_links`):
