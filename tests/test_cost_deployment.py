@@ -80,3 +80,15 @@ def test_bad_requirements_are_named():
         Prices(5.4, 2, 1.2, 0)
     with pytest.raises(ValueError, match="req must be a Requirements"):
         rank_deployments({"monthly_tokens": 1}, PRICES)
+
+
+def test_reasons_read_as_sentences_at_any_volume():
+    """No exponent in the reasons a learner reads: 2,250,000 M tokens, thousands of GPUs grouped."""
+    huge = {o.option: o for o in rank_deployments(Requirements(2.25e12, has_gpu_team=True),
+                                                   PRICES)}
+    assert huge["api"].reasons[0].startswith("2,250,000 M tokens x ")
+    rented = huge["rented"]
+    assert rented.n_gpus >= 1000 and rented.reasons[0].startswith(f"{rented.n_gpus:,} GPU(s) at ")
+    small = {o.option: o for o in rank_deployments(Requirements(43.02e6), PRICES)}
+    assert small["api"].reasons[0].startswith("43.02 M tokens x ")
+    assert not any("e+" in r for o in (*huge.values(), *small.values()) for r in o.reasons)

@@ -1,4 +1,5 @@
-"""The figures of chapters 03, 04, 05 and 08 read at their natural size (80 dpi, as shown).
+"""The figures of chapters 02, 03, 04, 05, 06, 07, 08 and 09 read at their natural size (80 dpi,
+as shown).
 
 Each figure is built by the package's helper from the data its chapter gives it (or the same
 kind of data: the catalog GPUs, the recorded CPU roofline, every state of the block-table
@@ -6,7 +7,8 @@ widget), drawn, and checked on what was drawn (a spy on ``Text.draw`` records ev
 reached the canvas):
 
 * every text is at least ``MIN_FONT_PT`` (9 pt) — legends, tick labels, point labels;
-* no two texts overlap (their drawn boxes, 0.5 px of slack);
+* no two texts overlap (their drawn boxes, 0.5 px of slack), and neighbouring tick labels of
+  an axis keep a gap of ``TICK_GAP_PX`` (touching, "8 GPUs" and "decode b=32" read as one);
 * a legend inside the axes covers no data point;
 * a widget picture (a fixed-size PNG) has nothing cut at its edges.
 """
@@ -32,10 +34,18 @@ import llminfra  # noqa: E402
 from llminfra.calc.roofline import (Roofline, decode_batch, device_roofline,  # noqa: E402
                                     prefill_batch, step_breakdown)
 from llminfra.engine.timeline import TimelineRow  # noqa: E402
+from llminfra.plots.attention import (io_figure, memory_vs_n_figure,  # noqa: E402
+                                      tile_grid_figure, time_vs_n_figure)
+from llminfra.plots.cost import (cost_per_million_vs_utilization,  # noqa: E402
+                                 monthly_cost_vs_volume)
 from llminfra.plots.gpus import plot_capacity_bandwidth  # noqa: E402
 from llminfra.plots.kvcache import block_pool_figure, plot_memory_split, plot_sharing  # noqa: E402
 from llminfra.plots.labels import MIN_FONT_PT, label_points, merge_coincident  # noqa: E402
+from llminfra.plots.memory import plot_card_shares  # noqa: E402
+from llminfra.plots.memory_calculator import memory_bar_figure  # noqa: E402
 from llminfra.plots.offscreen import offscreen_figure  # noqa: E402
+from llminfra.plots.parallel import (plot_bubble, plot_comm_share, plot_split,  # noqa: E402
+                                     plot_timeline, timeline_figure)
 from llminfra.plots.quant import (error_histogram_figure, plot_bytes_vs_error,  # noqa: E402
                                   plot_levels)
 from llminfra.plots.roofline import plot_roofline, roofline_figure  # noqa: E402
@@ -46,6 +56,7 @@ from llminfra.widgets.block_table import replay  # noqa: E402
 from llminfra.widgets.gpu_roofline import roofline_points, serving_estimate  # noqa: E402
 
 SLACK_PX = 0.5
+TICK_GAP_PX = 3.0
 
 
 def drawn_texts(fig: Figure, monkeypatch) -> list[tuple[Text, Bbox]]:
@@ -76,6 +87,20 @@ def overlaps(texts) -> list[str]:
         h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
         if w > SLACK_PX and h > SLACK_PX:
             out.append(f"{a.get_text()!r} overlaps {b.get_text()!r} ({w:.0f} x {h:.0f} px)")
+    return out
+
+
+def touching_ticks(fig: Figure) -> list[str]:
+    """Neighbouring tick labels of one axis closer than ``TICK_GAP_PX`` (call after drawing)."""
+    out, renderer = [], fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis, lo, hi in ((ax.xaxis, "x0", "x1"), (ax.yaxis, "y0", "y1")):
+            boxes = sorted((getattr(b, lo), getattr(b, hi), t.get_text())
+                           for t in axis.get_ticklabels()
+                           if t.get_visible() and t.get_text().strip()
+                           for b in [t.get_window_extent(renderer)])
+            out += [f"tick labels {a!r} and {b!r} {b0 - a1:.1f} px apart"
+                    for (_, a1, a), (b0, _, b) in zip(boxes, boxes[1:]) if b0 - a1 < TICK_GAP_PX]
     return out
 
 
@@ -114,7 +139,7 @@ def assert_reads_well(fig: Figure, monkeypatch, fixed_size: bool = False) -> Non
     """The checks of the module's docstring; ``fixed_size``: a widget picture (no tight crop)."""
     texts = drawn_texts(fig, monkeypatch)
     assert texts, "nothing was drawn"
-    problems = small_fonts(texts) + overlaps(texts) + covered_points(fig)
+    problems = small_fonts(texts) + overlaps(texts) + touching_ticks(fig) + covered_points(fig)
     if fixed_size:
         problems += cut_at_edges(texts, fig)
     assert not problems, "\n".join(problems)
@@ -139,6 +164,9 @@ def test_the_checks_see_small_fonts_overlaps_and_covered_points(monkeypatch):
     texts = drawn_texts(fig, monkeypatch)
     assert any("'points' at 7 pt" in s for s in small_fonts(texts))
     assert any("'first label' overlaps 'second label'" in s for s in overlaps(texts))
+    ax.set_xticks([0.5, 0.53], ["left tick", "right tick"])
+    fig.canvas.draw()
+    assert any("'left tick' and 'right tick'" in s for s in touching_ticks(fig))
     assert covered_points(fig) and "covers the point" in covered_points(fig)[0]
     ax.text(4.0, 0.5, "far away", fontsize=10, transform=ax.transAxes)
     assert any("'far away' is cut" in s for s in cut_at_edges(drawn_texts(fig, monkeypatch), fig))
@@ -314,3 +342,135 @@ def test_ch08_capacity_vs_bandwidth(monkeypatch):
     assert_reads_well(fig, monkeypatch)
     names = " ".join(t.get_text() for t in ax.texts)
     assert all(g in names for g in gpu_names()), "every GPU is named"
+
+
+# --- chapter 02 ----------------------------------------------------------------------------
+
+def test_ch02_card_shares(monkeypatch):
+    """vLLM's Fig. 1 shares and the memory model's two splits (the 0 %-reserve "other" is
+    0.7 % of the card: its label goes beside the bar's end)."""
+    shares = {"vLLM Fig. 1 (paper)": {"weights": 0.65, "KV cache": 0.30, "other": 0.05},
+              "ours, 10% reserve": {"weights": 0.5985, "KV cache": 0.2946, "other": 0.1068},
+              "ours, 0% reserve": {"weights": 0.5985, "KV cache": 0.3946, "other": 0.0068}}
+    fig, (ax,) = notebook_figure(7, 2.4)
+    plot_card_shares(shares, ax, "share of the a100-40gb's 40 GiB [datasheet]",
+                     colours={"other": "#ffbf00"})
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+    assert sum(t.get_text() == "1%" for t in ax.texts) == 1
+
+
+@pytest.mark.parametrize("model,gpu,kv,context,batch", [
+    ("llama-2-70b", "h200", "fp8", 4096, 8), ("llama-2-13b", "a100-40gb", "bf16", 2048, 8),
+    ("llama-3-70b", "h100", "bf16", 8192, 256), ("smollm2-135m", "rtx-4090", "int4", 256, 1)])
+def test_ch02_memory_calculator_widget(monkeypatch, model, gpu, kv, context, batch):
+    """The calculator's picture: fits, does not fit, 40x over the card (sizes past 1,000 GB
+    written with commas), a model far smaller than the card."""
+    from llminfra.widgets.memory_calculator import memory_breakdown
+    fig = memory_bar_figure(memory_breakdown(model, gpu, "bf16", kv, context, batch))
+    assert_reads_well(fig, monkeypatch, fixed_size=True)
+    shown = " ".join(t.get_text() for t, _ in drawn_texts(fig, monkeypatch))
+    assert "e+" not in shown, shown
+
+
+# --- chapter 06 ----------------------------------------------------------------------------
+
+#: chapter 06's recorded table: (N, causal, naive / tiled / SDPA ms, naive / tiled / SDPA MB)
+CH06_ROWS = [(256, False, .348, .386, .223, .788, .47, .149),
+             (256, True, .53, .564, .223, .788, .526, .149),
+             (512, False, 1.2, 1.27, .828, 3.15, .94, .281),
+             (512, True, 1.81, 1.96, .839, 3.15, 1.05, .281),
+             (1024, False, 10.2, 5.39, 3.23, 12.6, 1.21, .858),
+             (1024, True, 12.9, 5.34, 2.47, 12.6, 1.32, .858),
+             (2048, False, 42.8, 19.3, 12.8, 50.3, 1.74, 1.12),
+             (2048, True, 52.9, 15.4, 8.26, 50.3, 1.85, 1.12)]
+
+
+def _ch06_rows() -> list[dict]:
+    keys = ("naive", "flash", "sdpa")
+    return [{"N": n, "causal": c, **{f"{k}_s": t / 1e3 for k, t in zip(keys, r[:3])},
+             **{f"{k}_peak_bytes": m * 1e6 for k, m in zip(keys, r[3:])}}
+            for n, c, *r in CH06_ROWS]
+
+
+def test_ch06_tile_stepper_every_step(monkeypatch):
+    from llminfra.attention.tile_trace import tile_trace
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(12, 4, generator=g) for _ in range(3))
+    trace = tile_trace(q, k, v, True, 4, 4)
+    for step in range(len(trace.steps)):
+        assert_reads_well(tile_grid_figure(trace, step), monkeypatch, fixed_size=True)
+
+
+def test_ch06_measured_memory_and_time(monkeypatch):
+    rows = _ch06_rows()
+    for fig in (memory_vs_n_figure(rows), time_vs_n_figure(rows)):
+        assert_reads_well(fig, monkeypatch)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[:3] == ["naive", "tiled", "SDPA"], "the chapter's names, not the bench's keys"
+
+
+def test_ch06_io_counts(monkeypatch):
+    from llminfra.attention.io_accounting import io_table
+    rows = io_table([128, 256, 512], 16, [1024, 4096], generator=torch.Generator().manual_seed(0))
+    assert_reads_well(io_figure(rows), monkeypatch)
+
+
+# --- chapter 07 ----------------------------------------------------------------------------
+
+def test_ch07_splits_and_communication_share(monkeypatch):
+    from llminfra.calc.communication import pcie_claim_table
+    fig, axes = notebook_figure(7, 3, ncols=2)
+    plot_split(axes[0], n_out=8, n_in=6, size=2, kind="column")
+    plot_split(axes[1], n_out=8, n_in=6, size=2, kind="row")
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+    fig, (ax,) = notebook_figure(7.5, 3.4)
+    plot_comm_share(pcie_claim_table("llama-2-70b", "a100-80gb"), ax)
+    ax.set_title("llama-2-70b on a100-80gb: share of a step in all-reduce (α = 0)", fontsize=10)
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+
+
+@pytest.mark.parametrize("p,m", [(1, 1), (4, 4), (4, 16), (8, 8), (8, 32)])
+def test_ch07_pipeline_timeline_widget(monkeypatch, p, m):
+    """Every box has its number while every number fits; at p = 8, m = 32 the boxes are too
+    narrow for "31", and the numbers are left out rather than run together."""
+    from llminfra.parallel.pipeline import gpipe_schedule
+    fig = timeline_figure(gpipe_schedule(p, m, 1.0), p, time_unit="stage times")
+    assert_reads_well(fig, monkeypatch, fixed_size=True)
+    numbers = [t for t, _ in drawn_texts(fig, monkeypatch) if t.get_text().isdigit()
+               and t.axes is not None and t in t.axes.texts]
+    assert len(numbers) == (p * m if m <= 16 else 0)
+
+
+def test_ch07_recorded_timeline_and_bubble(monkeypatch):
+    """The chapter's §5 pair: a recorded p = 2, m = 8 run (uneven stage times) and the bubble,
+    measured against (p-1)/(m+p-1)."""
+    from llminfra.parallel.pipeline import StageEvent, bubble_fraction
+    events = [StageEvent(s, b, 0.031 * (b + s) + 0.002 * s, 0.031 * (b + s + 1) + 0.002 * s)
+              for s in range(2) for b in range(8)]
+    fig, axes = notebook_figure(8, 2.8, ncols=2)
+    plot_timeline(events, axes[0], 2, title="recorded: p=2, m=8")
+    plot_bubble({"p=2": {"m=1": 0.5, "m=2": 0.336, "m=4": 0.203, "m=8": 0.122}},
+                {"p=2": {f"m={m}": bubble_fraction(2, m) for m in (1, 2, 4, 8)}}, axes[1])
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+
+
+# --- chapter 09 ----------------------------------------------------------------------------
+
+def test_ch09_cost_figures(monkeypatch):
+    """The chapter's two figures, with its example prices (blended 5.4 USD per M tokens, 2.69
+    USD per rented GPU hour, 1.544 owned, 1,000 tokens/s)."""
+    from llminfra.calc.deployment import Prices
+    prices = Prices(5.4, 2.69, 1.544, 1000)
+    fig, (ax,) = notebook_figure(7, 4)
+    monthly_cost_vs_volume([1e6, 1e7, 75e6, 3e8, 1e9, 3e9, 1e10], prices, 0.5, ax)
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+    fig, (ax,) = notebook_figure(7, 3.6)
+    cost_per_million_vs_utilization(2.69, 1000, [0.05, 0.1, 0.25, 0.5, 0.75, 1.0], 5.4, ax)
+    ax.set_title("One rented GPU (2.69 USD/h, example) at 1,000 tokens/s when busy")
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)

@@ -1,7 +1,8 @@
 """The tables a learner reads, checked as they are stored in the chapters (what JupyterLab
 shows when a chapter is opened; nbval keeps the stored HTML equal to what a run produces).
 
-Every table of chapters 03, 04, 05, 08 and 10 is made by :func:`llminfra.plots.table.show_table`
+Every table of chapters 02, 03, 04, 05, 06, 07, 08, 09 and 10 is made by
+:func:`llminfra.plots.table.show_table`
 and reads well in a 1440-px-wide JupyterLab: no ``NaN`` / ``nan`` / ``None`` shown, no header
 written as code (``tpot_ms``), no text cut ("systems fro…"), no number as ``4.302e+04``, text
 columns left-aligned (JupyterLab right-aligns every cell unless told), and the table's estimated
@@ -18,14 +19,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from llminfra.plots.table import TABLE_CLASS, format_number, show_table
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the chapters whose tables all go through ``show_table`` (add a chapter once its tables do)
-CHAPTERS = ["03_precision_and_quantization", "04_kv_cache_and_paged_attention",
-            "05_serving_and_continuous_batching", "08_gpu_hardware_and_roofline",
-            "10_capstone_plan_a_deployment"]
+CHAPTERS = ["02_gpu_memory", "03_precision_and_quantization", "04_kv_cache_and_paged_attention",
+            "05_serving_and_continuous_batching", "06_flash_attention",
+            "07_tensor_and_pipeline_parallelism", "08_gpu_hardware_and_roofline",
+            "09_deployment_and_cost", "10_capstone_plan_a_deployment"]
 #: JupyterLab at 1440 px with its file browser open leaves ~1,000 px for an output (994 px
 #: measured in Chromium on nbconvert's lab page at that width); a table's text is estimated at
 #: 7 px per character of JupyterLab's 13-px table font, plus 2 × 0.6 em of padding per column
@@ -199,7 +202,7 @@ def test_formats_and_index():
     assert "12.3%" in html and "—" in html and ">design<" in html and problems(html) == []
 
 
-# --- the widgets' own tables (chapters 03 and 10): drawn from the saved widget state ---------
+# --- the widgets' own tables (chapters 03, 06, 09 and 10) ------------------------------------
 
 class _Rows(HTMLParser):
     """Each table row as a list of ``(is_header, inline text-align, text)``."""
@@ -228,7 +231,8 @@ class _Rows(HTMLParser):
 def widget_table_problems(html: str) -> list[str]:
     """A widget's HTML table has no stylesheet of JupyterLab's: every cell says its alignment —
     left in a column of text, right in a column of numbers (header included) — and nothing is
-    shown as Python prints it (``nan``, ``inf``, ``None``)."""
+    shown as Python prints it (``nan``, ``inf``, ``None``). A number column may hold "—" for a
+    missing value."""
     p = _Rows()
     p.feed(html)
     cells = [c for row in p.rows for c in row]
@@ -238,8 +242,8 @@ def widget_table_problems(html: str) -> list[str]:
     for j in range(n):
         column = [r[j] for r in p.rows if len(r) == n]
         data = [s for is_head, _, s in column if not is_head]
-        want = "right" if data and all(NUMBER.match(s) or s in ("NaN", "∞", "-∞")
-                                       for s in data) else "left"
+        want = "right" if data and all(NUMBER.match(s) or s in ("NaN", "∞", "-∞", "—")
+                                       for s in data) and set(data) != {"—"} else "left"
         out += [f"{s!r} is aligned {align or 'by default'}, not {want}"
                 for _, align, s in column if align != want]
     return out
@@ -261,3 +265,51 @@ def test_the_plan_form_tables():
     plan = plan_deployment(ServiceRequirements(50_000, 1500, 300), "h100", PlanPrices(3, 15, 2.69))
     for table in re.findall(r"<table>.*?</table>", plan_html(plan), flags=re.S):
         assert widget_table_problems(table) == [], widget_table_problems(table)
+
+
+def test_the_tile_stepper_table():
+    """Chapter 06's stepper: every step's table (running max, running sum: numbers, right)."""
+    from llminfra.attention.tile_trace import tile_trace
+    from llminfra.widgets.tile_stepper import step_html
+    g = torch.Generator().manual_seed(0)
+    trace = tile_trace(*(torch.randn(12, 4, generator=g) for _ in range(3)), True, 4, 4)
+    for step in range(len(trace.steps)):
+        table = re.search(r"<table>.*</table>", step_html(trace, step), flags=re.S).group(0)
+        assert widget_table_problems(table) == [], (step, widget_table_problems(table))
+
+
+@pytest.mark.parametrize("requests_per_day,utilization", [(1000, 0.5), (1e5, 0.5), (1e7, 0.05)])
+def test_the_deployment_advisor_table(requests_per_day, utilization):
+    """Chapter 09's advisor, up to its sliders' ends (12,000,000 M tokens a month: 92,593
+    GPUs): numbers right-aligned and grouped, never "92593" or "1.2e+07"."""
+    from llminfra.calc.deployment import Prices
+    from llminfra.widgets.deployment_advisor import advice_html, advise
+    prices = Prices(5.4, 2.69, 1.544, 1000)
+    d = advise(prices, requests_per_day, 32_000 if requests_per_day > 1e6 else 2_000,
+               8_000 if requests_per_day > 1e6 else 500, has_gpu_team=True,
+               utilization=utilization, api_prices_per_million=(3, 15))
+    table = re.search(r"<table.*</table>", advice_html(d), flags=re.S).group(0)
+    assert widget_table_problems(table) == [], widget_table_problems(table)
+    p = _Rows()
+    p.feed(table)
+    gpus = [row[3][2] for row in p.rows[1:]]
+    assert all(g == "—" or NUMBER.match(g) for g in gpus), gpus
+    if requests_per_day == 1e7:
+        assert "92,593" in gpus
+
+
+def test_chapter_09s_claims_table_names_each_claim():
+    """The closing table of chapter 09 gives each claim its ledger id, so that the verdict test
+    (``tests/test_ledger_verdicts.py``) reads every row: each row's label is the ledger's, and
+    the rows cover every claim the ledger places in chapter 09."""
+    from test_ledger_verdicts import html_flags
+
+    from llminfra.ledger import all_claims, get_claim
+    tables = [html for _, html in stored_tables("09_deployment_and_cost") if "appendix A1" in html]
+    assert len(tables) == 1, "one claims table, its id column headed 'claim (appendix A1)'"
+    p = _Rows()
+    p.feed(tables[0])
+    flags = html_flags(tables[0])
+    assert len(flags) == len(p.rows) - 1, "every row has one id and one verdict label"
+    assert all(label == get_claim(claim).verdict for claim, label in flags), flags
+    assert {c for c, _ in flags} >= {c.id for c in all_claims() if "09" in c.chapters}

@@ -119,6 +119,12 @@ class RankedOption:
     reasons: list[str] = field(default_factory=list)
 
 
+def _millions(m: float) -> str:
+    """A count of millions for a sentence: grouped digits from 1,000 up (``225,000``, never
+    ``2.25e+05``), four significant digits below (``43.02``)."""
+    return f"{m:,.0f}" if m >= 1000 else f"{m:.4g}"
+
+
 def gpus_needed(monthly_tokens, tokens_per_s_per_gpu, utilization, gpus_per_replica=1,
                 days=DAYS_PER_MONTH) -> int:
     """GPUs to serve ``monthly_tokens`` when each, busy a share ``u`` of the month, serves
@@ -155,7 +161,7 @@ def rank_deployments(req: Requirements, prices: Prices) -> list[RankedOption]:
                     prices.gpus_per_replica)
     out = []
     api = RankedOption("api", True, req.monthly_tokens / 1e6 * prices.api_usd_per_million, 0,
-                       [f"{req.monthly_tokens / 1e6:.4g} M tokens x "
+                       [f"{_millions(req.monthly_tokens / 1e6)} M tokens x "
                         f"{prices.api_usd_per_million:.4g} USD per M"])
     if not req.data_may_leave:
         api = RankedOption("api", False, api.monthly_cost_usd, 0,
@@ -167,7 +173,7 @@ def rank_deployments(req: Requirements, prices: Prices) -> list[RankedOption]:
     out.append(api)
     for option, price in (("rented", prices.rent_usd_per_gpu_hour),
                           ("own", prices.own_usd_per_gpu_hour)):
-        reasons = [f"{n} GPU(s) at {price:.4g} USD per GPU hour, paid busy or idle "
+        reasons = [f"{n:,} GPU(s) at {price:.4g} USD per GPU hour, paid busy or idle "
                    f"(load keeps them {req.utilization:.0%} busy)"]
         if not req.has_gpu_team:
             reasons.append("no team to run GPUs: ranked after options that need none")

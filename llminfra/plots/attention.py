@@ -1,5 +1,11 @@
 """Figures for chapter 06 (FlashAttention): the tile grid of the stepper, memory and time vs N
-from the attention bench, and bytes moved vs Theorem 2 of Dao et al. 2022 (arXiv:2205.14135)."""
+from the attention bench, and bytes moved vs Theorem 2 of Dao et al. 2022 (arXiv:2205.14135).
+
+The stepper's picture is drawn off-screen (:func:`tile_grid_figure`, :func:`tile_grid_png`);
+the chapter's three plots are pyplot figures it shows with ``plt.show()``. Every text is at
+least :data:`~llminfra.plots.labels.MIN_FONT_PT`; legends with more than three entries sit
+right of the axes, where they cover no measured point.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,12 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, NullLocator
 
 from llminfra.attention.tile_trace import TileTrace
+from llminfra.plots.labels import MIN_FONT_PT
+from llminfra.plots.offscreen import offscreen_figure, png_bytes
 
 _COLORS = {"naive": "tab:red", "flash": "tab:blue", "sdpa": "tab:green"}
+#: each method's name in a legend (the bench's keys are naive / flash / sdpa)
+_NAMES = {"naive": "naive", "flash": "tiled", "sdpa": "SDPA"}
 
 
 def tile_grid_figure(trace: TileTrace, step: int) -> Figure:
@@ -20,7 +30,8 @@ def tile_grid_figure(trace: TileTrace, step: int) -> Figure:
     s = trace.steps[step]
     done = {(t.i0, t.j0) for t in trace.steps[:step]}
     computed = {(t.i0, t.j0) for t in trace.steps}
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8.0, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    fig = offscreen_figure(8.0, 3.4)
+    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     for i0 in range(0, trace.T, trace.block_q):
         for j0 in range(0, trace.S, trace.block_k):
             h, w = min(trace.block_q, trace.T - i0), min(trace.block_k, trace.S - j0)
@@ -44,9 +55,20 @@ def tile_grid_figure(trace: TileTrace, step: int) -> Figure:
     bx.bar(["tiled\nso far"], [write_kb], bottom=[read_kb], color="lightsteelblue", label="written")
     bx.bar(["naive\ntotal"], [trace.naive_slow_bytes / 1e3], color="tab:red")
     bx.set_ylabel("slow-memory traffic (kB)")
-    bx.legend(loc="upper left", fontsize=8)
+    bx.legend(loc="upper left", fontsize=MIN_FONT_PT)
     fig.tight_layout()
     return fig
+
+
+def tile_grid_png(trace: TileTrace, step: int) -> bytes:
+    """:func:`tile_grid_figure` as PNG bytes (the stepper's ``Image``; nothing left open)."""
+    return png_bytes(tile_grid_figure(trace, step))
+
+
+def _legend_right(ax, ncol: int = 1) -> None:
+    """The legend right of the axes (it covers no point), in the course's smallest font."""
+    ax.legend(fontsize=MIN_FONT_PT, ncol=ncol, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False)
 
 
 def _ticks_at(ax, Ns) -> None:
@@ -70,16 +92,17 @@ def memory_vs_n_figure(rows: list[dict], causal: bool = False) -> Figure:
     """Measured peak extra memory of each method vs N (log-log): naive grows as N², tiled and
     SDPA as N."""
     rows = _by_causal(rows, causal)
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
     Ns = [r["N"] for r in rows]
     for name, color in _COLORS.items():
-        ax.loglog(Ns, [r[f"{name}_peak_bytes"] / 1e6 for r in rows], "o-", color=color, label=name)
+        ax.loglog(Ns, [r[f"{name}_peak_bytes"] / 1e6 for r in rows], "o-", color=color,
+                  label=_NAMES[name])
     _ticks_at(ax, Ns)
     ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel("measured peak memory (MB)")
     _plain_y(ax)
     ax.set_title(f"peak memory of one attention call ({'causal' if causal else 'non-causal'})")
-    ax.legend()
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -88,18 +111,18 @@ def memory_vs_n_figure(rows: list[dict], causal: bool = False) -> Figure:
 def time_vs_n_figure(rows: list[dict]) -> Figure:
     """Best wall time of each method vs N in ms, non-causal (solid) and causal (dashed),
     log-log, ticks at the measured N."""
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
     for causal, style in ((False, "o-"), (True, "s--")):
         sub = _by_causal(rows, causal)
         for name, color in _COLORS.items():
             ax.loglog([r["N"] for r in sub], [1e3 * r[f"{name}_s"] for r in sub], style, color=color,
-                      label=f"{name}{' causal' if causal else ''}")
+                      label=f"{_NAMES[name]}{', causal' if causal else ''}")
     _ticks_at(ax, [r["N"] for r in rows])
     ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel("best time (ms)")
     _plain_y(ax)
     ax.set_title("time of one attention call (CPU)")
-    ax.legend(fontsize=8, ncol=2)
+    _legend_right(ax)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -108,7 +131,7 @@ def time_vs_n_figure(rows: list[dict]) -> Figure:
 def io_figure(rows: list[dict]) -> Figure:
     """Counted slow-memory bytes vs N: naive, and tiled for each fast-memory size M, with the
     Theorem 2 terms (scaled by their fitted constants) as dotted lines."""
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
     Ms = sorted({r["sram_elements"] for r in rows})
     naive = sorted({(r["N"], r["naive_bytes"], r["naive_formula_bytes"]) for r in rows})
     ax.loglog([n for n, _, _ in naive], [b for _, b, _ in naive], "o-", color="tab:red",
@@ -124,7 +147,7 @@ def io_figure(rows: list[dict]) -> Figure:
     ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel("bytes moved to/from slow memory")
     ax.set_title("IO: counted (solid) vs Theorem 2's N²d²/M (dotted)")
-    ax.legend(fontsize=8)
+    _legend_right(ax)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -1,9 +1,11 @@
-"""Figures for chapters 01 and 02: memory as stacked bars, and decode's FLOPs per byte.
+"""Figures for chapters 01 and 02: memory as stacked bars, a card's memory split into shares,
+and decode's FLOPs per byte.
 
 The functions take plain dicts of bytes (from :mod:`llminfra.calc.memory` or
 :mod:`llminfra.calc.measured`) and draw on a given ``ax`` (a new figure when ``ax`` is None);
 they return the ``Axes`` and never call ``plt.show()``, which the notebook does. Sizes are
-plotted in GB (1e9 bytes) or GiB (2**30 bytes), said on the axis.
+plotted in GB (1e9 bytes) or GiB (2**30 bytes), said on the axis. Every text is at least
+:data:`~llminfra.plots.labels.MIN_FONT_PT`.
 
 Taught in chapter 01 (``notebooks/01_training_vs_inference``) and chapter 02.
 """
@@ -14,13 +16,17 @@ from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.ticker import FuncFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
+
+from llminfra.plots.labels import MIN_FONT_PT
+from llminfra.plots.table import format_number
 
 #: colour of each memory part, by the names the calculators use
 PART_COLOURS = {
     "weights": "#7f7f7f", "parameters": "#7f7f7f", "gradients": "#1f77b4",
     "master_weights": "#9467bd", "optimizer_states": "#2ca02c", "activations": "#ffbf00",
     "kv_cache": "#d62728", "logits": "#ff7f0e", "other": "#c7c7c7",
+    "KV cache": "#d62728",
 }
 
 #: unit name -> bytes per unit
@@ -57,11 +63,11 @@ def stacked_memory_bars(bars: Mapping[str, Mapping[str, float]], unit: str = "GB
         draw(labels, values, label=part.replace("_", " "), color=colour, **kw)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     for x, total in enumerate(bottoms):
-        text = f"{total:.4g}" if total >= 1000 else f"{total:.3g}"
+        text = format_number(total, 4 if total >= 1000 else 3)
         if horizontal:
-            ax.annotate(f" {text}", (total, x), va="center", fontsize=8)
+            ax.annotate(f" {text}", (total, x), va="center", fontsize=MIN_FONT_PT)
         else:
-            ax.annotate(text, (x, total), ha="center", va="bottom", fontsize=8)
+            ax.annotate(text, (x, total), ha="center", va="bottom", fontsize=MIN_FONT_PT)
     # headroom for the totals written past the longest bar (text is not autoscaled)
     top = max(bottoms, default=0.0) * 1.12
     if limit_bytes is not None:
@@ -73,7 +79,45 @@ def stacked_memory_bars(bars: Mapping[str, Mapping[str, float]], unit: str = "GB
     (ax.set_xlabel if horizontal else ax.set_ylabel)(f"memory ({unit})")
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=MIN_FONT_PT, loc="best")
+    return ax
+
+
+def plot_card_shares(shares: Mapping[str, Mapping[str, float]], ax: Axes,
+                     xlabel: str = "share of the card's memory",
+                     colours: Mapping[str, str] | None = None) -> Axes:
+    """One horizontal bar per entry of ``shares`` (label -> {part: share of the card, 0..1}),
+    the first entry on top, parts side by side in the order given, each part one colour across
+    bars (``colours``, else :data:`PART_COLOURS`), each part's share written on it (``65%``); a
+    part too thin for its label (under 4 %) has it just right of its end. The legend sits above
+    the axes, in one row. Chapter 02 compares vLLM's Fig. 1 (Kwon et al., 2023,
+    arXiv:2309.06180) with the memory model's split."""
+    colours = {**PART_COLOURS, **(colours or {})}
+    labels = list(shares)
+    parts: list[str] = []
+    for bar in shares.values():
+        parts += [p for p in bar if p not in parts]
+    for i, label in enumerate(labels):
+        left = 0.0
+        for j, part in enumerate(parts):
+            share = shares[label].get(part, 0.0)
+            ax.barh(i, share, left=left, color=colours.get(part, f"C{j}"),
+                    label=part if i == 0 else None)
+            if share >= 0.04:                     # about 20 px at 7 in: room for "65%"
+                ax.text(left + share / 2, i, f"{share:.0%}", ha="center", va="center",
+                        fontsize=MIN_FONT_PT)
+            elif share > 0:
+                ax.annotate(f"{share:.0%}", (left + share, i), xytext=(3, 0),
+                            textcoords="offset points", ha="left", va="center",
+                            fontsize=MIN_FONT_PT)
+            left += share
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(0, 1.07 * max(1.0, *(sum(b.values()) for b in shares.values())))
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel(xlabel)
+    ax.legend(ncol=len(parts), fontsize=MIN_FONT_PT, loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), frameon=False)
     return ax
 
 
@@ -95,5 +139,5 @@ def intensity_vs_batch(batches: Sequence[int], intensities: Sequence[float],
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("batch (sequences decoded together)")
     ax.set_ylabel("FLOPs per byte read")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=MIN_FONT_PT)
     return ax

@@ -1,26 +1,57 @@
 """Figures of chapter 07: pipeline timelines with the bubble shaded, the matrix splits of tensor
 parallelism, the measured bubble against GPipe's formula, the communication share per link.
 
-Each ``plot_*`` draws on a given ``ax``; :func:`timeline_png` renders off-screen (Agg, no pyplot
-state) for the timeline widget. Bubble: Huang et al., 2019, GPipe (arXiv:1811.06965), §2.2;
-splits: Shoeybi et al., 2019, Megatron-LM (arXiv:1909.08053), Fig. 3.
+Each ``plot_*`` draws on a given ``ax``; :func:`timeline_figure` / :func:`timeline_png` draw
+off-screen (Agg, no pyplot state) for the timeline widget. Every text is at least
+:data:`~llminfra.plots.labels.MIN_FONT_PT`; the micro-batches' numbers are written in their
+boxes only when every box, as drawn, is wide enough for its number (32 micro-batches on 8
+stages leave boxes too narrow for "31": then the colours alone tell them apart).
+
+Bubble: Huang et al., 2019, GPipe (arXiv:1811.06965), §2.2; splits: Shoeybi et al., 2019,
+Megatron-LM (arXiv:1909.08053), Fig. 3.
 """
 
 from __future__ import annotations
 
-import io
-
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator, NullLocator
+from matplotlib.transforms import Bbox
 
 from llminfra.parallel.pipeline import StageEvent, measured_bubble
+from llminfra.plots.labels import MIN_FONT_PT
+from llminfra.plots.offscreen import DPI, offscreen_figure, png_bytes
 
 #: one colour per micro-batch (cycled)
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
            "#8c8c8c", "#ccb974", "#64b5cd")
+
+
+class _FitInBoxes(Artist):
+    """Draws nothing; when the axes are drawn (first among their children, so after any
+    ``tight_layout`` or resize) shows the texts only if each fits inside its box with 1 px to
+    spare (neighbouring labels never run into each other), else none of them."""
+
+    def __init__(self, pairs: list[tuple[Text, Rectangle]]):
+        super().__init__()
+        self.pairs = pairs
+        self.set_zorder(-1e9)
+        self.set_in_layout(False)
+
+    def get_window_extent(self, renderer=None):
+        return Bbox.null()
+
+    def draw(self, renderer):
+        fit = True
+        for text, box in self.pairs:
+            text.set_visible(True)
+            t, b = text.get_window_extent(renderer), box.get_window_extent(renderer)
+            fit = fit and t.width + 2 <= b.width and t.height + 2 <= b.height
+        for text, _ in self.pairs:
+            text.set_visible(fit)
 
 
 def plot_timeline(events: list[StageEvent], ax: Axes, n_stages: int | None = None,
@@ -37,11 +68,15 @@ def plot_timeline(events: list[StageEvent], ax: Axes, n_stages: int | None = Non
     for s in range(p):
         ax.add_patch(Rectangle((0, s - 0.4), t1 - t0, 0.8, color="#bbbbbb", alpha=0.5, lw=0,
                                hatch="//", fill=True))
+    pairs = []
     for e in events:
-        ax.add_patch(Rectangle((e.start_s - t0, e.stage - 0.4), e.end_s - e.start_s, 0.8,
-                               color=COLOURS[e.micro_batch % len(COLOURS)], ec="white", lw=0.8))
-        ax.text((e.start_s + e.end_s) / 2 - t0, e.stage, str(e.micro_batch), ha="center",
-                va="center", fontsize=7, color="white")
+        box = ax.add_patch(Rectangle((e.start_s - t0, e.stage - 0.4), e.end_s - e.start_s, 0.8,
+                                     color=COLOURS[e.micro_batch % len(COLOURS)], ec="white",
+                                     lw=0.8))
+        pairs.append((ax.text((e.start_s + e.end_s) / 2 - t0, e.stage, str(e.micro_batch),
+                              ha="center", va="center", fontsize=MIN_FONT_PT, color="white"),
+                      box))
+    ax.add_artist(_FitInBoxes(pairs))
     ax.set_xlim(0, t1 - t0)
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
@@ -49,22 +84,26 @@ def plot_timeline(events: list[StageEvent], ax: Axes, n_stages: int | None = Non
     if time_unit == "stage times":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     bubble = measured_bubble(events, p)
-    ax.set_title(title or f"p = {p} stages: grey = idle, bubble {bubble:.3f}", fontsize=9)
+    ax.set_title(title or f"p = {p} stages: grey = idle, bubble {bubble:.3f}", fontsize=10)
     return ax
 
 
-def timeline_png(events: list[StageEvent], n_stages: int | None = None, title: str | None = None,
-                 width_in: float = 7.0, dpi: int = 80, time_unit: str = "s") -> bytes:
-    """:func:`plot_timeline` rendered off-screen as PNG bytes (nothing shown, nothing left open)."""
+def timeline_figure(events: list[StageEvent], n_stages: int | None = None,
+                    title: str | None = None, width_in: float = 7.0, dpi: int = DPI,
+                    time_unit: str = "s") -> Figure:
+    """:func:`plot_timeline` on an off-screen Figure, 0.45 in per stage (nothing shown, nothing
+    left open)."""
     p = n_stages or len({e.stage for e in events})
-    fig = Figure(figsize=(width_in, 0.9 + 0.45 * p), dpi=dpi)
-    FigureCanvasAgg(fig)
+    fig = offscreen_figure(width_in, 1.0 + 0.45 * p, dpi)
     plot_timeline(events, fig.add_subplot(1, 1, 1), p, title, time_unit)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    fig.clear()
-    return buf.getvalue()
+    return fig
+
+
+def timeline_png(events: list[StageEvent], n_stages: int | None = None, title: str | None = None,
+                 width_in: float = 7.0, dpi: int = DPI, time_unit: str = "s") -> bytes:
+    """:func:`timeline_figure` as PNG bytes (for the timeline widget's ``Image``)."""
+    return png_bytes(timeline_figure(events, n_stages, title, width_in, dpi, time_unit))
 
 
 def plot_split(ax: Axes, n_out: int, n_in: int, size: int, kind: str) -> Axes:
@@ -80,13 +119,13 @@ def plot_split(ax: Axes, n_out: int, n_in: int, size: int, kind: str) -> Axes:
             xy, w, h = (r * n_in / size, 0), n_in / size, n_out
         ax.add_patch(Rectangle(xy, w, h, color=COLOURS[r % len(COLOURS)], ec="white", lw=2))
         ax.text(xy[0] + w / 2, xy[1] + h / 2, f"rank {r}", ha="center", va="center",
-                color="white", fontsize=8)
+                color="white", fontsize=MIN_FONT_PT)
     ax.set_xlim(0, n_in)
     ax.set_ylim(n_out, 0)
     ax.set_xlabel(f"in = {n_in}")
     ax.set_ylabel(f"out = {n_out}")
     what = "output features (rows of W)" if kind == "column" else "input features (columns of W)"
-    ax.set_title(f"{kind} parallel: split {what}", fontsize=9)
+    ax.set_title(f"{kind} parallel: split\n{what}", fontsize=10, pad=10)   # clear of tick "0"
     ax.set_aspect("equal")
     return ax
 
@@ -107,7 +146,7 @@ def plot_bubble(measured: dict, formula: dict, ax: Axes) -> Axes:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble fraction")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=MIN_FONT_PT)
     return ax
 
 
@@ -129,8 +168,8 @@ def plot_comm_share(rows: list[dict], ax: Axes) -> Axes:
         ax.bar(xs, ys, width, label=link, color=COLOURS[j % len(COLOURS)])
     ax.axhspan(0.4, 0.5, color="#cccccc", alpha=0.6, label="claim: 40–50 %")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))],
-                  [f"{ph} b={b}\n{n} GPUs" for ph, b, n in groups], fontsize=7)
+                  [f"{ph} b={b}\n{n} GPUs" for ph, b, n in groups], fontsize=MIN_FONT_PT)
     ax.set_ylabel("share of step in all-reduce")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=MIN_FONT_PT, loc="upper right")   # the bars there stay under 0.5
     return ax

@@ -13,7 +13,7 @@ included. :func:`show_table` returns the frame's ``Styler`` instead, with
 * no ``0, 1, 2 …`` index column; a fixed element id, so the HTML is the same on every run
   (nbval compares it).
 
-Used for the tables of chapters 03, 04, 05, 08 and 10 (``tests/test_tables_read_well.py``
+Used for the tables of chapters 02 to 10 (``tests/test_tables_read_well.py``
 checks their stored outputs).
 """
 

@@ -70,26 +70,34 @@ def advice_lines(data: dict) -> list[str]:
         if r.feasible:
             rank += 1
         head = f"{rank}." if r.feasible else "x "
-        gpus = f", {r.n_gpus} GPU(s)" if r.n_gpus else ""
+        gpus = f", {r.n_gpus:,} GPU(s)" if r.n_gpus else ""
         lines.append(f"{head} {OPTION_NAMES[r.option]}: {cost}{gpus}; " + "; ".join(r.reasons))
     return lines
 
 
+_LEFT, _RIGHT = "style='text-align:left'", "style='text-align:right'"
+#: the table's columns: header, alignment (numbers right, text left)
+_COLUMNS = (("rank", _LEFT), ("option", _LEFT), ("USD per month", _RIGHT), ("GPUs", _RIGHT),
+            ("reasons", _LEFT))
+
+
 def advice_html(data: dict) -> str:
-    """:func:`advice_lines` as an HTML table (infeasible options greyed, the first in bold)."""
+    """:func:`advice_lines` as an HTML table (infeasible options greyed, the first in bold).
+    Every cell says its alignment (a widget's HTML gets none of JupyterLab's table styles):
+    numbers right, text left; a missing number is "—"."""
     rows, rank = [], 0
     for r in data["ranking"]:
         rank += r.feasible
-        cost = "-" if r.monthly_cost_usd is None else f"{r.monthly_cost_usd:,.0f}"
-        style = "" if r.feasible else " style='color:#888'"
         name = html.escape(OPTION_NAMES[r.option])
         if r.feasible and rank == 1:
             name = f"<b>{name}</b>"
-        rows.append(f"<tr{style}><td>{rank if r.feasible else 'x'}</td><td>{name}</td>"
-                    f"<td style='text-align:right'>{cost}</td><td>{r.n_gpus or '-'}</td>"
-                    f"<td>{html.escape('; '.join(r.reasons))}</td></tr>")
-    head = ("<tr><th>rank</th><th>option</th><th>USD per month</th><th>GPUs</th>"
-            "<th>reasons</th></tr>")
+        cells = (rank if r.feasible else "x", name,
+                 "—" if r.monthly_cost_usd is None else f"{r.monthly_cost_usd:,.0f}",
+                 f"{r.n_gpus:,}" if r.n_gpus else "—", html.escape("; ".join(r.reasons)))
+        style = "" if r.feasible else " style='color:#888'"
+        rows.append(f"<tr{style}>" + "".join(f"<td {align}>{cell}</td>" for cell, (_, align)
+                                              in zip(cells, _COLUMNS)) + "</tr>")
+    head = "<tr>" + "".join(f"<th {align}>{name}</th>" for name, align in _COLUMNS) + "</tr>"
     return (f"<div>{millions(data['monthly_tokens'])} M tokens a month (input + output)</div>"
             f"<table style='font-size:12px; border-collapse:separate; border-spacing:14px 2px'>"
             f"{head}{''.join(rows)}</table>")

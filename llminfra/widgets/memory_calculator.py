@@ -25,6 +25,7 @@ import ipywidgets as widgets
 
 from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, fits
 from llminfra.plots.memory_calculator import memory_bar_png
+from llminfra.plots.table import format_number
 from llminfra.specs.gpus import get_gpu, gpu_names
 from llminfra.specs.models import get_model, model_names
 from llminfra.widgets.panel import Panel, natural_size
@@ -68,7 +69,8 @@ def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | 
 
 
 def _both(n_bytes: float) -> str:
-    return f"{n_bytes / 1e9:.4g} GB = {n_bytes / 2**30:.4g} GiB"
+    """``17,320 GB = 16,130 GiB``: 4 significant digits, thousands grouped, never ``1.732e+04``."""
+    return f"{format_number(n_bytes / 1e9)} GB = {format_number(n_bytes / 2**30)} GiB"
 
 
 def summary_lines(data: dict) -> list[str]:

@@ -10,39 +10,34 @@ read and written so far and the bytes the tile holds in fast memory. Thin wiring
 
 from __future__ import annotations
 
-import io
-
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import torch
 
 from llminfra.attention.tile_trace import TileTrace, tile_trace
-from llminfra.plots.attention import tile_grid_figure
+from llminfra.plots.attention import tile_grid_png
 from llminfra.widgets.panel import Panel, natural_size
+
+_LEFT, _RIGHT = "style='text-align:left'", "style='text-align:right'"
 
 
 def step_html(trace: TileTrace, step: int) -> str:
-    """The numbers of one step as an HTML table (4 significant digits)."""
+    """The numbers of one step as an HTML table (4 significant digits): each cell says its
+    alignment (the widget's HTML gets no table style of JupyterLab's), numbers right, the
+    three output values (a list) left."""
     s = trace.steps[step]
     rows = "".join(
-        f"<tr><td>{i}</td><td>{s.m[i].item():.4g}</td><td>{s.l[i].item():.4g}</td>"
-        f"<td>{', '.join(f'{x:.3g}' for x in s.O[i, :3].tolist())}</td></tr>"
+        f"<tr><td {_RIGHT}>{i}</td><td {_RIGHT}>{s.m[i].item():.4g}</td>"
+        f"<td {_RIGHT}>{s.l[i].item():.4g}</td>"
+        f"<td {_LEFT}>{', '.join(f'{x:.3g}' for x in s.O[i, :3].tolist())}</td></tr>"
         for i in range(s.i0, s.i1))
     return (f"<b>step {step + 1} of {len(trace.steps)}</b>: query rows {s.i0}–{s.i1 - 1} × "
             f"keys {s.j0}–{s.j1 - 1}<br>"
             f"slow memory so far: {s.slow_read_bytes:,} B read, {s.slow_write_bytes:,} B written "
             f"(naive total: {trace.naive_slow_bytes:,} B); fast memory for this tile: "
             f"{s.fast_bytes:,} B (naive score matrix: {trace.naive_peak_scores_bytes:,} B)"
-            f"<table><tr><th>row i</th><th>m_i (running max)</th><th>l_i (running sum)</th>"
-            f"<th>O_i[:3] (partial output)</th></tr>{rows}</table>")
-
-
-def _png(trace: TileTrace, step: int) -> bytes:
-    fig = tile_grid_figure(trace, step)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+            f"<table><tr><th {_RIGHT}>row i</th><th {_RIGHT}>m_i (running max)</th>"
+            f"<th {_RIGHT}>l_i (running sum)</th><th {_LEFT}>O_i[:3] (partial output)</th></tr>"
+            f"{rows}</table>")
 
 
 def tile_stepper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -58,11 +53,11 @@ def tile_stepper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     trace = tile_trace(q, k, v, causal, block_q, block_k)
     slider = widgets.IntSlider(value=1, min=1, max=len(trace.steps), description="tile",
                                continuous_update=False)
-    image = natural_size(widgets.Image(format="png", value=_png(trace, 0)))
+    image = natural_size(widgets.Image(format="png", value=tile_grid_png(trace, 0)))
     html = widgets.HTML(value=step_html(trace, 0))
 
     def update(change):
-        image.value = _png(trace, change["new"] - 1)
+        image.value = tile_grid_png(trace, change["new"] - 1)
         html.value = step_html(trace, change["new"] - 1)
 
     slider.observe(update, names="value")
