@@ -77,6 +77,8 @@ SIZES = MappingProxyType({
     False: dict(n_requests=32, scale=0.125, max_seq_len=256, repeats=3, decode_tokens=32),
     True: dict(n_requests=10, scale=0.0625, max_seq_len=128, repeats=2, decode_tokens=16)})
 DECODE_PROMPT_LEN = 64
+#: extra timing rounds of a decode path whose n + 1 tokens timed no slower than 1 (noise)
+RETIMES = 5
 #: int4 group of the ``fast_int4`` decode path (SmolLM2's 576-wide inputs take 32 or 64, not 128)
 FAST_INT4_GROUP = 64
 
@@ -139,6 +141,18 @@ def decode_s_per_token(model, prompt: list[int], n: int,
             t0 = time.perf_counter()
             paths[p](k)
             if r:
+                best[p, k] = min(best[p, k], time.perf_counter() - t0)
+    # n more tokens cannot take less time than none: where a stall of the machine made every
+    # timed 1-token run slower than the best (n + 1)-token run (a tiny n, few repeats, a busy
+    # machine), both are timed again, up to RETIMES more rounds
+    for _ in range(RETIMES):
+        noisy = [p for p in paths if best[p, n + 1] <= best[p, 1]]
+        if not noisy:
+            break
+        for p in noisy:
+            for k in (1, n + 1):
+                t0 = time.perf_counter()
+                paths[p](k)
                 best[p, k] = min(best[p, k], time.perf_counter() - t0)
     return {p: (best[p, n + 1] - best[p, 1]) / n for p in paths}, fast_int4.weight_bytes_read()
 
