@@ -119,9 +119,10 @@ class RankedOption:
     reasons: list[str] = field(default_factory=list)
 
 
-def _millions(m: float) -> str:
-    """A count of millions for a sentence: grouped digits from 1,000 up (``225,000``, never
-    ``2.25e+05``), four significant digits below (``43.02``)."""
+def millions(tokens: float) -> str:
+    """Tokens in millions as people write them: grouped digits from 1,000 M up (``43,020``,
+    never ``4.302e+04``), four significant digits below (``2.25``)."""
+    m = tokens / 1e6
     return f"{m:,.0f}" if m >= 1000 else f"{m:.4g}"
 
 
@@ -161,7 +162,7 @@ def rank_deployments(req: Requirements, prices: Prices) -> list[RankedOption]:
                     prices.gpus_per_replica)
     out = []
     api = RankedOption("api", True, req.monthly_tokens / 1e6 * prices.api_usd_per_million, 0,
-                       [f"{_millions(req.monthly_tokens / 1e6)} M tokens x "
+                       [f"{millions(req.monthly_tokens)} M tokens x "
                         f"{prices.api_usd_per_million:.4g} USD per M"])
     if not req.data_may_leave:
         api = RankedOption("api", False, api.monthly_cost_usd, 0,

@@ -21,7 +21,7 @@ import ipywidgets as widgets
 
 from llminfra.widgets.panel import Panel
 from llminfra.calc.cost import api_monthly_cost, blended_price_per_million
-from llminfra.calc.deployment import Prices, Requirements, rank_deployments
+from llminfra.calc.deployment import Prices, Requirements, millions, rank_deployments
 
 #: the names the table shows for each option
 OPTION_NAMES = {"api": "hosted API", "rented": "rented cloud GPUs", "own": "own servers",
@@ -53,12 +53,6 @@ def advise(prices: Prices, requests_per_day: float, input_tokens: float, output_
                        single_user=single_user, utilization=utilization)
     return {"monthly_tokens": tokens, "api_usd_per_million": prices.api_usd_per_million,
             "ranking": rank_deployments(req, prices)}
-
-
-def millions(tokens: float) -> str:
-    """Tokens in millions as people write them: ``43,020`` (never ``4.302e+04``), ``2.25``."""
-    m = tokens / 1e6
-    return f"{m:,.0f}" if m >= 1000 else f"{m:.4g}"
 
 
 def advice_lines(data: dict) -> list[str]:
