@@ -41,6 +41,10 @@ SHORT_TEXT = 24
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
+def _is_missing(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
 def format_number(v, digits: int = 4) -> str:
     """``v`` to ``digits`` significant digits, as a person writes it.
 
@@ -49,7 +53,7 @@ def format_number(v, digits: int = 4) -> str:
     from 10⁹ up and under 10⁻⁴ a power of ten, ``"3.403×10³⁸"``. A bool reads ``"yes"`` /
     ``"no"``, a missing value "—".
     """
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+    if _is_missing(v):
         return MISSING
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
@@ -69,10 +73,6 @@ def format_number(v, digits: int = 4) -> str:
 
 def _is_number(v) -> bool:
     return isinstance(v, numbers.Number) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_missing(v) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
 
 def text_columns(df: pd.DataFrame) -> list[int]:
