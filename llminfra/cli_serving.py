@@ -19,7 +19,7 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MAX_REQUESTS = 1_000_000                # llminfra.serving.loadtest.MAX_REQUESTS
 MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PER_TOKEN
 MAX_PREFIXES = 10_000                   # llminfra.serving.loadtest_workload.MAX_PREFIXES
-MATMULS = ("plain", "onednn")           # llminfra.serving.serve.MATMULS
+MATMULS = ("auto", "plain", "onednn")   # llminfra.serving.serve.MATMULS
 RAMP_UP_STRATEGIES = ("linear", "exponential")  # llminfra.serving.loadtest_workload
 
 
@@ -103,10 +103,11 @@ def add_serving_parsers(sub) -> None:
                         "drafting (adaptive γ; default: none)")
     s.add_argument("--num-speculative-tokens", type=integer(1, 16, unit="tokens"), default=4,
                    help="most drafts a step (default: 4)")
-    s.add_argument("--matmul", default="plain", choices=MATMULS,
-                   help="plain: F.linear, the readable model as it is (default); onednn: the "
-                        "weights prepacked once for oneDNN, as vLLM's CPU backend runs them "
-                        "(about 2x the tokens/s on a CPU, float32 rounding apart)")
+    s.add_argument("--matmul", default="auto", choices=MATMULS,
+                   help="plain: F.linear, the readable model as it is; onednn: the weights "
+                        "prepacked once for oneDNN, as vLLM's CPU backend runs them (about 2x "
+                        "the tokens/s on a CPU, float32 rounding apart); auto (default): "
+                        "onednn for a real model where PyTorch has it, plain for the tiny one")
     s.add_argument("--log-level", default="info", choices=UVICORN_LOG_LEVELS,
                    help="uvicorn log level")
     s.add_argument("--engine-in-thread", action="store_true",

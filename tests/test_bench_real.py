@@ -50,13 +50,15 @@ def test_keys_and_positive_finite_numbers(result):
         assert any("hf_continuous" in n for n in result["notes"])
     for key in ("ttft_p50_s", "ttft_p99_s", "throughput_tokens_per_s_runs"):
         assert set(result[key]) == sides, key
-    assert {"eager", "fast", "fast_int4"} <= set(result["decode_ms_per_token"]) <= {
-        "eager", "fast", "fast_int4", "fast_onednn"}
-    if "engine_onednn" in sides:   # both engine rows greedy-equal to transformers' and each other
-        assert result["greedy_tokens_equal_engine"]["engine_onednn"] == 1.0
-        assert result["engine_onednn_vs_best_hf"] > 0 and result["fast_onednn_vs_floor"] > 0
+    assert result["matmul"] == real.matmul_kernel()
+    decode = set(result["decode_ms_per_token"])
+    if result["matmul"] == "onednn":   # the plain kernel's rows beside the default's
+        assert decode == set(real.DECODE_PATHS) and "engine_plain" in sides
+        assert result["greedy_tokens_equal_engine"]["engine_plain"] == 1.0
+        assert result["engine_plain_vs_best_hf"] > 0 and result["fast_plain_vs_floor"] > 0
     else:
-        assert any("engine_onednn" in n for n in result["notes"])
+        assert decode == {"eager", "fast", "fast_int4"} and "engine_plain" not in sides
+        assert any("engine_plain" in n for n in result["notes"])
     assert set(result["decode_floor_ms"]) == {"fp32", "int4"}
     assert result["decode_floor_ms"]["int4"] < result["decode_floor_ms"]["fp32"]
     assert result["threads"] == 1 and result["environment"]["transformers"]
@@ -65,6 +67,7 @@ def test_keys_and_positive_finite_numbers(result):
                 "copy_bandwidth_bytes_per_s"):
         assert result[key] > 0
     assert all(isinstance(v, bool) for v in result["targets_met"].values())
+    assert len(result["targets_met"]) == 4   # engine, eager, fast, fast_int4
     numbers = [v for k, v in result.items() if k not in ("seed", "quick")]
     assert all(math.isfinite(v) and v > 0 for v in _numbers(numbers))
     assert result["workload"]["num_requests"] == 4

@@ -79,3 +79,17 @@ def test_serve_builds_its_engine_on_the_chosen_kernel():
     assert not any(isinstance(m, pp.PrepackedLinear) for m in plain.model.modules())
     with pytest.raises(ValueError, match="matmul 'mkl'; allowed"):
         build_engine("tiny", matmul="mkl")
+
+
+def test_auto_is_onednn_for_a_real_model_where_torch_has_it(monkeypatch):
+    """``--matmul auto`` (the default): prepacked for a real model, F.linear for the tiny one
+    (whose stored outputs are F.linear's), and F.linear where PyTorch lacks oneDNN."""
+    from llminfra.serving.serve import resolve_matmul
+    assert resolve_matmul("auto", "tiny") == "plain"
+    assert resolve_matmul("auto", "smollm2-135m") == ("onednn" if pp.available() else "plain")
+    assert resolve_matmul("plain", "smollm2-135m") == "plain"
+    assert resolve_matmul("onednn", "tiny") == "onednn"
+    monkeypatch.setattr(pp, "available", lambda: False)
+    assert resolve_matmul("auto", "/models/x.gguf") == "plain"
+    with pytest.raises(ValueError, match="matmul 'fast'; allowed"):
+        resolve_matmul("fast", "tiny")

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import httpx
 
+from llminfra.serving.serve import resolve_matmul
+
 #: the probes: (kind, prompt or messages) — English, code, Korean, a chat turn
 PROBES = [
     ("completion", "The three most important ideas in operating systems are"),
@@ -68,7 +70,7 @@ def vllm_command(python: str, folder: Path, name: str, port: int, max_len: int) 
 
 
 def llminfra_command(folder: Path, name: str, port: int, threads: int,
-                     matmul: str = "plain") -> list[str]:
+                     matmul: str = "auto") -> list[str]:
     return [sys.executable, "-m", "llminfra", "serve", "--model", str(folder), "--port",
             str(port), "--threads", str(threads), "--max-num-seqs", str(max(CONCURRENCY)),
             "--matmul", matmul, "--log-level", "warning"]
@@ -239,8 +241,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--llama-cpp", metavar="DIR", help="instead of vLLM: llama.cpp, the folder "
                    "of its llama-server, llama-bench and llama-quantize")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--matmul", default="plain", choices=("plain", "onednn"),
-                   help="llminfra serve's matmul kernel (default plain)")
+    p.add_argument("--matmul", default="auto", choices=("auto", "plain", "onednn"),
+                   help="llminfra serve's matmul kernel (default auto: its own default, "
+                        "oneDNN prepacked on the real model where PyTorch has it)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--requests", default="1:8,4:16,16:32",
                    help="concurrency:requests pairs (default 1:8,4:16,16:32)")
@@ -309,7 +312,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "peer_version": peer_version},
         "model": args.model, "weights": "exported from the GGUF to a safetensors folder, fp32"
         + ("; llama.cpp: the GGUF rewritten in F32 by llama-quantize" if decode else ""),
-        "settings": {"threads": args.threads, "requests": requests, "matmul": args.matmul,
+        "settings": {"threads": args.threads, "requests": requests,
+                     "matmul": resolve_matmul(args.matmul, args.model),
                      "output_tokens": OUTPUT_TOKENS, "max_model_len": max_len,
                      "probe_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 0,
                      "chars_per_token": args.chars_per_token},
