@@ -152,7 +152,7 @@ $(LLAMA_CPP)/build/bin/llama-server:
 
 compare-llamacpp: $(BIN)/.course-installed $(LLAMA_CPP)/build/bin/llama-server
 	$(BIN)/python -m llminfra.bench.compare_engines --llama-cpp $(LLAMA_CPP)/build/bin \
-		--matmul onednn --json llminfra/data/compare_llamacpp_cpu.json
+		--json llminfra/data/compare_llamacpp_cpu.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_CPP) .pytest_cache .hypothesis
