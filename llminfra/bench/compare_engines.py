@@ -211,9 +211,13 @@ def _peer_version(python: str) -> str | None:
 
 def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -> dict:
     """Batch-1 decode on one thread: llama-bench on the GGUF (its F32 rewrite, kept for the
-    server, and the original) and ours on the same 64-token prompt length and 64 new tokens."""
+    server, and the original) and ours on the same 64-token prompt length and 64 new tokens;
+    each beside its floor, the bytes it reads a token at the copy bandwidth measured here."""
     from llminfra.bench import llamacpp
-    from llminfra.bench.real import DECODE_PROMPT_LEN, corpus_prompts, decode_s_per_token
+    from llminfra.bench.real import (DECODE_PROMPT_LEN, corpus_prompts, decode_s_per_token,
+                                     int4_kernel)
+    from llminfra.bench.roofline import measure_copy_bytes_per_s
+    from llminfra.calc.measured import parameter_bytes
     from llminfra.bench.timing import torch_threads
     from llminfra.engine.workload import WorkloadRequest
     from llminfra.model import pretrained_path
@@ -224,12 +228,28 @@ def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -
              for label, path in (("llama.cpp F32", f32), (f"llama.cpp {src.stem}", src))}
     prompt = corpus_prompts(tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0]
     with torch_threads(1):
-        ours, _ = decode_s_per_token(model, prompt, 64, 3)
+        ours, int4_bytes, _ = decode_s_per_token(model, prompt, 64, 3)
+        bw = measure_copy_bytes_per_s(repeats=3)
     ms = {**{f"llminfra {k}": v * 1e3 for k, v in ours.items()},
           **{k: b["tg_ms_per_token"] for k, b in bench.items()}}
+    # the bytes a token reads: every tensor of the GGUF (its tied embedding is the output
+    # matrix), ours as bench real counts them
+    read = {"llama.cpp F32": gguf_tensor_bytes(f32), f"llama.cpp {src.stem}": gguf_tensor_bytes(src),
+            **{f"llminfra {k}": (int4_bytes if "int4" in k else parameter_bytes(model))
+               for k in ours}}
+    floor = {k: b / bw * 1e3 for k, b in read.items()}
     print("batch-1 decode ms/token:", {k: round(v, 3) for k, v in ms.items()}, flush=True)
     return {"f32_gguf": f32, "threads": 1, "prompt_tokens": DECODE_PROMPT_LEN,
-            "new_tokens": 64, "ms_per_token": ms, "llama_bench": bench}
+            "new_tokens": 64, "ms_per_token": ms, "llama_bench": bench,
+            "int4_kernel": int4_kernel(), "copy_bandwidth_bytes_per_s": bw,
+            "weight_bytes": read, "floor_ms": floor,
+            "x_floor": {k: ms[k] / floor[k] for k in ms}}
+
+
+def gguf_tensor_bytes(path) -> int:
+    """The bytes of every tensor in a GGUF file (its metadata left out)."""
+    from gguf import GGUFReader
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
 
 
 def main(argv: list[str] | None = None) -> dict:

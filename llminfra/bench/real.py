@@ -39,7 +39,12 @@ shared machine does not decide the ratio.
 :func:`llminfra.model.generate` with a :class:`~llminfra.model.DenseKVCache` (the readable
 model), ``fast`` through :class:`llminfra.model.FastDecoder`, both on the default kernel, and
 ``eager_plain`` / ``fast_plain`` the same on ``F.linear``; ``fast_int4`` through FastDecoder in
-int4 ((time of n + 1 tokens − time of 1) / n after a 64-token prompt). ``decode_floor_ms``: the
+int4 on ``int4_kernel`` (``"w4a8"``: :mod:`llminfra.quant.w4a8`, int8 activations and integer
+dot products as llama.cpp's Q4_1 × Q8_1, where it can be built; else ``"torch"``) and
+``fast_int4_torch`` with the same codes through PyTorch's packed-int4 kernel ((time of n + 1
+tokens − time of 1) / n after a 64-token prompt). The int4 rows' greedy tokens part from the fp32
+ones after a few tokens (the weights' rounding, either kernel):
+``int4_tokens_equal_fast_before_first_difference`` counts them. ``decode_floor_ms``: the
 weights read once per token at the copy bandwidth measured in this run
 (:func:`llminfra.bench.roofline.measure_copy_bytes_per_s`, STREAM copy, McCalpin 1995): fp32,
 and int4 (what ``fast_int4`` holds: packed codes and a bf16 scale and offset per group of
@@ -68,7 +73,7 @@ from llminfra.engine.workload import WorkloadRequest, serving_workload
 from llminfra.model import DenseKVCache, FastDecoder, generate, load_pretrained, pretrained_path
 from llminfra.model import prepacked as onednn
 from llminfra.model.corpus import corpus_path
-from llminfra.quant import int4_linear
+from llminfra.quant import int4_linear, w4a8
 
 MODEL = "smollm2-135m"
 SEED = 2025
@@ -76,8 +81,9 @@ SEED = 2025
 SIDES = ("engine", "engine_plain", "hf_sequential", "hf_static_8", "hf_static_16",
          "hf_continuous")
 ENGINE_SIDES = ("engine", "engine_plain")
-#: batch-1 decode paths: the default kernel's, the plain kernel's, int4
-DECODE_PATHS = ("eager", "eager_plain", "fast", "fast_plain", "fast_int4")
+#: batch-1 decode paths: the default kernel's, the plain kernel's, int4 on the default int4
+#: kernel and on PyTorch's
+DECODE_PATHS = ("eager", "eager_plain", "fast", "fast_plain", "fast_int4", "fast_int4_torch")
 HF_STATIC = MappingProxyType({"hf_sequential": 1, "hf_static_8": 8, "hf_static_16": 16})
 #: workload by ``quick``: requests, factor on the trace's lengths, cap on prompt + output, runs
 SIZES = MappingProxyType({
@@ -126,28 +132,35 @@ def run_engine(model, tokenizer, work, prompts) -> dict:
 
 
 def decode_s_per_token(model, prompt: list[int], n: int,
-                       repeats: int) -> tuple[dict[str, float], int]:
+                       repeats: int) -> tuple[dict[str, float], int, dict[str, int]]:
     """Batch-1 decode seconds per token, keyed as :data:`DECODE_PATHS`: ``eager``
     (:func:`generate` with a DenseKVCache), ``fast`` (:class:`llminfra.model.FastDecoder`), both
     on :func:`matmul_kernel`'s kernel, ``eager_plain`` / ``fast_plain`` on ``F.linear`` (left out
-    where that is the default already), and ``fast_int4`` (FastDecoder with every matrix in
-    int4, groups of :data:`FAST_INT4_GROUP`, through PyTorch's packed-int4 CPU kernel with bf16
-    activations): (best time of n + 1 tokens − best time of 1 token) / n, all timed in turn;
-    and the bytes of weights ``fast_int4`` reads a token (its floor's numerator)."""
+    where that is the default already), ``fast_int4`` (FastDecoder with every matrix in int4,
+    groups of :data:`FAST_INT4_GROUP`, on :func:`int4_kernel`'s kernel) and ``fast_int4_torch``
+    (the same codes through PyTorch's packed-int4 CPU kernel with bf16 activations; left out
+    where that is the default already): (best time of n + 1 tokens − best time of 1 token) / n,
+    all timed in turn. Also the bytes of weights ``fast_int4`` reads a token (its floor's
+    numerator) and, for each int4 path, how many of its first n + 1 greedy tokens equal
+    ``fast``'s before the first that differs."""
     size = len(prompt) + n + 1
     dnn = matmul_kernel() == "onednn"
-    fast_int4 = FastDecoder(model, max_len=size, linear=int4_linear(FAST_INT4_GROUP))
+    int4_torch = FastDecoder(model, max_len=size, linear=int4_linear(FAST_INT4_GROUP))
+    fast_int4 = (FastDecoder(model, max_len=size, linear=w4a8.w4a8_linear())
+                 if int4_kernel() == "w4a8" else int4_torch)
     fast_plain = FastDecoder(model, max_len=size)
     eager_plain = lambda k: generate(model, prompt, k, cache=DenseKVCache(model.config.n_layers))
-    paths = {"eager": eager_plain, "fast": lambda k: fast_plain.generate(prompt, k),
-             "fast_int4": lambda k: fast_int4.generate(prompt, k)}
+    paths = {"eager": eager_plain, "fast": lambda k: fast_plain.generate(prompt, k)}
     if dnn:
         packed = onednn.prepacked(model)
         fast = FastDecoder(model, max_len=size, linear=onednn.onednn_linear)
         paths = {"eager": lambda k: generate(packed, prompt, k,
                                              cache=DenseKVCache(model.config.n_layers)),
                  "eager_plain": eager_plain, "fast": lambda k: fast.generate(prompt, k),
-                 "fast_plain": paths["fast"], "fast_int4": paths["fast_int4"]}
+                 "fast_plain": paths["fast"]}
+    paths["fast_int4"] = lambda k: fast_int4.generate(prompt, k)
+    if fast_int4 is not int4_torch:
+        paths["fast_int4_torch"] = lambda k: int4_torch.generate(prompt, k)
     best = {(p, k): float("inf") for p in paths for k in (1, n + 1)}
     for r in range(repeats + 1):                                   # round 0 warms up
         for p, k in best:
@@ -167,7 +180,22 @@ def decode_s_per_token(model, prompt: list[int], n: int,
                 t0 = time.perf_counter()
                 paths[p](k)
                 best[p, k] = min(best[p, k], time.perf_counter() - t0)
-    return {p: (best[p, n + 1] - best[p, 1]) / n for p in paths}, fast_int4.weight_bytes_read()
+    reference = paths["fast"](n + 1)
+    agree = {}
+    for p in ("fast_int4", "fast_int4_torch"):
+        if p in paths:
+            tokens = paths[p](n + 1)
+            agree[p] = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b),
+                            n + 1)
+    return ({p: (best[p, n + 1] - best[p, 1]) / n for p in paths},
+            fast_int4.weight_bytes_read(), agree)
+
+
+def int4_kernel() -> str:
+    """The kernel of the ``fast_int4`` row: ``"w4a8"`` (:mod:`llminfra.quant.w4a8`: int8
+    activations, integer dot products, built on first use) where it can be built here, else
+    ``"torch"`` (PyTorch's packed-int4 kernel, bf16 activations)."""
+    return "w4a8" if w4a8.available() else "torch"
 
 
 def matmul_kernel() -> str:
@@ -251,7 +279,7 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
     cmp = _compare(transformers, model, tok, hf, work, prompts, size["repeats"], notes)
     best = cmp["best"]
     bw = measure_copy_bytes_per_s(repeats=3)
-    decode_s, int4_bytes = decode_s_per_token(model, corpus_prompts(
+    decode_s, int4_bytes, int4_agree = decode_s_per_token(model, corpus_prompts(
         tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0], size["decode_tokens"],
         size["repeats"])
     w_bytes = {"fp32": parameter_bytes(model), "int4": int4_bytes}
@@ -280,6 +308,10 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
             k: sum(a == b for a, b in zip(v["tokens"], best["engine"]["tokens"])) / n
             for k, v in best.items() if k != "engine"},
         "decode_ms_per_token": {k: v * 1e3 for k, v in decode_s.items()},
+        "int4_kernel": int4_kernel(),
+        "int4_kernel_build": w4a8.build_info()["path"] if int4_kernel() == "w4a8" else None,
+        "decode_tokens": size["decode_tokens"] + 1,
+        "int4_tokens_equal_fast_before_first_difference": int4_agree,
         "weight_bytes": w_bytes,
         "decode_floor_ms": {k: b / bw * 1e3 for k, b in w_bytes.items()},
         "notes": notes,
@@ -292,9 +324,9 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
 def targets(r: dict) -> dict:
     """The issue's ratios and whether each is met, on the default kernel (``r["matmul"]``):
     engine / best HF mode >= 1.3, batch-1 decode / its floor (eager <= 2.5, fast <= 1.6,
-    fast_int4 <= 2.5 of the int4 floor). The plain kernel's ratios are given beside them
-    (``engine_plain_vs_best_hf``, ``eager_plain_vs_floor``, ``fast_plain_vs_floor``), not held
-    to a target."""
+    fast_int4 <= 2.5 of the int4 floor). The other kernels' ratios are given beside them
+    (``engine_plain_vs_best_hf``, ``eager_plain_vs_floor``, ``fast_plain_vs_floor``,
+    ``fast_int4_torch_vs_floor``), not held to a target."""
     thr, d, f = r["throughput_tokens_per_s"], r["decode_ms_per_token"], r["decode_floor_ms"]
     best_hf = max((k for k in thr if k not in ENGINE_SIDES), key=thr.get)
     out = {"best_hf_mode": best_hf, "engine_vs_best_hf": thr["engine"] / thr[best_hf],
@@ -305,6 +337,8 @@ def targets(r: dict) -> dict:
     for path in ("eager_plain", "fast_plain"):
         if path in d:
             out[f"{path}_vs_floor"] = d[path] / f["fp32"]
+    if "fast_int4_torch" in d:
+        out["fast_int4_torch_vs_floor"] = d["fast_int4_torch"] / f["int4"]
     limits = {"engine_vs_best_hf": (">=", 1.3), "eager_vs_floor": ("<=", 2.5),
               "fast_vs_floor": ("<=", 1.6), "fast_int4_vs_floor": ("<=", 2.5)}
     out["targets_met"] = {f"{k} {op} {x}": (out[k] >= x if op == ">=" else out[k] <= x)
@@ -317,6 +351,8 @@ def format_table(result: dict) -> str:
     r, w = result, result["workload"]
     lines = [f"{w['num_requests']} requests ({w['trace']}), fp32, 1 thread, "
              f"{r['environment']['cpu_name']}; engine / eager / fast matmul: {r['matmul']}",
+             f"int4 kernel: {r['int4_kernel']}"
+             + (f" ({r['int4_kernel_build']})" if r.get("int4_kernel_build") else ""),
              f"{'mode':<15}{'tokens/s':>10}{'TTFT p50 s':>12}{'TTFT p99 s':>12}"
              f"{'same tokens':>13}"]
     for k, thr in r["throughput_tokens_per_s"].items():

@@ -48,6 +48,10 @@ class FastDecoder:
     ``linear``: how a weight is applied, ``linear(W) -> f`` with ``f(x) = x · Wᵀ`` — by default
     ``F.linear`` on ``W`` as it is; :func:`llminfra.quant.int4_linear` quantizes each fused matrix
     (and the output matrix) to int4 and multiplies from the packed codes. Biases stay fp32.
+    Where every ``f`` also has ``f.fused(x, norm=g, eps=ε)`` (``f(RMSNorm(x)·g)``) and
+    ``f.fused(x, gated=True)`` (``f(silu(gate)·up)`` of ``x = [gate | up]``), as
+    :func:`llminfra.quant.w4a8.w4a8_linear`'s do, the decoder hands them the norms and the
+    SwiGLU product instead of computing them with torch calls.
     """
 
     def __init__(self, model: Transformer, max_len: int | None = None,
@@ -78,6 +82,9 @@ class FastDecoder:
         self.embedding = model.tok_embeddings.weight.detach()
         self.norm = model.norm.weight.detach()
         self.output = lin(model.output.weight.detach())
+        # a kernel that forms RMSNorm(x)·g and silu(gate)·up itself (llminfra.quant.w4a8)
+        _, wqkv, _, _, _, w13, w2 = self.layers[0]
+        self.fused = all(hasattr(f, "fused") for f in (wqkv, w13, w2, self.output))
         d = c.head_dim
         self.split = (c.n_heads * d, c.n_kv_heads * d, c.n_kv_heads * d)
         self.dtype, self._cache = dtype, None              # its own cache: made on first use
@@ -125,10 +132,16 @@ class FastDecoder:
         # a query at position pos + i sees the keys 0 .. pos + i (causal, after the cached ones)
         mask = (torch.ones(T, end, dtype=torch.bool, device=kc.device).tril(diagonal=pos)
                 if T > 1 else None)
+        fused = self.fused
+
+        def normed(f, x, gain):                       # f(RMSNorm(x) · gain)
+            if fused:
+                return f.fused(x, norm=gain, eps=c.norm_eps)
+            return f(F.rms_norm(x, (dim,), gain, c.norm_eps))
+
         x = F.embedding(tokens, self.embedding)[None]  # (1, T, dim)
         for i, (attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2) in enumerate(self.layers):
-            h = F.rms_norm(x, (dim,), attn_norm, c.norm_eps)
-            qkv = wqkv(h)
+            qkv = normed(wqkv, x, attn_norm)
             q, k, v = (qkv if bqkv is None else qkv + bqkv).split(self.split, dim=-1)
             q = self._rotate(q.view(1, T, c.n_heads, d), rot).transpose(1, 2)  # (1, H, T, d)
             k = self._rotate(k.view(1, T, c.n_kv_heads, d), rot).transpose(1, 2)
@@ -137,9 +150,13 @@ class FastDecoder:
             out = F.scaled_dot_product_attention(q, kc[i, :, :, :end], vc[i, :, :, :end],
                                                  attn_mask=mask, enable_gqa=True)
             x = x + wo(out.transpose(1, 2).reshape(1, T, nq))
-            gate, up = w13(F.rms_norm(x, (dim,), ffn_norm, c.norm_eps)).chunk(2, -1)
-            x = x + w2(F.silu(gate) * up)
-        return self.output(F.rms_norm(x[0, -1:], (dim,), self.norm, c.norm_eps))[0]
+            gate_up = normed(w13, x, ffn_norm)
+            if fused:
+                x = x + w2.fused(gate_up, gated=True)
+            else:
+                gate, up = gate_up.chunk(2, -1)
+                x = x + w2(F.silu(gate) * up)
+        return normed(self.output, x[0, -1:], self.norm)[0]
 
     def weight_bytes_read(self) -> int:
         """Bytes of weights one decode step reads: every matrix once, as the decoder holds it

@@ -1,0 +1,335 @@
+/* int4 weights x int8 activations: y = x . W^T with integer dot products.
+ *
+ * W (N, K) is stored as llama.cpp's Q4_1 stores it: groups of 32 weights along K, each a code
+ * u in 0..15 (4 bits) with an fp16 scale d and an fp16 offset m, w = d*u + m. Each row of x is
+ * quantized to int8 in the same groups of 32 (q = round(x * 127 / max|x|), dx = max|x| / 127,
+ * as llama.cpp's Q8_1 does), so that one group's contribution to a dot product is
+ *
+ *     sum_j w_j x_j  ~  d * dx * sum_j u_j q_j  +  m * dx * sum_j q_j
+ *
+ * where sum_j u_j q_j is a sum of products of small integers: one AVX-512 VNNI instruction
+ * (vpdpbusd) multiplies 64 unsigned codes by 64 signed activations and adds them, four at a time,
+ * into 16 int32 lanes. The float work is done once per group, not once per weight.
+ *
+ * The layout puts one group in each int32 lane (LANES = 16 with AVX-512 VNNI, 8 with AVX2, 0
+ * for the portable C loop): a block of LANES groups is read in 8 steps of 4 * LANES weights,
+ * lane l holding 4 weights of group l in the low nibbles of bytes 4l..4l+3 of the step's
+ * 2 * LANES bytes (l < LANES/2) or in their high nibbles (l >= LANES/2). The groups left after
+ * the whole blocks (K a multiple of 64, so an even number) are read as blocks of LANES/2,
+ * LANES/4, ..., 2 groups, group l % nb in lane l. The activations are quantized into the same
+ * order. Without LANES, byte j of a group holds weights j (low nibble) and j + 16 (high).
+ *
+ * One thread. The rows a few dozen ahead are prefetched: a row of 576 codes is 288 bytes, too
+ * short a stream for the hardware prefetcher to reach memory's bandwidth on its own.
+ * Built and loaded by llminfra/quant/w4a8.py; chapter 08.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define LANES 16
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define LANES 8
+#else
+#define LANES 0
+#endif
+
+#define PREFETCH_ROWS 32 /* measured best at 32-48 on a 2-core AMD EPYC (chapter 08) */
+#define MAX_BLOCKS 1024  /* K up to 16 * 32 * 1024 */
+
+static inline float h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, f = h & 0x3ff, b;
+    if (e == 0) {
+        float v = ldexpf((float)f, -24);
+        return s ? -v : v;
+    }
+    b = e == 31 ? (s | 0x7f800000u | (f << 13)) : (s | ((e + 112) << 23) | (f << 13));
+    float r;
+    memcpy(&r, &b, 4);
+    return r;
+#endif
+}
+
+int w4a8_lanes(void) { return LANES; }
+
+/* The blocks a row of G groups is read in: nb[i] groups from group g0[i]; returns their count. */
+static int blocks(int G, int *nb, int *g0) {
+    int n = 0, g = 0;
+#if LANES == 0
+    nb[0] = G;
+    g0[0] = 0;
+    return 1;
+#endif
+    for (; g + LANES <= G; g += LANES) {
+        nb[n] = LANES;
+        g0[n++] = g;
+    }
+    for (int b = LANES / 2; b >= 2; b /= 2)
+        if ((G - g) & b) {
+            nb[n] = b;
+            g0[n++] = g;
+            g += b;
+        }
+    return n;
+}
+
+/* Where the 4 values 4w..4w+3 of group g sit: their first x position, first code byte and
+   whether they are high nibbles. */
+static void place4(int g, int w, int B, int g0, int *xpos, int *byte, int *high) {
+#if LANES == 0
+    (void)B;
+    (void)g0;
+    *xpos = 32 * g + 4 * w;
+    *byte = 16 * g + (4 * w) % 16;
+    *high = w >= 4;
+#else
+    int per = LANES / B, t = w / per, l = (g - g0) + B * (w % per);
+    *xpos = 32 * g0 + 4 * LANES * t + 4 * l;
+    *byte = 16 * g0 + 2 * LANES * t + 4 * (l % (LANES / 2));
+    *high = l >= LANES / 2;
+#endif
+}
+
+/* codes u (N, K) in 0..15 -> packed (N, K/2) in the kernel's order; K a multiple of 64 */
+void w4a8_pack(const uint8_t *u, uint8_t *packed, int N, int K) {
+    int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
+    size_t rb = (size_t)K / 2;
+    memset(packed, 0, (size_t)N * rb);
+    for (int b = 0; b < n; b++)
+        for (int g = g0[b]; g < g0[b] + nb[b]; g++)
+            for (int w = 0; w < 8; w++) {
+                int xp, byte, high;
+                place4(g, w, nb[b], g0[b], &xp, &byte, &high);
+                for (int r = 0; r < N; r++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t v = u[(size_t)r * K + 32 * g + 4 * w + i] & 15;
+                        packed[(size_t)r * rb + byte + i] |= high ? (uint8_t)(v << 4) : v;
+                    }
+            }
+}
+
+/* one row of x (K) -> q (K, the kernel's order), dx and sx = dx * sum(q) per group */
+static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx) {
+    int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
+    int8_t nat[32];
+    for (int b = 0; b < n; b++)
+        for (int g = g0[b]; g < g0[b] + nb[b]; g++) {
+            const float *xg = x + 32 * g;
+#if LANES == 16
+            __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            __m512 inv16 = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv16));   /* to nearest even */
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv16));
+            int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            _mm_storeu_si128((__m128i *)nat, _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(nat + 16), _mm512_cvtsepi32_epi8(q1));
+#else
+            float amax = 0.f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xg[j]));
+            float inv = amax > 0.f ? 127.f / amax : 0.f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                nat[j] = (int8_t)lrintf(xg[j] * inv);   /* to nearest even, as cvtps2dq */
+                sum += nat[j];
+            }
+#endif
+            dx[g] = amax / 127.f;
+            sx[g] = dx[g] * (float)sum;
+            for (int w = 0; w < 8; w++) {
+                int xp, byte, high;
+                place4(g, w, nb[b], g0[b], &xp, &byte, &high);
+                memcpy(q + xp, nat + 4 * w, 4);
+            }
+        }
+}
+
+#if LANES == 16
+static const int32_t LANE_GROUP[3][16] = {{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+                                          {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},
+                                          {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}};
+
+/* rows c0 and c1 (the same row twice for an odd last one) against one quantized x row */
+static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int b = 0; b < n; b++) {
+        int B = nb[b], g = g0[b];
+        __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+        for (int t = 0; t < B / 2; t++) {             /* 8 * B / LANES steps */
+            __m512i qv = _mm512_loadu_si512((const void *)(q + 32 * g + 64 * t));
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(c0 + 16 * g + 32 * t));
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(c1 + 16 * g + 32 * t));
+            __m512i u0 = _mm512_and_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(w0), _mm256_srli_epi16(w0, 4), 1), low);
+            __m512i u1 = _mm512_and_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(w1), _mm256_srli_epi16(w1, 4), 1), low);
+            p0 = _mm512_dpbusd_epi32(p0, u0, qv);
+            p1 = _mm512_dpbusd_epi32(p1, u1, qv);
+        }
+        __mmask16 k = (__mmask16)((1u << B) - 1);
+        __m512 dxv = _mm512_maskz_loadu_ps(k, dx + g), sxv = _mm512_maskz_loadu_ps(k, sx + g);
+        __m512 s0 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d0 + g)));
+        __m512 s1 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d1 + g)));
+        a0 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m0 + g)), a0);
+        a1 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m1 + g)), a1);
+        if (B < 16) {
+            __m512i idx = _mm512_loadu_si512((const void *)LANE_GROUP[B == 2 ? 0 : B == 4 ? 1 : 2]);
+            s0 = _mm512_permutexvar_ps(idx, s0);
+            s1 = _mm512_permutexvar_ps(idx, s1);
+        }
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, a1);
+    }
+    *y0 = _mm512_reduce_add_ps(a0);
+    *y1 = _mm512_reduce_add_ps(a1);
+}
+
+#elif LANES == 8
+static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i q) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, q);
+#else  /* pairs of u*q fit int16: 2 * 15 * 127 < 32767 */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q),
+                                                   _mm256_set1_epi16(1)));
+#endif
+}
+
+static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    float off0 = 0.f, off1 = 0.f, s0[8], s1[8];
+    for (int b = 0; b < n; b++) {
+        int B = nb[b], g = g0[b];
+        __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+        for (int t = 0; t < B; t++) {                 /* 8 * B / LANES steps */
+            __m256i qv = _mm256_loadu_si256((const __m256i *)(q + 32 * g + 32 * t));
+            __m128i w0 = _mm_loadu_si128((const __m128i *)(c0 + 16 * g + 16 * t));
+            __m128i w1 = _mm_loadu_si128((const __m128i *)(c1 + 16 * g + 16 * t));
+            __m256i u0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w0, 4), w0), low);
+            __m256i u1 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w1, 4), w1), low);
+            p0 = dot_u8s8(p0, u0, qv);
+            p1 = dot_u8s8(p1, u1, qv);
+        }
+        for (int l = 0; l < 8; l++) {
+            int gl = g + l % B;
+            s0[l] = h2f(d0[gl]) * dx[gl];
+            s1[l] = h2f(d1[gl]) * dx[gl];
+        }
+        for (int l = 0; l < B; l++) {
+            off0 += h2f(m0[g + l]) * sx[g + l];
+            off1 += h2f(m1[g + l]) * sx[g + l];
+        }
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_loadu_ps(s0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_loadu_ps(s1), a1);
+    }
+    float v0[8], v1[8];
+    _mm256_storeu_ps(v0, a0);
+    _mm256_storeu_ps(v1, a1);
+    for (int l = 0; l < 8; l++) {
+        off0 += v0[l];
+        off1 += v1[l];
+    }
+    *y0 = off0;
+    *y1 = off1;
+}
+
+#else
+static float dot1(const uint8_t *c, const uint16_t *d, const uint16_t *m, const int8_t *q,
+                  const float *dx, const float *sx, int G) {
+    float acc = 0.f;
+    for (int g = 0; g < G; g++) {
+        const uint8_t *cg = c + 16 * g;
+        const int8_t *qg = q + 32 * g;
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += (cg[j] & 15) * qg[j] + (cg[j] >> 4) * qg[j + 16];
+        acc += h2f(d[g]) * dx[g] * (float)s + h2f(m[g]) * sx[g];
+    }
+    return acc;
+}
+
+static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+    (void)n;
+    (void)g0;
+    *y0 = dot1(c0, d0, m0, q, dx, sx, nb[0]);
+    *y1 = c1 == c0 ? *y0 : dot1(c1, d1, m1, q, dx, sx, nb[0]);
+}
+#endif
+
+/* y (M, N) = a (M, K) . W^T; W packed by w4a8_pack with d and m (N, K/32) as fp16 bits; K a
+   multiple of 64 (checked by the caller). Row r of a is made from row r of x (x_stride floats
+   apart): with gated, x's row is [gate (K) | up (K)] and a = silu(gate) * up (a SwiGLU's
+   product); else a = x's first K values; then with norm (K gains, else NULL)
+   a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm). Returns 0, or -1 where memory ran out. */
+int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
+              float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
+              float eps) {
+    int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
+    size_t need = (size_t)M * K + 8 * (size_t)M * G + 4 * (size_t)K, rb = (size_t)K / 2;
+    char stack[16384];
+    void *scratch = need <= sizeof stack ? (void *)stack : malloc(need);
+    if (!scratch) return -1;
+    int8_t *q = (int8_t *)scratch;
+    float *dx = (float *)(q + (size_t)M * K), *sx = dx + (size_t)M * G, *a = sx + (size_t)M * G;
+    for (int r = 0; r < M; r++) {
+        const float *xr = x + (size_t)r * x_stride;
+        if (gated)
+            for (int k = 0; k < K; k++) a[k] = xr[k] / (1.f + expf(-xr[k])) * xr[K + k];
+        else
+            memcpy(a, xr, 4 * (size_t)K);
+        if (norm) {
+            float part[16] = {0.f}, ss = 0.f;   /* 16 partial sums: the loop vectorizes */
+            for (int k = 0; k < K; k += 16)
+                for (int l = 0; l < 16; l++) part[l] += a[k + l] * a[k + l];
+            for (int l = 0; l < 16; l++) ss += part[l];
+            float inv = 1.f / sqrtf(ss / (float)K + eps);
+            for (int k = 0; k < K; k++) a[k] = a[k] * inv * norm[k];
+        }
+        quantize_row(a, K, q + (size_t)r * K, dx + (size_t)r * G, sx + (size_t)r * G);
+    }
+    /* the first rows: asked for all at once, so that their misses overlap */
+    for (size_t o = 0; o < (size_t)(N < PREFETCH_ROWS ? N : PREFETCH_ROWS) * rb; o += 64)
+        __builtin_prefetch((const char *)codes + o);
+    for (size_t o = 0; o < 2 * (size_t)(N < PREFETCH_ROWS ? N : PREFETCH_ROWS) * G; o += 64) {
+        __builtin_prefetch((const char *)d + o);
+        __builtin_prefetch((const char *)m + o);
+    }
+    for (int i = 0; i < N; i += 2) {
+        int j = i + 1 < N ? i + 1 : i;
+        if (i + PREFETCH_ROWS + 1 < N) {
+            const char *p = (const char *)(codes + (size_t)(i + PREFETCH_ROWS) * rb);
+            for (size_t o = 0; o < 2 * rb; o += 64) __builtin_prefetch(p + o);
+            const char *pd = (const char *)(d + (size_t)(i + PREFETCH_ROWS) * G);
+            const char *pm = (const char *)(m + (size_t)(i + PREFETCH_ROWS) * G);
+            for (size_t o = 0; o < 4 * (size_t)G; o += 64) {
+                __builtin_prefetch(pd + o);
+                __builtin_prefetch(pm + o);
+            }
+        }
+        for (int r = 0; r < M; r++) {
+            float v0, v1;
+            dot2(codes + i * rb, codes + j * rb, d + (size_t)i * G, d + (size_t)j * G,
+                 m + (size_t)i * G, m + (size_t)j * G, q + (size_t)r * K, dx + (size_t)r * G,
+                 sx + (size_t)r * G, n, nb, g0, &v0, &v1);
+            y[(size_t)r * N + i] = v0;
+            if (j != i) y[(size_t)r * N + j] = v1;
+        }
+    }
+    if (scratch != (void *)stack) free(scratch);
+    return 0;
+}

@@ -1,0 +1,316 @@
+"""int4 weights × int8 activations on the CPU: the integer dot products llama.cpp decodes with.
+
+PyTorch's packed-int4 CPU kernel (:mod:`llminfra.quant.cpu_kernels`) turns every 4-bit code
+into a float before it multiplies, so on one core it is bound by that unpacking, not by memory:
+on SmolLM2-135M its products alone take about 2.8× the time of reading the int4 weights.
+llama.cpp multiplies differently: it quantizes the activations too, to int8 in groups of 32
+(Q8_1), and takes each group's dot product in integers — on AVX-512 VNNI one ``vpdpbusd``
+multiplies 64 codes by 64 activations and adds them — so the float work is done once per group
+of 32 weights instead of once per weight. ``w4a8.c`` beside this file does the same in about 250
+lines of C:
+
+* ``W`` is stored as Q4_1 stores it: per group of 32 along ``K``, codes ``u ∈ [0, 15]`` and an
+  fp16 scale ``d`` and offset ``m``, ``w = d·u + m`` (0.625 bytes a weight, what PyTorch's
+  kernel reads too);
+* each row of ``x`` becomes ``q = round(x · 127 / max|x|)`` per group, ``dx = max|x| / 127``;
+* a group adds ``d·dx·Σ u·q + m·dx·Σ q`` to the dot product.
+
+The activations' rounding is the price: the products differ from the float ones by about
+0.2–0.5 % of their scale (``tests/test_w4a8.py`` bounds it), which can change a greedy token
+where two logits nearly tie — llama.cpp pays the same.
+
+The C file is compiled on first use with the machine's C compiler (``$CC``, else ``cc``,
+``gcc`` or ``clang``) for this CPU (``-march=native``) into a cache folder
+(``$LLMINFRA_CACHE``, else ``$XDG_CACHE_HOME/llminfra`` or ``~/.cache/llminfra``) and loaded
+with :mod:`ctypes`; nothing is written into the package. :func:`build_info` says which code
+path was compiled: ``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI
+where the CPU has it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). Without a
+compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError`` saying why;
+everything else in the course runs without it. One thread. Chapter 08.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from llminfra.quant import packing
+from llminfra.quant.tensor import QuantizedTensor
+
+SOURCE = Path(__file__).with_name("w4a8.c")
+#: the weights' group size (Q4_1's and Q8_1's)
+GROUP = 32
+#: K must be a multiple of this (the kernel reads groups in pairs)
+K_MULTIPLE = 64
+#: the widest K the kernel's block table holds
+MAX_K = 32 * 16 * 1000
+_PATHS = {16: "avx512-vnni", 8: "avx2", 0: "portable"}
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$LLMINFRA_CACHE``, else ``$XDG_CACHE_HOME/llminfra``,
+    else ``~/.cache/llminfra``."""
+    if os.environ.get("LLMINFRA_CACHE"):
+        return Path(os.environ["LLMINFRA_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "llminfra"
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise RuntimeError("no C compiler found ($CC, cc, gcc or clang): the w4a8 kernel is built "
+                       "from llminfra/quant/w4a8.c on first use; install one (Debian/Ubuntu: "
+                       "apt install gcc; macOS: xcode-select --install) or use PyTorch's int4 "
+                       "kernel (llminfra.quant.int4_linear)")
+
+
+def _cpu_id() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags where Linux says."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _arch_flags() -> list[list[str]]:
+    """Flag sets to try in turn: tuned for this CPU first, then none (the portable path)."""
+    machine = platform.machine().lower()
+    native = ["-mcpu=native"] if machine in ("arm64", "aarch64") else ["-march=native"]
+    return [native, []]
+
+
+def build(arch: str = "native", directory: Path | None = None) -> Path:
+    """Compile ``w4a8.c`` into ``directory`` (default :func:`cache_dir`) unless a build of the
+    same source, compiler, flags and CPU is there; returns the shared library's path.
+    ``arch``: ``"native"`` (for this CPU, falling back to portable C where the compiler refuses),
+    ``"portable"`` (no vector code) or a ``-march`` value such as ``"x86-64-v3"`` (AVX2: the
+    tests build each path this way). ``RuntimeError`` with the compiler's message when it cannot
+    be built."""
+    if not isinstance(arch, str) or not arch or not all(c.isalnum() or c in "-_." for c in arch):
+        raise ValueError(f"arch must be 'native', 'portable' or a -march value, got {arch!r}")
+    if arch == "native":
+        attempts = _arch_flags()
+    elif arch == "portable":
+        attempts = [[]]
+    else:
+        attempts = [[f"-march={arch}"]]
+    cc = _compiler()
+    directory = Path(directory) if directory is not None else cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    source = SOURCE.read_bytes()
+    errors = []
+    for flags in attempts:
+        args = ["-O3", "-shared", "-fPIC", *flags]
+        key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(args).encode(),
+                                         _cpu_id().encode()])).hexdigest()[:16]
+        target = directory / f"w4a8-{key}.so"
+        if target.exists():
+            return target
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+        os.close(fd)
+        done = subprocess.run([cc, *args, str(SOURCE), "-o", tmp, "-lm"],
+                              capture_output=True, text=True)
+        if done.returncode == 0:
+            os.replace(tmp, target)          # atomic: parallel test workers may race here
+            return target
+        os.unlink(tmp)
+        errors.append(f"{cc} {' '.join(args)}: {done.stderr.strip()[-500:]}")
+    raise RuntimeError("could not compile llminfra/quant/w4a8.c:\n" + "\n".join(errors))
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The built library at ``path`` with its functions' argument types set."""
+    lib = ctypes.CDLL(str(path))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float]
+    lib.w4a8_gemm.restype = i
+    lib.w4a8_pack.argtypes = [p, p, i, i]
+    lib.w4a8_pack.restype = None
+    lib.w4a8_lanes.argtypes = []
+    lib.w4a8_lanes.restype = i
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The kernel built for this CPU (:func:`build`), loaded once per process."""
+    return load(build())
+
+
+def available() -> bool:
+    """Whether the kernel can be built and loaded here."""
+    try:
+        library()
+    except (RuntimeError, OSError):
+        return False
+    return True
+
+
+def build_info(lib: ctypes.CDLL | None = None) -> dict:
+    """``{"path": "avx512-vnni" | "avx2" | "portable", "lanes": 16 | 8 | 0, "file": …}`` of the
+    loaded kernel: which code path the compiler built for this CPU."""
+    lib = library() if lib is None else lib
+    lanes = lib.w4a8_lanes()
+    return {"path": _PATHS[lanes], "lanes": lanes, "file": lib._name}
+
+
+def vectorized() -> bool:
+    """Whether the kernel here is built with vector instructions (faster than PyTorch's int4
+    kernel on one core where it is AVX-512 VNNI; see ``bench real``)."""
+    return available() and library().w4a8_lanes() > 0
+
+
+def _check_k(K: int) -> None:
+    if K % K_MULTIPLE or not 0 < K <= MAX_K:
+        raise ValueError(f"the w4a8 kernel needs K (the input width) a positive multiple of "
+                         f"{K_MULTIPLE} up to {MAX_K}, got {K}")
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+         lib: ctypes.CDLL | None = None) -> dict:
+    """Weights ``w = scale·codes + offset`` per group of 32 — ``codes`` integers in [0, 15]
+    ``(N, K)``, ``scale`` and ``offset`` ``(N, K/32)`` — in the kernel's layout:
+    ``{"codes": uint8 (N, K/2), "d": fp16 bits (N, K/32), "m": …, "shape": (N, K)}``."""
+    lib = library() if lib is None else lib
+    if codes.dim() != 2:
+        raise ValueError(f"codes must be 2-D (N, K), got shape {tuple(codes.shape)}")
+    N, K = codes.shape
+    _check_k(K)
+    G = K // GROUP
+    for name, t in (("scale", scale), ("offset", offset)):
+        if tuple(t.shape) != (N, G):
+            raise ValueError(f"{name} must have shape {(N, G)} (one per group of {GROUP}), "
+                             f"got {tuple(t.shape)}")
+    if codes.numel() and not (0 <= int(codes.min()) and int(codes.max()) <= 15):
+        raise ValueError(f"codes must lie in [0, 15], got {int(codes.min())} .. "
+                         f"{int(codes.max())}")
+    u = codes.to(torch.uint8).contiguous()
+    packed = torch.empty(N, K // 2, dtype=torch.uint8)
+    lib.w4a8_pack(u.data_ptr(), packed.data_ptr(), N, K)
+    half = lambda t: t.detach().to(torch.float16).contiguous().view(torch.int16)
+    return {"codes": packed, "d": half(scale), "m": half(offset), "shape": (N, K)}
+
+
+def prepare(q: QuantizedTensor, lib: ctypes.CDLL | None = None) -> dict | None:
+    """:func:`pack` of an int4 weight quantized in groups of 32 (``int4-g32``: ``w = (u − z)·s``,
+    so ``d = s``, ``m = −z·s``; symmetric ``z = 8``); ``None`` for any other scheme or a ``K``
+    that is not a multiple of 64."""
+    if len(q.shape) != 2:
+        return None
+    N, K = q.shape
+    if not (q.kind == "int" and q.bits == 4 and q.input_scale is None and q.layout.group == GROUP
+            and K % K_MULTIPLE == 0 and q.layout.rows == N):
+        return None
+    u = packing.unpack(q.codes, 4, K).reshape(N, K)
+    s = q.scale.float().reshape(N, K // GROUP)
+    z = q.zero.float().reshape(N, K // GROUP) if q.zero is not None else torch.full_like(s, 8.0)
+    return pack(u, s, -z * s, lib)
+
+
+def dequantize(w: dict, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """The float32 ``(N, K)`` weight the kernel multiplies by (``d·u + m`` with the fp16 ``d``
+    and ``m`` it holds), for checking it."""
+    lib = library() if lib is None else lib
+    N, K = w["shape"]
+    G = K // GROUP
+    nibbles = torch.stack([w["codes"] & 15, w["codes"] >> 4], dim=-1).reshape(N, K)
+    u = nibbles[:, _slot_of(K, lib)].float().reshape(N, G, GROUP)   # back in natural order
+    d = w["d"].view(torch.float16).float().reshape(N, G, 1)
+    m = w["m"].view(torch.float16).float().reshape(N, G, 1)
+    return (u * d + m).reshape(N, K)
+
+
+def _slot_of(K: int, lib: ctypes.CDLL) -> torch.Tensor:
+    """For each natural position k, the nibble (2·byte + high) :func:`pack` puts it in: found by
+    packing probe rows whose codes spell k in base 16, then reading each slot's k back."""
+    k = torch.arange(K)
+    digits = max(1, -(-(K - 1).bit_length() // 4))
+    rows = torch.stack([(k >> (4 * i)) & 15 for i in range(digits)]).to(torch.uint8)
+    packed = torch.empty(digits, K // 2, dtype=torch.uint8)
+    lib.w4a8_pack(rows.contiguous().data_ptr(), packed.data_ptr(), digits, K)
+    nib = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(digits, K).long()
+    k_at_slot = sum(nib[i] << (4 * i) for i in range(digits))
+    slot = torch.empty(K, dtype=torch.long)
+    slot[k_at_slot] = k
+    return slot
+
+
+def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x (M, K) @ Wᵀ -> (M, N)`` float32 from :func:`pack`'s ``w``, ``x`` quantized to int8
+    per group of 32 on the way in."""
+    lib = library() if lib is None else lib
+    N, K = w["shape"]
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"x must have shape (M, {K}), got {tuple(x.shape)}")
+    x = x.detach().to(torch.float32).contiguous()
+    y = torch.empty(x.shape[0], N)
+    if x.shape[0] and lib.w4a8_gemm(x.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
+                                    w["m"].data_ptr(), y.data_ptr(), x.shape[0], N, K, K, 0,
+                                    None, 0.0):
+        raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
+    return y
+
+
+def w4a8_linear():
+    """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
+    to int4 once (``int4-g32``, round to nearest with a zero point: the same codes
+    :func:`llminfra.quant.int4_linear` holds) and ``f(x)`` multiplies with the w4a8 kernel.
+    ``f.fused(x, norm=g, eps=ε)`` multiplies ``RMSNorm(x)·g`` and ``f.fused(x, gated=True)``
+    multiplies ``silu(gate)·up`` of ``x = [gate | up]`` (twice ``W``'s input width): the kernel
+    forms them while it quantizes ``x``, where the float path spends a few torch calls each.
+    ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a
+    weight whose input width is not a multiple of 64."""
+    from llminfra.quant.quantize_tensor import quantize
+    lib = library()
+
+    def prepare_weight(weight: torch.Tensor):
+        if weight.dim() != 2:
+            raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
+        _check_k(weight.shape[1])
+        w = prepare(quantize(weight.detach().float(), f"int4-g{GROUP}"), lib)
+        N, K = w["shape"]
+        gemm = lib.w4a8_gemm
+        codes, d, m = w["codes"].data_ptr(), w["d"].data_ptr(), w["m"].data_ptr()
+
+        def fused(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
+                  gated: bool = False) -> torch.Tensor:
+            width = 2 * K if gated else K
+            if x.shape[-1] != width:
+                raise ValueError(f"x must end in {width} features"
+                                 f"{' (gate and up)' if gated else ''}, got shape "
+                                 f"{tuple(x.shape)}")
+            x32 = x if x.dtype == torch.float32 and x.is_contiguous() else \
+                x.to(torch.float32).contiguous()
+            g = None
+            if norm is not None:
+                if tuple(norm.shape) != (K,):
+                    raise ValueError(f"norm must have shape ({K},), got {tuple(norm.shape)}")
+                g = norm if norm.dtype == torch.float32 and norm.is_contiguous() else \
+                    norm.to(torch.float32).contiguous()
+            y = torch.empty(*x.shape[:-1], N)
+            if y.numel() and gemm(x32.data_ptr(), codes, d, m, y.data_ptr(), y.numel() // N,
+                                  N, K, width, int(gated),
+                                  None if g is None else g.data_ptr(), float(eps)):
+                raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            return fused(x)
+        apply.fused = fused
+        apply.weight = w                   # keeps the packed tensors alive for the pointers
+        apply.nbytes = sum(w[k].numel() * w[k].element_size() for k in ("codes", "d", "m"))
+        return apply
+    return prepare_weight

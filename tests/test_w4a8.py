@@ -1,0 +1,177 @@
+"""The w4a8 kernel (int4 weights × int8 activations, ``llminfra/quant/w4a8.c``): each code path
+this machine can build — AVX-512 VNNI, AVX2, portable C — multiplies exactly where the
+activations already lie on their int8 grid, within the int8 rounding elsewhere; its fusions equal
+the torch calls they replace; FastDecoder on it gives the dequantized weights' logits; the build
+and bad input fail with messages that say what to do."""
+
+import platform
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llminfra.model import FastDecoder, ModelConfig
+from llminfra.model.fast_decode import _plain_linear
+from llminfra.model.transformer import Transformer
+from llminfra.quant import quantize, w4a8
+
+pytestmark = pytest.mark.skipif(not w4a8.available(),
+                                reason="no C compiler here to build the w4a8 kernel")
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+# every path this CPU runs: the portable loop everywhere, AVX2 and the native build on x86
+ARCHES = ["portable"] + (["x86-64-v3", "native"] if X86 else ["native"])
+#: K values that cut into every block shape: 2 groups; 16 + 2 (SmolLM2's 576); 16 + 8 + 4
+#: (Qwen2's 896); 3 × 16 (1536); 4 + 2 (192)
+WIDTHS = [64, 576, 896, 1536, 192]
+
+
+@pytest.fixture(scope="module", params=ARCHES)
+def built(request, tmp_path_factory):
+    """(arch, library) for each path, built into a fresh folder."""
+    return request.param, w4a8.load(w4a8.build(request.param, tmp_path_factory.mktemp("w4a8")))
+
+
+@pytest.fixture(scope="module")
+def lib(built):
+    return built[1]
+
+
+def test_the_paths_built_are_the_ones_asked_for(built):
+    arch, lib = built
+    path = w4a8.build_info(lib)["path"]
+    if arch == "portable":
+        assert path == "portable"
+    elif arch == "x86-64-v3":                     # AVX2 without AVX-512
+        assert path == "avx2"
+    elif X86:
+        assert path in ("avx512-vnni", "avx2")    # every x86 CPU PyTorch vectorizes has AVX2
+
+
+def _on_grid(M, K, gen):
+    """Activations whose int8 rounding is exact: integers in [-127, 127], each group's max 127."""
+    x = torch.randint(-127, 128, (M, K), generator=gen).float()
+    x[:, ::32] = 127.0
+    return x
+
+
+@pytest.mark.parametrize("K", WIDTHS)
+@pytest.mark.parametrize("N", [1, 7, 48])
+def test_exact_on_the_int8_grid(lib, K, N):
+    gen = torch.Generator().manual_seed(K + N)
+    w = w4a8.prepare(quantize(torch.randn(N, K, generator=gen), "int4-g32"), lib)
+    weight = w4a8.dequantize(w, lib)
+    x = _on_grid(3, K, gen)
+    want = x.double() @ weight.double().T
+    got = w4a8.w4a8_mm(x, w, lib)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))
+
+
+def test_the_kernels_weights_are_the_quantizers(lib):
+    """``dequantize`` reads the packed layout back: the int4-g32 weights, up to the fp16 offset."""
+    wt = torch.randn(32, 576, generator=torch.Generator().manual_seed(3))
+    q = quantize(wt, "int4-g32")
+    got = w4a8.dequantize(w4a8.prepare(q, lib), lib)
+    scale = q.scale.float().max()
+    torch.testing.assert_close(got, q.dequantize(), rtol=0, atol=float(scale) * 5e-3)
+
+
+def test_within_int8_rounding_elsewhere(lib):
+    gen = torch.Generator().manual_seed(5)
+    w = w4a8.prepare(quantize(torch.randn(256, 576, generator=gen), "int4-g32"), lib)
+    x = torch.randn(4, 576, generator=gen)
+    want = x @ w4a8.dequantize(w, lib).T
+    err = (w4a8.w4a8_mm(x, w, lib) - want).abs().max() / want.abs().max()
+    # int8 in groups of 32 rounds each activation by up to max|x|/254: about 0.5 % at most here
+    assert 1e-5 < float(err) < 1.5e-2
+
+
+def test_fusions_equal_the_torch_calls(lib, monkeypatch):
+    monkeypatch.setattr(w4a8, "library", lambda: lib)
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(40, 192, generator=gen)
+    f = w4a8.w4a8_linear()(weight)
+    x = torch.randn(2, 3, 192, generator=gen) * 3
+    gain = torch.rand(192, generator=gen) + 0.5
+    normed = F.rms_norm(x, (192,), gain, 1e-5)
+    torch.testing.assert_close(f.fused(x, norm=gain, eps=1e-5), f(normed), rtol=1e-4, atol=1e-4)
+    gate_up = torch.randn(2, 384, generator=gen)
+    gate, up = gate_up.chunk(2, -1)
+    torch.testing.assert_close(f.fused(gate_up, gated=True), f(F.silu(gate) * up),
+                               rtol=1e-4, atol=1e-4)
+    assert f(x).shape == (2, 3, 40) and f(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+CONFIG = ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384,
+                     max_seq_len=64, tie_embeddings=True, qkv_bias=True)
+
+
+def test_fast_decoder_on_w4a8_gives_the_dequantized_logits(lib, monkeypatch, one_thread):
+    monkeypatch.setattr(w4a8, "library", lambda: lib)
+    torch.manual_seed(0)
+    model = Transformer(CONFIG).eval()
+    prompt = torch.randint(0, 512, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    fast = FastDecoder(model, max_len=64, linear=w4a8.w4a8_linear())
+    assert fast.fused
+    ref = FastDecoder(model, max_len=64, linear=lambda w: _plain_linear(
+        quantize(w.float(), "int4-g32").dequantize()))
+    with torch.no_grad():
+        got, want = (d.forward(torch.tensor(prompt), 0) for d in (fast, ref))
+        step_got, step_want = (d.forward(torch.tensor([5]), 12) for d in (fast, ref))
+    for g, w in ((got, want), (step_got, step_want)):
+        torch.testing.assert_close(g, w, rtol=0, atol=3e-2 * float(w.abs().max()))
+    # the bytes a step reads: 0.625 a weight, as PyTorch's int4 layout
+    assert fast.weight_bytes_read() == pytest.approx(
+        FastDecoder(model, linear=_bf16_int4_bytes).weight_bytes_read(), rel=0.02)
+
+
+def _bf16_int4_bytes(weight):
+    """A stand-in ``linear`` reporting int4-g32 bytes with 2-byte scale and offset."""
+    f = _plain_linear(weight)
+    n = weight.numel()
+    return type("L", (), {"__call__": staticmethod(f), "nbytes": n // 2 + 4 * (n // 32)})()
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        w4a8.w4a8_linear()(torch.randn(16, 96))
+    with pytest.raises(ValueError, match="2-D weight"):
+        w4a8.w4a8_linear()(torch.randn(16))
+    f = w4a8.w4a8_linear()(torch.randn(16, 64))
+    with pytest.raises(ValueError, match="end in 64 features"):
+        f(torch.randn(1, 65))
+    with pytest.raises(ValueError, match=r"end in 128 features \(gate and up\)"):
+        f.fused(torch.randn(1, 64), gated=True)
+    with pytest.raises(ValueError, match=r"norm must have shape \(64,\)"):
+        f.fused(torch.randn(1, 64), norm=torch.ones(63))
+    with pytest.raises(ValueError, match=r"codes must lie in \[0, 15\]"):
+        w4a8.pack(torch.full((2, 64), 16), torch.ones(2, 2), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"scale must have shape \(2, 2\)"):
+        w4a8.pack(torch.zeros(2, 64), torch.ones(2, 3), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="arch must be"):
+        w4a8.build("native; rm -rf")
+    assert w4a8.prepare(quantize(torch.randn(8, 128), "int4-g64")) is None
+    assert w4a8.prepare(quantize(torch.randn(8, 128), "int8-channel")) is None
+
+
+def test_no_compiler_says_how_to_get_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("PATH", str(tmp_path))           # nor cc, gcc or clang
+    with pytest.raises(RuntimeError, match="no C compiler found.*int4_linear"):
+        w4a8.build(directory=tmp_path)
+
+
+def test_a_build_error_shows_the_compilers_message(monkeypatch, tmp_path):
+    bad = tmp_path / "w4a8.c"
+    bad.write_text("this is not C\n")
+    monkeypatch.setattr(w4a8, "SOURCE", bad)
+    with pytest.raises(RuntimeError, match="could not compile"):
+        w4a8.build("portable", tmp_path)
+    assert not list(tmp_path.glob("*.so"))               # no half-written library left
+
+
+def test_builds_are_cached_by_source_and_cpu(tmp_path):
+    first = w4a8.build("portable", tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert w4a8.build("portable", tmp_path) == first and first.stat().st_mtime_ns == mtime
+    assert w4a8.cache_dir() != tmp_path
