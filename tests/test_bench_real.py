@@ -57,18 +57,22 @@ def test_keys_and_positive_finite_numbers(result):
         assert result["greedy_tokens_equal_engine"]["engine_plain"] == 1.0
         assert result["engine_plain_vs_best_hf"] > 0 and result["fast_plain_vs_floor"] > 0
     else:
-        assert decode - {"fast_int4_torch"} == {"eager", "fast", "fast_int4"}
+        assert decode - {"fast_int4_2pass", "fast_int4_torch"} == {"eager", "fast", "fast_int4"}
         assert "engine_plain" not in sides
         assert any("engine_plain" in n for n in result["notes"])
     assert result["int4_kernel"] == real.int4_kernel()
-    if result["int4_kernel"] == "w4a8":   # PyTorch's int4 kernel measured beside it
-        assert "fast_int4_torch" in decode and result["fast_int4_torch_vs_floor"] > 0
+    int4_paths = decode & {"fast_int4", "fast_int4_2pass", "fast_int4_torch"}
+    if result["int4_kernel"] == "w4a8":   # its 2-pass form and PyTorch's int4 kernel beside it
+        assert int4_paths == {"fast_int4", "fast_int4_2pass", "fast_int4_torch"}
+        assert result["fast_int4_torch_vs_floor"] > 0 and result["fast_int4_2pass_vs_floor"] > 0
         assert result["int4_kernel_build"] in ("avx512-vnni", "avx2", "portable")
     else:
-        assert "fast_int4_torch" not in decode and result["int4_kernel_build"] is None
-    agree = result["int4_tokens_equal_fast_before_first_difference"]   # 0 is a fair count
-    assert set(agree) == decode & {"fast_int4", "fast_int4_torch"}
-    assert all(0 <= v <= result["decode_tokens"] for v in agree.values())
+        assert int4_paths == {"fast_int4"} and result["int4_kernel_build"] is None
+    agree = result["int4_greedy_identical"]   # 0 is a fair count
+    assert agree["prompts"] == len(real.AGREEMENT_PROMPTS) and agree["tokens"] == 8
+    for ref in ("int4_weights_fp32_activations", "fp32_weights"):
+        assert set(agree[ref]) == int4_paths
+        assert all(0 <= v <= agree["prompts"] for v in agree[ref].values())
     assert set(result["decode_floor_ms"]) == {"fp32", "int4"}
     assert result["decode_floor_ms"]["int4"] < result["decode_floor_ms"]["fp32"]
     assert result["threads"] == 1 and result["environment"]["transformers"]
@@ -79,7 +83,7 @@ def test_keys_and_positive_finite_numbers(result):
     assert all(isinstance(v, bool) for v in result["targets_met"].values())
     assert len(result["targets_met"]) == 4   # engine, eager, fast, fast_int4
     numbers = [v for k, v in result.items() if k not in ("seed", "quick", "int4_kernel_build",
-                                                      "int4_tokens_equal_fast_before_first_difference")]
+                                                      "int4_greedy_identical")]
     assert all(math.isfinite(v) and v > 0 for v in _numbers(numbers))
     assert result["workload"]["num_requests"] == 4
     table = real.format_table(result)

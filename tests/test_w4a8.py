@@ -86,6 +86,20 @@ def test_within_int8_rounding_elsewhere(lib):
     assert 1e-5 < float(err) < 1.5e-2
 
 
+def test_two_passes_carry_the_rounding_error_too(lib):
+    """``passes=2`` multiplies what the int8 rounding left as well: about 15-bit activations."""
+    gen = torch.Generator().manual_seed(6)
+    w = w4a8.prepare(quantize(torch.randn(64, 896, generator=gen), "int4-g32"), lib)
+    x = torch.randn(3, 896, generator=gen)
+    want = x.double() @ w4a8.dequantize(w, lib).double().T
+    errs = [float((w4a8.w4a8_mm(x, w, lib, passes=p).double() - want).abs().max()
+                  / want.abs().max()) for p in (1, 2)]
+    assert errs[1] < 2e-4 and errs[1] < errs[0] / 30, errs
+    xg = _on_grid(2, 896, gen)                    # on the grid the second pass adds nothing
+    torch.testing.assert_close(w4a8.w4a8_mm(xg, w, lib, passes=2), w4a8.w4a8_mm(xg, w, lib),
+                               rtol=1e-6, atol=1e-3)
+
+
 def test_fusions_equal_the_torch_calls(lib, monkeypatch):
     monkeypatch.setattr(w4a8, "library", lambda: lib)
     gen = torch.Generator().manual_seed(7)
@@ -100,6 +114,9 @@ def test_fusions_equal_the_torch_calls(lib, monkeypatch):
     torch.testing.assert_close(f.fused(gate_up, gated=True), f(F.silu(gate) * up),
                                rtol=1e-4, atol=1e-4)
     assert f(x).shape == (2, 3, 40) and f(x.to(torch.bfloat16)).dtype == torch.bfloat16
+    f2 = w4a8.w4a8_linear(passes=2)(weight)       # the fusions feed the second pass as well
+    exact = normed @ w4a8.dequantize(f2.weight, lib).T
+    torch.testing.assert_close(f2.fused(x, norm=gain, eps=1e-5), exact, rtol=1e-3, atol=1e-3)
 
 
 CONFIG = ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384,
@@ -148,6 +165,11 @@ def test_bad_input_is_named():
         w4a8.pack(torch.full((2, 64), 16), torch.ones(2, 2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match=r"scale must have shape \(2, 2\)"):
         w4a8.pack(torch.zeros(2, 64), torch.ones(2, 3), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="passes must be 1"):
+        w4a8.w4a8_linear(passes=3)
+    with pytest.raises(ValueError, match="passes must be 1"):
+        w4a8.w4a8_mm(torch.randn(1, 64), w4a8.prepare(quantize(torch.randn(16, 64), "int4-g32")),
+                      passes=0)
     with pytest.raises(ValueError, match="arch must be"):
         w4a8.build("native; rm -rf")
     assert w4a8.prepare(quantize(torch.randn(8, 128), "int4-g64")) is None

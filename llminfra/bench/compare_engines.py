@@ -20,7 +20,7 @@ the orchestration on two tiny-model servers. ``--llama-cpp DIR`` (``make compare
 written to ``llminfra/data/compare_llamacpp_cpu.json``) makes llama.cpp the peer
 (:mod:`llminfra.bench.llamacpp`): ``llama-server`` on the model's GGUF file rewritten in F32 by
 llama.cpp itself, and, beside the servers, batch-1 decode on one thread — ``llama-bench`` on that
-file and on the original Q4_1 one, ours through :func:`llminfra.bench.real.decode_s_per_token`.
+file and on the original Q4_1 one, ours through :func:`llminfra.bench.real_decode.decode_s_per_token`.
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -
     server, and the original) and ours on the same 64-token prompt length and 64 new tokens;
     each beside its floor, the bytes it reads a token at the copy bandwidth measured here."""
     from llminfra.bench import llamacpp
-    from llminfra.bench.real import (DECODE_PROMPT_LEN, corpus_prompts, decode_s_per_token,
-                                     int4_kernel)
+    from llminfra.bench.real import corpus_prompts
+    from llminfra.bench.real_decode import DECODE_PROMPT_LEN, decode_s_per_token, int4_kernel
     from llminfra.bench.roofline import measure_copy_bytes_per_s
     from llminfra.calc.measured import parameter_bytes
     from llminfra.bench.timing import torch_threads
@@ -228,7 +228,7 @@ def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -
              for label, path in (("llama.cpp F32", f32), (f"llama.cpp {src.stem}", src))}
     prompt = corpus_prompts(tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0]
     with torch_threads(1):
-        ours, int4_bytes, _ = decode_s_per_token(model, prompt, 64, 3)
+        ours, int4_bytes = decode_s_per_token(model, prompt, 64, 3)
         bw = measure_copy_bytes_per_s(repeats=3)
     ms = {**{f"llminfra {k}": v * 1e3 for k, v in ours.items()},
           **{k: b["tg_ms_per_token"] for k, b in bench.items()}}

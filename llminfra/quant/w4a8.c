@@ -117,8 +117,9 @@ void w4a8_pack(const uint8_t *u, uint8_t *packed, int N, int K) {
             }
 }
 
-/* one row of x (K) -> q (K, the kernel's order), dx and sx = dx * sum(q) per group */
-static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx) {
+/* one row of x (K) -> q (K, the kernel's order), dx and sx = dx * sum(q) per group; with res,
+   also what the rounding left, x - q * dx, in x's order */
+static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx, float *res) {
     int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
     int8_t nat[32];
     for (int b = 0; b < n; b++)
@@ -133,6 +134,12 @@ static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx)
             int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
             _mm_storeu_si128((__m128i *)nat, _mm512_cvtsepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)(nat + 16), _mm512_cvtsepi32_epi8(q1));
+            if (res) {
+                __m512 step = _mm512_set1_ps(amax / 127.f);
+                _mm512_storeu_ps(res + 32 * g, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q0), step, v0));
+                _mm512_storeu_ps(res + 32 * g + 16,
+                                 _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q1), step, v1));
+            }
 #else
             float amax = 0.f;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xg[j]));
@@ -145,6 +152,10 @@ static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx)
 #endif
             dx[g] = amax / 127.f;
             sx[g] = dx[g] * (float)sum;
+#if LANES != 16
+            if (res)
+                for (int j = 0; j < 32; j++) res[32 * g + j] = xg[j] - (float)nat[j] * dx[g];
+#endif
             for (int w = 0; w < 8; w++) {
                 int xp, byte, high;
                 place4(g, w, nb[b], g0[b], &xp, &byte, &high);
@@ -275,17 +286,21 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
    multiple of 64 (checked by the caller). Row r of a is made from row r of x (x_stride floats
    apart): with gated, x's row is [gate (K) | up (K)] and a = silu(gate) * up (a SwiGLU's
    product); else a = x's first K values; then with norm (K gains, else NULL)
-   a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm). Returns 0, or -1 where memory ran out. */
+   a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm). passes = 2 rounds what the first int8
+   rounding of a left to int8 as well and adds its product (about 15 bits of activation, at the
+   cost of a second dot product per weight). Returns 0, or -1 where memory ran out. */
 int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
               float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
-              float eps) {
+              float eps, int passes) {
     int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
-    size_t need = (size_t)M * K + 8 * (size_t)M * G + 4 * (size_t)K, rb = (size_t)K / 2;
-    char stack[16384];
+    int R = passes == 2 ? 2 * M : M;                   /* quantized rows */
+    size_t need = (size_t)R * K + 8 * (size_t)R * G + 8 * (size_t)K, rb = (size_t)K / 2;
+    char stack[32768];
     void *scratch = need <= sizeof stack ? (void *)stack : malloc(need);
     if (!scratch) return -1;
     int8_t *q = (int8_t *)scratch;
-    float *dx = (float *)(q + (size_t)M * K), *sx = dx + (size_t)M * G, *a = sx + (size_t)M * G;
+    float *dx = (float *)(q + (size_t)R * K), *sx = dx + (size_t)R * G, *a = sx + (size_t)R * G;
+    float *res = a + K;
     for (int r = 0; r < M; r++) {
         const float *xr = x + (size_t)r * x_stride;
         if (gated)
@@ -300,7 +315,13 @@ int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uin
             float inv = 1.f / sqrtf(ss / (float)K + eps);
             for (int k = 0; k < K; k++) a[k] = a[k] * inv * norm[k];
         }
-        quantize_row(a, K, q + (size_t)r * K, dx + (size_t)r * G, sx + (size_t)r * G);
+        if (passes == 2) {
+            size_t r0 = 2 * (size_t)r, r1 = r0 + 1;
+            quantize_row(a, K, q + r0 * K, dx + r0 * G, sx + r0 * G, res);
+            quantize_row(res, K, q + r1 * K, dx + r1 * G, sx + r1 * G, NULL);
+        } else {
+            quantize_row(a, K, q + (size_t)r * K, dx + (size_t)r * G, sx + (size_t)r * G, NULL);
+        }
     }
     /* the first rows: asked for all at once, so that their misses overlap */
     for (size_t o = 0; o < (size_t)(N < PREFETCH_ROWS ? N : PREFETCH_ROWS) * rb; o += 64)
@@ -321,13 +342,19 @@ int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uin
                 __builtin_prefetch(pm + o);
             }
         }
-        for (int r = 0; r < M; r++) {
+        for (int r = 0; r < R; r++) {
             float v0, v1;
             dot2(codes + i * rb, codes + j * rb, d + (size_t)i * G, d + (size_t)j * G,
                  m + (size_t)i * G, m + (size_t)j * G, q + (size_t)r * K, dx + (size_t)r * G,
                  sx + (size_t)r * G, n, nb, g0, &v0, &v1);
-            y[(size_t)r * N + i] = v0;
-            if (j != i) y[(size_t)r * N + j] = v1;
+            size_t out = (size_t)(R == M ? r : r / 2) * N;
+            if (R == M || r % 2 == 0) {
+                y[out + i] = v0;
+                if (j != i) y[out + j] = v1;
+            } else {
+                y[out + i] += v0;
+                if (j != i) y[out + j] += v1;
+            }
         }
     }
     if (scratch != (void *)stack) free(scratch);

@@ -135,7 +135,7 @@ def load(path: Path) -> ctypes.CDLL:
     """The built library at ``path`` with its functions' argument types set."""
     lib = ctypes.CDLL(str(path))
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float]
+    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i]
     lib.w4a8_gemm.restype = i
     lib.w4a8_pack.argtypes = [p, p, i, i]
     lib.w4a8_pack.restype = None
@@ -248,10 +248,13 @@ def _slot_of(K: int, lib: ctypes.CDLL) -> torch.Tensor:
     return slot
 
 
-def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None,
+            passes: int = 1) -> torch.Tensor:
     """``x (M, K) @ Wᵀ -> (M, N)`` float32 from :func:`pack`'s ``w``, ``x`` quantized to int8
-    per group of 32 on the way in."""
+    per group of 32 on the way in (``passes=2``: its rounding error too, see
+    :func:`w4a8_linear`)."""
     lib = library() if lib is None else lib
+    _check_passes(passes)
     N, K = w["shape"]
     if x.dim() != 2 or x.shape[1] != K:
         raise ValueError(f"x must have shape (M, {K}), got {tuple(x.shape)}")
@@ -259,21 +262,31 @@ def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None) -> torch.T
     y = torch.empty(x.shape[0], N)
     if x.shape[0] and lib.w4a8_gemm(x.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
                                     w["m"].data_ptr(), y.data_ptr(), x.shape[0], N, K, K, 0,
-                                    None, 0.0):
+                                    None, 0.0, passes):
         raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
     return y
 
 
-def w4a8_linear():
+def _check_passes(passes) -> None:
+    if passes not in (1, 2) or isinstance(passes, bool):
+        raise ValueError(f"passes must be 1 (int8 activations) or 2 (int8 and its rounding "
+                         f"error: about 15 bits), got {passes!r}")
+
+
+def w4a8_linear(passes: int = 1):
     """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
     to int4 once (``int4-g32``, round to nearest with a zero point: the same codes
     :func:`llminfra.quant.int4_linear` holds) and ``f(x)`` multiplies with the w4a8 kernel.
     ``f.fused(x, norm=g, eps=ε)`` multiplies ``RMSNorm(x)·g`` and ``f.fused(x, gated=True)``
     multiplies ``silu(gate)·up`` of ``x = [gate | up]`` (twice ``W``'s input width): the kernel
     forms them while it quantizes ``x``, where the float path spends a few torch calls each.
+    ``passes=2`` rounds what the int8 rounding of ``x`` left to int8 as well and adds that
+    product too: activations good to about 15 bits (greedy tokens then follow the int4 weights
+    with fp32 activations), for a second integer dot product per weight.
     ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a
     weight whose input width is not a multiple of 64."""
     from llminfra.quant.quantize_tensor import quantize
+    _check_passes(passes)
     lib = library()
 
     def prepare_weight(weight: torch.Tensor):
@@ -303,7 +316,7 @@ def w4a8_linear():
             y = torch.empty(*x.shape[:-1], N)
             if y.numel() and gemm(x32.data_ptr(), codes, d, m, y.data_ptr(), y.numel() // N,
                                   N, K, width, int(gated),
-                                  None if g is None else g.data_ptr(), float(eps)):
+                                  None if g is None else g.data_ptr(), float(eps), passes):
                 raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
             return y if x.dtype == torch.float32 else y.to(x.dtype)
 
