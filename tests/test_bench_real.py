@@ -7,7 +7,7 @@ import math
 import pytest
 
 from llminfra.bench import SUITES, load_suite
-from llminfra.bench import real
+from llminfra.bench import real, real_decode
 
 pytestmark = pytest.mark.slow   # one worker with test_pretrained.py (conftest.py): one transformers load
 
@@ -50,17 +50,17 @@ def test_keys_and_positive_finite_numbers(result):
         assert any("hf_continuous" in n for n in result["notes"])
     for key in ("ttft_p50_s", "ttft_p99_s", "throughput_tokens_per_s_runs"):
         assert set(result[key]) == sides, key
-    assert result["matmul"] == real.matmul_kernel()
+    assert result["matmul"] == real_decode.matmul_kernel()
     decode = set(result["decode_ms_per_token"])
     if result["matmul"] == "onednn":   # the plain kernel's rows beside the default's
-        assert decode == set(real.DECODE_PATHS) and "engine_plain" in sides
+        assert decode == set(real_decode.DECODE_PATHS) and "engine_plain" in sides
         assert result["greedy_tokens_equal_engine"]["engine_plain"] == 1.0
         assert result["engine_plain_vs_best_hf"] > 0 and result["fast_plain_vs_floor"] > 0
     else:
         assert decode - {"fast_int4_2pass", "fast_int4_torch"} == {"eager", "fast", "fast_int4"}
         assert "engine_plain" not in sides
         assert any("engine_plain" in n for n in result["notes"])
-    assert result["int4_kernel"] == real.int4_kernel()
+    assert result["int4_kernel"] == real_decode.int4_kernel()
     int4_paths = decode & {"fast_int4", "fast_int4_2pass", "fast_int4_torch"}
     if result["int4_kernel"] == "w4a8":   # its 2-pass form and PyTorch's int4 kernel beside it
         assert int4_paths == {"fast_int4", "fast_int4_2pass", "fast_int4_torch"}
@@ -69,7 +69,7 @@ def test_keys_and_positive_finite_numbers(result):
     else:
         assert int4_paths == {"fast_int4"} and result["int4_kernel_build"] is None
     agree = result["int4_greedy_identical"]   # 0 is a fair count
-    assert agree["prompts"] == len(real.AGREEMENT_PROMPTS) and agree["tokens"] == 8
+    assert agree["prompts"] == len(real_decode.AGREEMENT_PROMPTS) and agree["tokens"] == 8
     for ref in ("int4_weights_fp32_activations", "fp32_weights"):
         assert set(agree[ref]) == int4_paths
         assert all(0 <= v <= agree["prompts"] for v in agree[ref].values())

@@ -234,9 +234,9 @@ def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -
           **{k: b["tg_ms_per_token"] for k, b in bench.items()}}
     # the bytes a token reads: every tensor of the GGUF (its tied embedding is the output
     # matrix), ours as bench real counts them
+    fp32_bytes = parameter_bytes(model)
     read = {"llama.cpp F32": gguf_tensor_bytes(f32), f"llama.cpp {src.stem}": gguf_tensor_bytes(src),
-            **{f"llminfra {k}": (int4_bytes if "int4" in k else parameter_bytes(model))
-               for k in ours}}
+            **{f"llminfra {k}": int4_bytes if "int4" in k else fp32_bytes for k in ours}}
     floor = {k: b / bw * 1e3 for k, b in read.items()}
     print("batch-1 decode ms/token:", {k: round(v, 3) for k, v in ms.items()}, flush=True)
     return {"f32_gguf": f32, "threads": 1, "prompt_tokens": DECODE_PROMPT_LEN,

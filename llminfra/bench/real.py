@@ -76,10 +76,8 @@ from llminfra.model import load_pretrained, pretrained_path
 from llminfra.model import prepacked as onednn
 from llminfra.model.corpus import corpus_path
 from llminfra.quant import w4a8
-from llminfra.bench.real_decode import (AGREEMENT_PROMPTS, DECODE_PATHS, DECODE_PROMPT_LEN,  # noqa: F401
-                                        FAST_INT4_GROUP, RETIMES, decode_s_per_token,
-                                        int4_decoders, int4_greedy_identical, int4_kernel,
-                                        matmul_kernel)
+from llminfra.bench.real_decode import (DECODE_PROMPT_LEN, decode_s_per_token, int4_decoders,
+                                        int4_greedy_identical, int4_kernel, matmul_kernel)
 
 MODEL = "smollm2-135m"
 SEED = 2025

@@ -172,12 +172,6 @@ def build_info(lib: ctypes.CDLL | None = None) -> dict:
     return {"path": _PATHS[lanes], "lanes": lanes, "file": lib._name}
 
 
-def vectorized() -> bool:
-    """Whether the kernel here is built with vector instructions (faster than PyTorch's int4
-    kernel on one core where it is AVX-512 VNNI; see ``bench real``)."""
-    return available() and library().w4a8_lanes() > 0
-
-
 def _check_k(K: int) -> None:
     if K % K_MULTIPLE or not 0 < K <= MAX_K:
         raise ValueError(f"the w4a8 kernel needs K (the input width) a positive multiple of "
@@ -258,18 +252,34 @@ def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None,
     """``x (M, K) @ Wᵀ -> (M, N)`` float32 from :func:`pack`'s ``w``, ``x`` quantized to int8
     per group of 32 on the way in (``passes=2``: its rounding error too, see
     :func:`w4a8_linear`)."""
-    lib = library() if lib is None else lib
     _check_passes(passes)
+    if x.dim() != 2 or x.shape[1] != w["shape"][1]:
+        raise ValueError(f"x must have shape (M, {w['shape'][1]}), got {tuple(x.shape)}")
+    return _multiply(library() if lib is None else lib, w, x.detach().float(), passes)
+
+
+def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
+              norm: torch.Tensor | None = None, eps: float = 0.0,
+              gated: bool = False) -> torch.Tensor:
+    """``a · Wᵀ`` in ``x``'s dtype, ``a`` formed from ``x (..., K or 2K)`` as ``w4a8_gemm`` in
+    the C file says (``gated``: silu(gate)·up; ``norm``: RMSNorm with these gains)."""
     N, K = w["shape"]
-    if x.dim() != 2 or x.shape[1] != K:
-        raise ValueError(f"x must have shape (M, {K}), got {tuple(x.shape)}")
-    x = x.detach().to(torch.float32).contiguous()
-    y = torch.empty(x.shape[0], N)
-    if x.shape[0] and lib.w4a8_gemm(x.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
-                                    w["m"].data_ptr(), y.data_ptr(), x.shape[0], N, K, K, 0,
-                                    None, 0.0, passes):
+    width = 2 * K if gated else K
+    if x.shape[-1] != width:
+        raise ValueError(f"x must end in {width} features{' (gate and up)' if gated else ''}, "
+                         f"got shape {tuple(x.shape)}")
+    x32 = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+    if norm is not None:
+        if tuple(norm.shape) != (K,):
+            raise ValueError(f"norm must have shape ({K},), got {tuple(norm.shape)}")
+        norm = norm.to(torch.float32).contiguous()      # no copy when it is so already
+    y = torch.empty(*x.shape[:-1], N)
+    if y.numel() and lib.w4a8_gemm(x32.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
+                                   w["m"].data_ptr(), y.data_ptr(), y.numel() // N, N, K, width,
+                                   int(gated), None if norm is None else norm.data_ptr(),
+                                   float(eps), passes):
         raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
-    return y
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def _check_passes(passes) -> None:
@@ -299,36 +309,15 @@ def w4a8_linear(passes: int = 1):
             raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
         _check_k(weight.shape[1])
         w = prepare(quantize(weight.detach().float(), f"int4-g{GROUP}"), lib)
-        N, K = w["shape"]
-        gemm = lib.w4a8_gemm
-        codes, d, m = w["codes"].data_ptr(), w["d"].data_ptr(), w["m"].data_ptr()
 
         def fused(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
                   gated: bool = False) -> torch.Tensor:
-            width = 2 * K if gated else K
-            if x.shape[-1] != width:
-                raise ValueError(f"x must end in {width} features"
-                                 f"{' (gate and up)' if gated else ''}, got shape "
-                                 f"{tuple(x.shape)}")
-            x32 = x if x.dtype == torch.float32 and x.is_contiguous() else \
-                x.to(torch.float32).contiguous()
-            g = None
-            if norm is not None:
-                if tuple(norm.shape) != (K,):
-                    raise ValueError(f"norm must have shape ({K},), got {tuple(norm.shape)}")
-                g = norm if norm.dtype == torch.float32 and norm.is_contiguous() else \
-                    norm.to(torch.float32).contiguous()
-            y = torch.empty(*x.shape[:-1], N)
-            if y.numel() and gemm(x32.data_ptr(), codes, d, m, y.data_ptr(), y.numel() // N,
-                                  N, K, width, int(gated),
-                                  None if g is None else g.data_ptr(), float(eps), passes):
-                raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
+            return _multiply(lib, w, x, passes, norm, eps, gated)
 
         def apply(x: torch.Tensor) -> torch.Tensor:
             return fused(x)
         apply.fused = fused
-        apply.weight = w                   # keeps the packed tensors alive for the pointers
+        apply.weight = w
         apply.nbytes = sum(w[k].numel() * w[k].element_size() for k in ("codes", "d", "m"))
         return apply
     return prepare_weight
