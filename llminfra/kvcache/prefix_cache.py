@@ -18,6 +18,7 @@ Taught in chapter 04.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections import OrderedDict
 
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
@@ -27,9 +28,25 @@ _ROOT = hashlib.sha256(b"llminfra-prefix-root").hexdigest()
 
 
 def block_hash(prefix_hash: str, tokens: list[int] | tuple[int, ...]) -> str:
-    """``H(prefix_hash, tokens)``: SHA-256 of the parent hash and the block's token ids."""
-    text = prefix_hash + ":" + ",".join(str(int(t)) for t in tokens)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """``H(prefix_hash, tokens)``: SHA-256 of the parent hash and the block's token ids.
+
+    Unambiguous by construction, as vLLM's ``hash_block_tokens`` (which hashes the tuple
+    ``(parent_hash, token_ids)``): the parent hash is fixed-width (64 hex digits), then the
+    number of tokens, then every id as 8 signed little-endian bytes. Token ids written as text
+    and joined without a separator would make ``[1, 23]`` and ``[12, 3]`` the same block.
+    """
+    if not isinstance(prefix_hash, str) or len(prefix_hash) != 64:
+        raise ValueError(f"prefix_hash must be a 64-digit hex SHA-256, got {prefix_hash!r}")
+    ids = []
+    for t in tokens:
+        if isinstance(t, bool) or not hasattr(t, "__index__"):
+            raise ValueError(f"token ids must be integers, got {t!r}")
+        ids.append(operator.index(t))
+    data = bytearray(prefix_hash.encode("ascii"))
+    data += len(ids).to_bytes(8, "little")
+    for t in ids:
+        data += t.to_bytes(8, "little", signed=True)
+    return hashlib.sha256(bytes(data)).hexdigest()
 
 
 def prefix_block_hashes(tokens: list[int], block_size: int) -> list[str]:
