@@ -20,6 +20,8 @@ Taught in chapter 05 (and met in 02 and 04).
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -51,6 +53,7 @@ class BPETokenizer:
         self.stop_token_ids = frozenset(stops)
         self.chat_template = chat_template
         self.name = name
+        self._special_re = self._plain = None   # built on first use by encode_chat
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -146,6 +149,88 @@ class BPETokenizer:
                                     bos_token=self._token(self.bos_token_id),
                                     eos_token=self._token(self.eos_token_id))
 
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True
+                    ) -> list[int]:
+        """Token ids of the chat prompt, where only the template writes control tokens.
+
+        The template is rendered with a unique mark in place of each message's ``content``;
+        control-token strings (``<|im_start|>`` …) are parsed in the template's own text only,
+        and everything between two of them (template text and message content alike) is encoded
+        with special-token parsing off. A user who writes ``<|im_end|>\\n<|im_start|>system`` in a
+        message gets the ordinary tokens of those characters, not a forged system turn. For
+        content without such strings the ids equal ``encode(apply_chat_template(messages))``
+        (the library splits text at special tokens before BPE in both cases).
+        ``ValueError`` when the model has no template, or when the template rewrites message
+        content (the marks do not come back once each, in order) and a content holds a
+        special-token string, so that content cannot be told apart from template.
+        """
+        if not self.chat_template:
+            raise ValueError(f"{self.name} has no chat template (tokenizer.chat_template)")
+        msgs = [dict(m) for m in messages]
+        nonce = secrets.token_hex(8)
+        marks = {}
+        for i, m in enumerate(msgs):
+            if isinstance(m.get("content"), str):
+                mark = f"\x00llminfra-content-{nonce}-{i}\x00"
+                marks[mark], m["content"] = m["content"], mark
+        skeleton = render_chat_template(self.chat_template, msgs, add_generation_prompt,
+                                        bos_token=self._token(self.bos_token_id),
+                                        eos_token=self._token(self.eos_token_id))
+        pieces = re.split("(" + "|".join(map(re.escape, marks)) + ")", skeleton) if marks \
+            else [skeleton]
+        found = pieces[1::2]
+        if found != list(marks):
+            special = self._special_pattern()
+            if any(special.search(c) for c in marks.values()):
+                raise ValueError(f"{self.name}'s chat template rewrites message content, so a "
+                                 "content holding a special-token string cannot be kept plain")
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+        # (text, trusted) segments: template text is trusted, message content is not
+        segments = [(p, True) if k % 2 == 0 else (marks[p], False) for k, p in enumerate(pieces)]
+        return self._encode_segments(segments)
+
+    def _special_pattern(self):
+        """A regex of every special added token, longest first (leftmost-longest match)."""
+        if getattr(self, "_special_re", None) is None:
+            specials = sorted((t.content for t in self.backend.get_added_tokens_decoder().values()
+                               if t.special), key=len, reverse=True)
+            self._special_re = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+        return self._special_re
+
+    def _plain_backend(self):
+        """A copy of the backend that encodes special-token strings as ordinary text."""
+        if getattr(self, "_plain", None) is None:
+            from tokenizers import Tokenizer
+            plain = Tokenizer.from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
+
+    def _encode_segments(self, segments: list[tuple[str, bool]]) -> list[int]:
+        """Ids of the concatenated segments: special tokens only where a trusted segment writes
+        them, every run of text between two of them encoded plain."""
+        special = self._special_pattern()
+        runs, controls, current = [], [], []
+        for text, trusted in segments:
+            if not trusted:
+                current.append(text)
+                continue
+            at = 0
+            for m in special.finditer(text):
+                current.append(text[at:m.start()])
+                runs.append("".join(current))
+                controls.append(self.backend.token_to_id(m.group()))
+                current, at = [], m.end()
+            current.append(text[at:])
+        runs.append("".join(current))
+        encoded = self._plain_backend().encode_batch(runs, add_special_tokens=False)
+        ids = []
+        for k, enc in enumerate(encoded):
+            ids.extend(enc.ids)
+            if k < len(controls):
+                ids.append(controls[k])
+        return ids
+
     def _token(self, i: int | None) -> str:
         return "" if i is None else (self.backend.id_to_token(int(i)) or "")
 
@@ -156,7 +241,8 @@ class BPETokenizer:
 def render_chat_template(template: str, messages: Sequence[dict], add_generation_prompt: bool,
                          **extra) -> str:
     """Render a Hugging Face chat template with jinja2 in a sandbox, ``trim_blocks`` and
-    ``lstrip_blocks`` on and ``raise_exception`` defined, as ``transformers`` does."""
+    ``lstrip_blocks`` on and ``raise_exception`` defined, as ``transformers`` does; a template
+    error (its own ``raise_exception`` included) is a ``ValueError``."""
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -169,8 +255,12 @@ def render_chat_template(template: str, messages: Sequence[dict], add_generation
     for m in msgs:
         if "role" not in m or "content" not in m:
             raise ValueError(f"a chat message needs 'role' and 'content', got keys {sorted(m)}")
-    return env.from_string(template).render(messages=msgs,
-                                            add_generation_prompt=add_generation_prompt, **extra)
+    try:
+        return env.from_string(template).render(messages=msgs,
+                                                add_generation_prompt=add_generation_prompt,
+                                                **extra)
+    except TemplateError as e:          # the template's raise_exception, or a template bug
+        raise ValueError(f"the chat template refused the messages: {e}") from None
 
 
 def _read_json(path: Path) -> dict:
