@@ -20,11 +20,20 @@ deselected. Without a browser, nbval checks every chapter as before.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 BROWSER = "tests/test_browser.py"
 #: file -> the unit it shares with other files
 SHARED_WORKER = {"tests/test_pretrained.py": "smollm2", "tests/test_bench_real.py": "smollm2"}
+
+
+def pytest_configure(config):
+    """Checkers draw fresh seeds in every run and log each at INFO
+    (:func:`llminfra.course.checking.seeded`): pytest prints them under "Captured log call"
+    beside a failure, so a seed that breaks a test can be replayed."""
+    logging.getLogger("llminfra.course.checking").setLevel(logging.INFO)
 
 
 def _path(nodeid: str) -> str:

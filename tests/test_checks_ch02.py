@@ -89,14 +89,14 @@ _BATCH_MISTAKES = [(_no_reserve, "runtime reserve"), (_gb_card, "GB vs GiB"),
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("wrong, message", _BATCH_MISTAKES)
 def test_largest_batch_diagnoses(wrong, message, seed):
-    """One run each: the third fixed case is drawn where every usual mistake changes the count
+    """One run each: the fourth fixed case is drawn where every usual mistake changes the count
     (leaving out the activations passed about 1 run in 100 when only draws could catch it)."""
     with pytest.raises(CheckFailed, match=message):
         ch02.check_largest_batch(wrong, seed=seed)
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_largest_batch_third_case_tells_every_mistake_apart(seed):
+def test_largest_batch_fourth_case_tells_every_mistake_apart(seed):
     seen = []
 
     def spy(*args):
@@ -104,9 +104,9 @@ def test_largest_batch_third_case_tells_every_mistake_apart(seed):
         return _largest_batch_right(*args)
 
     ch02.check_largest_batch(spy, seed=seed)
-    third = seen[2]
-    counts = [f(*third) for f in [_largest_batch_right] + [w for w, _ in _BATCH_MISTAKES]]
-    assert len(set(counts)) == len(counts), (third, counts)
+    fourth = seen[3]
+    counts = [f(*fourth) for f in [_largest_batch_right] + [w for w, _ in _BATCH_MISTAKES]]
+    assert len(set(counts)) == len(counts), (fourth, counts)
 
 
 def test_largest_batch_one_too_many():
@@ -191,3 +191,47 @@ def test_factor_2_and_elements_are_told_apart(seed, wrong, message, not_message)
     with pytest.raises(CheckFailed, match=message) as e:
         ch02.check_kv_bytes_per_token(wrong, seed=seed)
     assert not_message not in str(e.value).split("hint:")[1]
+
+
+def _kv_in(kv_of):
+    """The closed form with the KV cache counted in ``kv_of(dtype, kv_dtype)``."""
+    def largest_batch(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+        return _largest_batch_right(model, gpu, context, dtype, kv_of(dtype, kv_dtype),
+                                    reserve_fraction)
+    return largest_batch
+
+
+def _kv_by_hand_in_weight_bytes(model, gpu, context, dtype, kv_dtype, reserve_fraction):
+    """KV bytes written out with dtype_bytes(dtype): the weights' bytes per element."""
+    est = inference_memory(model, dtype, kv_dtype, context, batch=1)
+    spec = ch02.get_model(model)
+    kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * dtype_bytes(dtype) * context
+    usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
+    return max(0, math.floor((usable - est.weight_bytes - est.activation_bytes) / kv))
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_kv_in(lambda dtype, kv: dtype), "not the weights' dtype"),
+    (_kv_in(lambda dtype, kv: None), "not 16 bits"),
+    (_kv_in(lambda dtype, kv: "bf16"), "not 16 bits"),
+])
+@pytest.mark.parametrize("seed", range(12))
+def test_largest_batch_ignoring_the_kv_dtype_fails_every_run_at_case_1(wrong, message, seed):
+    """A capacity with the KV cache in the weights' dtype (or in inference_memory's default
+    16 bits) passed every seed whose fixed cases had a bf16 cache beside bf16 weights; case 1
+    is now an fp8 cache beside 16-bit or int4 weights where the count changes."""
+    assert ch02.check_largest_batch(_largest_batch_right, seed=seed) == 7
+    with pytest.raises(CheckFailed, match="the KV cache has its own dtype") as e:
+        ch02.check_largest_batch(wrong, seed=seed)
+    text = str(e.value)
+    assert message in text and "case 1 of 7: " in text and "fp8 KV cache beside" in text
+    assert " / fp8 KV" in text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_largest_batch_kv_in_weight_bytes_by_hand_fails_at_case_1(seed):
+    """dtype_bytes(dtype) for the cache, written out (with the weights in int4 the cache would
+    be half a byte per element): case 1 names the KV dtype."""
+    with pytest.raises(CheckFailed, match=r"case 1 of 7: .*fp8 KV cache beside") as e:
+        ch02.check_largest_batch(_kv_by_hand_in_weight_bytes, seed=seed)
+    assert "own dtype" in str(e.value)

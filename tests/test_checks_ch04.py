@@ -198,16 +198,44 @@ class FreeToFront(ReturnsNone):
             self.free_ids.appendleft(b)
 
 
+class SortedPopLast(BlockAllocator):
+    """Wrong: keeps the free list sorted (bisect.insort) and pops its end, the highest id."""
+
+    def allocate(self):
+        if not self._free:
+            raise BlockPoolExhausted("empty")
+        b = self._free.pop()
+        self._ref[b] = 1
+        return b
+
+    def _release(self, block_id):
+        import bisect
+        free = list(self._free)
+        bisect.insort(free, block_id)
+        self._free = deque(free)
+
+
+class SortedFreeList(BlockAllocator):
+    """Wrong: hands blocks out first in, first out, but reports its free list sorted by id."""
+
+    def free_list(self):
+        return sorted(self._free)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (LifoAllocator, "allocate returned"), (MinIdAllocator, "allocate returned"),
+    (SortedPopLast, "allocate returned"),
+    (SortedFreeList, r"free list is \[0, 2\], expected \[2, 0\].*yours is sorted"),
     (FreeToFront, "allocate returned"), (NoRefCount, "reference counts became"),
-    (FreeAlwaysReturns, r"free list is \[\d+\], expected \[\]"),
+    (FreeAlwaysReturns, r"free list is \[2, 0, 0\], expected \[2, 0\]"),
     (ReturnsNone, "must raise BlockPoolExhausted"),
 ])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_allocator_slips_fail_every_run_at_case_1(wrong, message, seed):
-    """Case 1 exhausts the pool, frees block 1 then block 0, allocates again (FIFO gives 1),
-    forks block 0 and frees it twice: each branch of the allocator is reached in every run."""
+    """Case 1 exhausts the pool, frees blocks 1, 0 and 2, allocates twice (FIFO gives 1, then
+    0), forks block 0 and frees it twice (free list [2, 0]): each branch of the allocator, and
+    FIFO order against a sorted list or heap popped from either end, in every run."""
+    assert ch04.check_block_allocator(BlockAllocator, seed=seed) == 8
     with pytest.raises(CheckFailed, match=message) as e:
         ch04.check_block_allocator(wrong, seed=seed)
     assert "case 1 of 8: " in str(e.value) and "exhaust, free, reuse in FIFO order" in str(e.value)

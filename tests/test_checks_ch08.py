@@ -124,7 +124,30 @@ def test_decode_without_the_compute_roof_fails_every_run(wrong, message, seed):
     fail on every seed, at that case."""
     with pytest.raises(CheckFailed, match=message) as e:
         ch08.check_decode_bound(wrong, seed=seed)
-    assert "case 3 of 8: compute-bound: a large batch at a short context" in str(e.value)
+    assert "case 3 of 8: compute-bound GQA preset: a large batch at a short context" in str(e.value)
+
+
+def attention_over_kv_heads(model, gpu, B, c, divided=False):
+    """The compute roof with the attention FLOPs over the KV heads: 4·L·H_kv·d per cached
+    position, or 4·L·H·d / H_kv ("divided by the KV heads")."""
+    s, g = get_model(model), get_gpu(gpu)
+    heads = s.num_heads / s.num_kv_heads if divided else s.num_kv_heads
+    flops = B * (2 * param_count(s) + 4 * s.num_layers * heads * s.head_dim * c)
+    nbytes = weight_bytes(s) + B * c * kv_bytes_per_token(s)
+    return B / max(flops / (g.tflops("bf16") * 1e12), nbytes / g.hbm_bytes_per_s)
+
+
+@pytest.mark.parametrize("divided, message", [(False, "H, not H_kv"),
+                                              (True, "divided the attention FLOPs by the KV")])
+@pytest.mark.parametrize("seed", range(10))
+def test_decode_attention_over_kv_heads_fails_every_run_at_case_3(divided, message, seed):
+    """It passed every seed whose compute-bound case drew a multi-head model (H_kv = H): case 3
+    is now a grouped-query preset, compute-bound, where those FLOPs change the bound."""
+    assert ch08.check_decode_bound(decode_right, seed=seed) == 8
+    with pytest.raises(CheckFailed, match=message) as e:
+        ch08.check_decode_bound(lambda *a: attention_over_kv_heads(*a, divided=divided),
+                                seed=seed)
+    assert "case 3 of 8: compute-bound GQA preset" in str(e.value)
 
 
 def test_replay_with_the_seed_gives_the_same_cases():

@@ -22,12 +22,15 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from llminfra.course.compare import as_like, compare, describe, first_matching
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CheckFailed", "NotAttempted", "Case", "run_checks", "compare", "first_matching",
            "as_like", "seeded", "fresh_rng", "torch_generator", "checker", "describe"]
@@ -102,9 +105,11 @@ def _library_roots() -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------- seeds
 def seeded(seed: int | None = None) -> tuple[int, random.Random]:
-    """``(seed, random.Random(seed))``; a fresh seed (0 … 999,999) when ``seed`` is None."""
+    """``(seed, random.Random(seed))``; a fresh seed (0 … 999,999) when ``seed`` is None,
+    logged at INFO (the test suite shows it beside any failure: ``conftest.py``)."""
     if seed is None:
         seed = random.SystemRandom().randrange(1_000_000)
+        log.info("fresh checker seed %d (replay with seed=%d)", seed, seed)
     return seed, random.Random(seed)
 
 

@@ -17,8 +17,10 @@ means:
   that and still fails. An exact check (``rel = abs_ = 0``) stays exact.
 * **Counts.** An ``int`` expected value is a count (bytes, parameters, tokens, GPUs): it is
   matched exactly, whatever ``rel`` says, by an answer of any type whose value is that whole
-  number (``12``, ``12.0``, ``np.float32(12)``, ``Decimal("12")``, ``Fraction(24, 2)``); a
-  value with a fraction is rejected, however close. float32 holds whole numbers exactly only up
+  number (``12``, ``12.0``, ``np.float32(12)``, ``Decimal("12")``, ``Fraction(24, 2)``), or
+  by a Python / float64 float within float64 rounding of it (a right formula computed through
+  a division, ``s·b·h·(34 + 5·a·s/h)``, may land a few units in the last place off: 64 at most,
+  7e-15 relative); any other fraction is rejected, however close (half a byte on 10**10 bytes). float32 holds whole numbers exactly only up
   to 2**24 (float16: 2**11, bfloat16: 2**8), so a larger count in those dtypes is not the right
   value; the message says so.
 :func:`as_like` converts an answer to the expected kind for a hint's arithmetic, and
@@ -239,6 +241,8 @@ def _compare_count(expected: int, g: int | float, low: str | None, where: str) -
     """An exact match of a whole number ``g`` (any type's value) with the count ``expected``."""
     if g == expected:
         return None
+    if isinstance(g, float) and not low and abs(g - expected) <= _rounding(expected):
+        return None  # the whole number, computed through floats (s·b·h·(34 + 5·a·s/h))
     if isinstance(g, float) and not g.is_integer():
         return f"{where}got {g!r}, expected the whole number {expected}: a count has no fraction"
     text = f"{where}got {_fmt(g)}, expected {_fmt(expected)} (difference {_fmt(g - expected)})"
@@ -246,6 +250,15 @@ def _compare_count(expected: int, g: int | float, low: str | None, where: str) -
         text += (f"; {low} holds whole numbers exactly only up to {_EXACT_WHOLE[low]:,}: "
                  "compute counts with Python ints (or int64)")
     return text
+
+
+def _rounding(count: int) -> float:
+    """How far a float64 computation of ``count`` may land from it by rounding alone: 64 units
+    in the last place of ``count`` (a formula of a few dozen operations; 7e-15 relative) —
+    below 2**53, where float64 holds every whole number, under half a unit, so the nearest
+    whole number is still ``count``."""
+    ulps = 64 * math.ulp(float(count))
+    return min(ulps, 0.25) if abs(count) < 2**53 else ulps
 
 
 def as_like(expected: Any, got: Any) -> Any:

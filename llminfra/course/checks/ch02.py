@@ -2,12 +2,13 @@
 cache of one sequence in GiB, and the largest batch that fits on a GPU.
 
 Each checker builds named cases from one seed (presets and random GQA / MQA / MHA architectures;
-a 1-byte, a 4-byte and a 2-byte KV dtype in that order; for the largest batch, a model that does
-not fit, one whose exact quotient has a fraction above .5 and one below, where each usual
-mistake gives a count of its own), compares the learner's function with the package's
+a 1-byte, a 4-byte and a 2-byte KV dtype in that order; for the largest batch, an fp8 cache
+that a count in the weights' dtype or in 16 bits gets wrong, a model that does not fit, one
+whose exact quotient has a fraction above .5 and one below, where each usual mistake gives a
+count of its own), compares the learner's function with the package's
 (:mod:`llminfra.calc.memory`) and, on a mismatch, names the usual mistake the wrong answer
 matches: the missing factor 2 for K and V, ``num_heads`` instead of ``num_kv_heads``, the KV
-dtype ignored, bits instead of bytes, GB (1e9) instead of GiB (2**30), the runtime reserve or
+dtype ignored (or the weights' dtype used for the cache), bits instead of bytes, GB (1e9) instead of GiB (2**30), the runtime reserve or
 the activations left out, no clip at 0, round() instead of floor.
 
 KV cache rule: Kwon et al., 2023 (vLLM, arXiv:2309.06180), §3: per token
@@ -166,7 +167,9 @@ def _per_sequence_quotient(model, gpu, context, dtype, kv_dtype, reserve_fractio
                            memory_bytes=None, activations="once") -> float:
     """``(usable - weights - activations) / KV of one sequence``, not rounded, not clipped;
     ``activations``: ``"once"`` (right: one prefill's peak, as
-    :func:`llminfra.calc.memory.kv_budget` counts it), ``"none"`` or ``"per_sequence"``."""
+    :func:`llminfra.calc.memory.kv_budget` counts it), ``"none"`` or ``"per_sequence"``.
+    ``kv_dtype=None``: the KV cache in the 16-bit compute dtype (``inference_memory``'s
+    default), a mistake when the cache has a dtype of its own."""
     est = inference_memory(model, dtype, kv_dtype, context, batch=1)
     memory = get_gpu(gpu).memory_bytes if memory_bytes is None else memory_bytes
     left = memory * (1 - reserve_fraction) - est.weight_bytes
@@ -210,11 +213,26 @@ def _batch_hint(args, kwargs, expected, got) -> str:
             _per_sequence_closed_form(model, gpu, context, dtype, kv_dtype, reserve,
                                       memory_bytes=g.memory_gb * 1e9),
     }
+    own = f"the KV cache has its own dtype: kv_dtype={kv_dtype} ({_bytes(dtype_bytes(kv_dtype))} " \
+          "per element)"
+    wrong[f"{own}, not the weights' dtype {dtype} ({_bytes(dtype_bytes(dtype))})"] = \
+        _per_sequence_closed_form(model, gpu, context, dtype, dtype, reserve)
+    wrong[f"{own}, not 16 bits (inference_memory's kv_dtype defaults to the compute dtype: "
+          "pass kv_dtype)"] = _per_sequence_closed_form(model, gpu, context, dtype, None, reserve)
     wrong["one too many: the batch must fit, so round down (floor), not up"] = expected + 1
     return _matching(wrong, got, expected) or (
         "expected floor((usable - weights - activations of one prefill) / KV of one sequence), "
         "clipped at 0; "
         "usable = memory_bytes · (1 - reserve_fraction)")
+
+
+def _kv_dtype_shows(args: tuple) -> bool:
+    """Does the KV cache counted in the weights' dtype, or in 16 bits, change the count?"""
+    model, gpu, context, dtype, kv_dtype, reserve = args
+    right = _per_sequence_closed_form(*args)
+    return right > 1 and all(
+        _per_sequence_closed_form(model, gpu, context, dtype, wrong_kv, reserve) != right
+        for wrong_kv in (dtype, None))
 
 
 def _each_mistake_shows(args: tuple) -> bool:
@@ -229,8 +247,14 @@ def _each_mistake_shows(args: tuple) -> bool:
     return len(set(counts)) == len(counts)
 
 
-#: kind -> does ``(args, exact quotient)`` belong to it; one case of each in every run
+#: kind -> does ``(args, exact quotient)`` belong to it; one case of each in every run, in this
+#: order (the KV dtype first, with a fraction below .45 that round() does not change: any
+#: later count may already show a cache in the wrong dtype)
 _BATCH_KINDS = {
+    "fits, fp8 KV cache beside 16-bit or int4 weights: the KV counted in the weights' dtype or "
+    "in 16 bits changes the count": lambda args, x: (args[4] == "fp8" and args[3] != "int8"
+                                                    and x - math.floor(x) < 0.45
+                                                    and _kv_dtype_shows(args)),
     "does not fit (exact quotient below -1)": lambda args, x: x < -1,
     "fits, exact quotient's fraction above .5":
         lambda args, x: x > 1 and x - math.floor(x) > 0.55,
@@ -240,11 +264,11 @@ _BATCH_KINDS = {
 }
 
 
-def _batch_case(rng: random.Random) -> tuple:
+def _batch_case(rng: random.Random, kv_dtype: str | None = None) -> tuple:
     name = rng.choice(model_names())
     spec = get_model(name)
     return (name, rng.choice(gpu_names()), rng.randint(1, spec.max_positions or 2048),
-            rng.choice(["bf16", "fp16", "int8", "int4"]), rng.choice(["bf16", "fp8"]),
+            rng.choice(["bf16", "fp16", "int8", "int4"]), kv_dtype or rng.choice(["bf16", "fp8"]),
             rng.choice([DEFAULT_RESERVE_FRACTION, 0.05, 0.2]))
 
 
@@ -259,21 +283,23 @@ def check_largest_batch(fn, seed: int | None = None) -> int:
     """Check ``fn(model, gpu, context, dtype, kv_dtype, reserve_fraction) -> int``: the
     largest batch of ``context``-token sequences that fits, against the package's bisection
     :func:`llminfra.calc.memory.max_batch` (0 when even one sequence does not fit). Every run
-    has a model that does not fit (clip at 0) and quotients with fractions above and below .5
-    (floor, not round) — the latter where the activations left out or counted per sequence,
-    the reserve left out and GiB read as GB each give another count — then random cases."""
+    has, in this order, an fp8 KV cache beside 16-bit or int4 weights where a cache counted in
+    the weights' dtype or in 16 bits gives another count, a model that does not fit (clip at
+    0) and quotients with fractions above and below .5 (floor, not round) — the latter where
+    the activations left out or counted per sequence, the reserve left out and GiB read as GB
+    each give another count; then random cases."""
     seed, rng = seeded(seed)
     cases = []
     for kind, wanted in _BATCH_KINDS.items():
         for _ in range(5000):
-            args = _batch_case(rng)
+            args = _batch_case(rng, "fp8" if "fp8 KV" in kind else None)
             if wanted(args, _per_sequence_quotient(*args)):
                 cases.append(Case(_batch_name(args, kind), args))
                 break
         else:  # pragma: no cover - the presets make every kind common
             raise RuntimeError(f"no case of kind {kind!r} found")
     cases += [Case(_batch_name(args, "random"), args) for args in
-              (_batch_case(rng) for _ in range(4))]
+              (_batch_case(rng) for _ in range(3))]
 
     def reference(model, gpu, context, dtype, kv_dtype, reserve_fraction):
         return max_batch(model, gpu, context=context, dtype=dtype, kv_dtype=kv_dtype,

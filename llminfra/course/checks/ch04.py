@@ -74,21 +74,31 @@ def _allocator_hint(args, kwargs, expected, got) -> str:
             return "when no block is free, allocate must raise BlockPoolExhausted"
         if isinstance(e, tuple) and e[0] == "allocate":
             return (f"allocate returned {g[1]!r}, expected block {e[1]}: hand out the block at "
-                    "the FRONT of the free list, and put freed blocks at its END")
+                    "the FRONT of the free list, and put freed blocks at its END (first in, "
+                    "first out: not the lowest or highest free id, not the last one freed)")
         if isinstance(e, list):
             return (f"reference counts became {g}, expected {e}: allocate sets 1, fork (incref) "
                     "adds 1, free subtracts 1 and returns the block to the free list only at 0")
         if isinstance(e, tuple) and e[0] == "free list":
-            return f"free list is {g[1]}, expected {e[1]} (first in, first out)"
+            told = f"free list is {g[1]}, expected {e[1]} (first in, first out)"
+            if isinstance(g[1], list) and sorted(g[1]) == sorted(e[1]) and g[1] != e[1] and \
+                    g[1] in (sorted(g[1]), sorted(g[1], reverse=True)):
+                told += (": yours is sorted by id; a freed block goes to the END of the list, "
+                         "in the order blocks were freed (a deque, not a sorted list or heap)")
+            return told
     return ""
 
 
 def _fixed_ops(num_blocks: int) -> list[tuple]:
-    """Exhaust the pool, free two blocks (the second-used first), allocate again (FIFO order),
-    fork block 0 and free it once (still used), then free it again (back to the free list)."""
-    return ([("allocate",)] * (num_blocks + 1) + [("free", 1), ("free", 0), ("allocate",),
-                                                  ("allocate",), ("fork", 0), ("free", 0),
-                                                  ("free", 0), ("allocate",)])
+    """Exhaust the pool; free blocks 1, 0 and 2 in that order (free list [1, 0, 2]: its front
+    is neither the lowest nor the highest id, so a sorted list or a heap, popped from either
+    end, hands out another block); allocate twice (1, then 0); fork block 0 and free it once
+    (still used), then again (back to the free list, after 2). The free list ends as [2, 0]:
+    descending, so a list kept sorted shows there too. ``num_blocks`` ≥ 3."""
+    # ("free", i) frees the i-th used block in ascending order: 1, then 0, then 2
+    return ([("allocate",)] * (num_blocks + 1) + [("free", 1), ("free", 0), ("free", 0),
+                                                  ("allocate",), ("allocate",), ("fork", 0),
+                                                  ("free", 0), ("free", 0)])
 
 
 def _ops_name(num_blocks: int, block_size: int, ops: list[tuple], what: str) -> str:
@@ -106,7 +116,8 @@ def check_block_allocator(allocator_cls, seed: int | None = None) -> int:
     seed, rng = seeded(seed)
     n = rng.randint(3, 6)
     ops = _fixed_ops(n)
-    cases = [Case(_ops_name(n, 16, ops, "exhaust, free, reuse in FIFO order, fork, free twice"),
+    cases = [Case(_ops_name(n, 16, ops, "exhaust, free, reuse in FIFO order (not sorted), "
+                                        "fork, free twice"),
                   (n, 16, ops))]
     for _ in range(7):
         n = rng.randint(1, 6)

@@ -4,14 +4,15 @@ transformer layer's roofline point in decode, and the decode tokens/s bound of a
 Every run builds its cases from one seed that a failure names (replay them with
 ``ch08.check_…(fn, seed=…)``); one case of each category the exercises name comes first:
 batch 1 at a context of 1 (the weights alone), a large batch, a long context, a grouped-query
-(GQA) and a multi-query (MQA) model, for the decode bound a step that is compute-bound (so an
-answer without the compute roof fails every run, not only when a random draw lands there), and
-random models, batches, contexts and GPUs. On a mismatch the message gives the case, the
-expected and returned values, their difference, and the usual mistake when the wrong answer
-matches one: the factor 2 of a multiply-add left out, the weights counted once per sequence,
-the KV cache left out or counted once for the batch, fp32 instead of bf16 bytes, the attention
-FLOPs left out, the compute roof left out, the batch left out of tokens/s, seconds per token
-returned, GiB/s read for GB/s.
+(GQA) and a multi-query (MQA) model, for the decode bound a step of a GQA model that is
+compute-bound (so an answer without the compute roof, or with the attention FLOPs over the KV
+heads, fails every run, not only when a random draw lands there), and random models, batches,
+contexts and GPUs. On a mismatch the message gives the case, the expected and returned values,
+their difference, and the usual mistake when the wrong answer matches one: the factor 2 of a
+multiply-add left out, the weights counted once per sequence, the KV cache left out or counted
+once for the batch, fp32 instead of bf16 bytes, the attention FLOPs left out or counted over
+(or divided by) the KV heads, the compute roof left out, the batch left out of tokens/s,
+seconds per token returned, GiB/s read for GB/s.
 
 References: :func:`llminfra.calc.roofline.layer_point` and
 :func:`llminfra.calc.roofline.decode_tokens_per_s` (taught in chapter 08).
@@ -126,11 +127,16 @@ def _step_times(model, gpu, batch, context) -> tuple[float, float]:
     return flops / (g.tflops("bf16") * 1e12), nbytes / g.hbm_bytes_per_s
 
 
+#: dense grouped-query presets (1 < H_kv < H): attention FLOPs counted over the KV heads differ
+GQA = tuple(n for n in DENSE if get_model(n).attention == "GQA")
+
+
 def _compute_bound(rng: random.Random) -> tuple:
-    """A dense preset on a GPU with a large batch at a short context whose compute time is at
-    least twice its memory time: the compute roof decides the bound."""
+    """A dense grouped-query preset on a GPU with a large batch at a short context whose
+    compute time is at least twice its memory time: the compute roof decides the bound, and
+    attention FLOPs counted over the KV heads (H_kv < H) change it."""
     while True:
-        name, gpu, context = rng.choice(DENSE), rng.choice(BF16_GPUS), rng.randint(1, 16)
+        name, gpu, context = rng.choice(GQA), rng.choice(BF16_GPUS), rng.randint(1, 16)
         for batch in (256, 512, 1024, 2048, 4096):
             compute, memory = _step_times(name, gpu, batch, context)
             if compute >= 2 * memory:
@@ -143,8 +149,18 @@ def _decode_hint(args, kwargs, expected, got) -> str:
     w, kv = weight_bytes(model, "bf16"), kv_bytes_per_token(model, "bf16")
     bw = g.hbm_bytes_per_s
     memory = _step_times(model, gpu, B, c)[1]
-    no_attention = B * 2 * param_count(get_model(model)) / (g.tflops("bf16") * 1e12)
+    spec = get_model(model)
+    peak = g.tflops("bf16") * 1e12
+    no_attention = B * 2 * param_count(spec) / peak
+
+    def attention_over(heads: float) -> float:
+        flops = B * (2 * param_count(spec) + 4 * spec.num_layers * heads * spec.head_dim * c)
+        return B / max(flops / peak, memory)
     wrong = {
+        "the attention FLOPs use every query head: 4·L·H·d per cached position (H, not H_kv; "
+        "grouped-query attention shares K and V, not the work)": attention_over(spec.num_kv_heads),
+        "you divided the attention FLOPs by the KV heads: every query head does its own "
+        "4·d FLOPs per cached position (4·L·H·d)": attention_over(spec.num_heads / spec.num_kv_heads),
         "you left out the compute roof: this step is compute-bound, so it takes "
         "max(FLOPs / peak, bytes / bandwidth), here the FLOPs": B / memory,
         "you left out the attention FLOPs (4·L·H·d per cached position, per sequence)":
@@ -169,15 +185,16 @@ def check_decode_bound(fn, seed: int | None = None) -> int:
     """Check ``fn(model, gpu, batch, context) -> tokens/s``: the upper bound of decode tokens
     per second (all sequences together), bf16 weights and cache. Llama-2-7B on an H100, batch
     1 at 2048 tokens: 3.35e12 / 14,550,573,056 = 230.2 tokens/s. Every run has memory-bound
-    steps and one compute-bound step (a large batch at a short context)."""
+    steps and one compute-bound step (a grouped-query model, a large batch at a short
+    context: attention FLOPs over H_kv heads, or divided by them, show there)."""
     seed, rng = seeded(seed)
     m = _case_models(rng)
     gpu = lambda: rng.choice(BF16_GPUS)  # noqa: E731
     cases = [Case("the weights alone: batch 1, context 1", (rng.choice(DENSE), gpu(), 1, 1)),
              Case("the worked example: llama-2-7b on an h100, batch 1", ("llama-2-7b", "h100",
                                                                          1, 2048)),
-             Case("compute-bound: a large batch at a short context (FLOPs / peak > bytes / "
-                  "bandwidth)", _compute_bound(rng)),
+             Case("compute-bound GQA preset: a large batch at a short context (FLOPs / peak > "
+                  "bytes / bandwidth)", _compute_bound(rng)),
              Case("MHA preset, a large batch", (m[0], gpu(), rng.randint(64, 256),
                                                 _context(rng, m[0], 512))),
              Case("GQA preset at its longest context", (m[1], gpu(), rng.randint(1, 32),
