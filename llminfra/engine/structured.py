@@ -27,6 +27,7 @@ reason ``"length"``, as with OpenAI). Taught in chapter 05.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 import llguidance
@@ -38,6 +39,31 @@ from llminfra.engine.sampling_params import InvalidParameter
 
 #: how the JSON is laid out (compact, as json.dumps with its default separators)
 LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+#: the longest schema accepted, as compact JSON text (characters); OpenAI's structured outputs
+#: cap a schema too (nesting, property count, total string length)
+MAX_SCHEMA_CHARS = 32_768
+#: the deepest nesting of JSON objects and arrays in a schema (``{"properties": {"a": …}}`` is
+#: two levels per nested object)
+MAX_SCHEMA_DEPTH = 32
+#: the largest number of repeats a ``pattern``'s counted repetitions may multiply to:
+#: ``a{1000}`` is 1,000, ``(a{1000}){1000}`` is 1,000,000 (refused: a lexer state per repeat)
+MAX_PATTERN_REPEATS = 10_000
+#: llguidance's resource limits (``LLParserLimits``; its defaults in brackets, measured on
+#: SmolLM2's vocabulary): lexer states cost about 1-2 kB each (250,000 → 20,000, so at most
+#: ~40 MB), fuel is time (about 50 units a µs to build a lexer, 1,000,000 → 200,000; 14 a µs for
+#: one mask, 200,000 → 100,000), the grammar's symbols 500,000 → 100,000. A grammar past one of
+#: them puts its matcher in an error state: refused when the request comes, or that request
+#: failed with the library's reason should it happen later in the answer.
+PARSER_LIMITS = (("max_lexer_states", 20_000), ("initial_lexer_fuel", 200_000),
+                 ("step_lexer_fuel", 100_000), ("max_grammar_size", 100_000))
+
+
+_COUNT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+def _count(digits: str) -> int:
+    return int(digits) if len(digits) <= 12 else 10 ** 12
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -51,6 +77,11 @@ def _bytes_to_unicode() -> dict[int, str]:
             cs.append(256 + n)
             n += 1
     return dict(zip(bs, map(chr, cs)))
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer_json() -> str:
+    return byte_tokenizer_json()
 
 
 def byte_tokenizer_json() -> str:
@@ -76,6 +107,85 @@ def _grammar(schema_json: str):
                                                          defaults=LAYOUT)
 
 
+def _limits():
+    return llguidance.LLParserLimits(**dict(PARSER_LIMITS))
+
+
+def check_schema_shape(schema) -> str:
+    """The schema as compact JSON text, after the checks that need no compiler: a JSON object,
+    nested at most :data:`MAX_SCHEMA_DEPTH` deep, at most :data:`MAX_SCHEMA_CHARS` long, each
+    ``pattern`` repeating at most :data:`MAX_PATTERN_REPEATS` times. ``ValueError`` with the
+    reason otherwise. The walk is iterative: a schema nested thousands deep (or a Python dict
+    that contains itself) is refused, never a ``RecursionError``."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    stack, patterns = [(schema, 1)], []
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"the JSON schema is nested more than {MAX_SCHEMA_DEPTH} levels "
+                             f"deep (objects and arrays)")
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in children:
+            if isinstance(node, dict) and not isinstance(key, str):
+                raise ValueError(f"JSON object keys must be strings, got {key!r}")
+            if key == "pattern" and isinstance(value, str):
+                patterns.append(value)
+            if isinstance(value, dict) and key == "patternProperties":
+                patterns.extend(k for k in value if isinstance(k, str))
+            if isinstance(value, (dict, list)):
+                stack.append((value, depth + 1))
+            elif not (value is None or isinstance(value, (str, int, float, bool))):
+                raise ValueError(f"a JSON schema holds JSON values only, got "
+                                 f"{type(value).__name__} at {key!r}")
+    try:
+        text = json.dumps(schema, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the JSON schema is not JSON: {e}") from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"the JSON schema is {len(text):,} characters long; at most "
+                         f"{MAX_SCHEMA_CHARS:,} are accepted")
+    for pattern in patterns:
+        repeats = pattern_repeats(pattern)
+        if repeats > MAX_PATTERN_REPEATS:
+            raise ValueError(f"the pattern {pattern[:60]!r} repeats {repeats:,} times "
+                             f"(counted repetitions multiplied); at most "
+                             f"{MAX_PATTERN_REPEATS:,} are accepted")
+    return text
+
+
+def pattern_repeats(pattern: str) -> int:
+    """The largest product of nested counted repetitions (``{n}``, ``{n,}``, ``{n,m}``) in a
+    regular expression: ``a{3}`` → 3, ``(a{2}b){5}`` → 10, ``(x{4}){5}y{30}`` → 30. Escapes
+    and character classes are skipped; an unbounded ``*`` / ``+`` counts 1 (the lexer loops)."""
+    stack, last, best, i = [1], 1, 1, 0     # stack: max weight inside each open group
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            last, i = 1, i + 2
+        elif c == "[":
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            last, i = 1, j + 1
+        elif c == "(":
+            stack.append(1)
+            i += 1
+        elif c == ")":
+            last = stack.pop() if len(stack) > 1 else 1
+            i += 1
+        elif c == "{" and (m := _COUNT.match(pattern, i)):
+            n = max(_count(m.group(1)), _count(m.group(2) or "0"))
+            last *= max(n, 1)
+            i = m.end()
+        else:
+            last, i = 1, i + 1
+        stack[-1] = max(stack[-1], last)
+        best = max(best, last)
+    return max(best, *stack)
+
+
 class JsonMatcher:
     """The grammar state of one sequence: :meth:`allowed` before a token, :meth:`advance`
     after it, :meth:`finished` once the JSON is complete."""
@@ -95,7 +205,10 @@ class JsonMatcher:
         return mask[:width]
 
     def advance(self, token: int) -> None:
-        """Take the token drawn; ``ValueError`` if the grammar forbids it."""
+        """Take the token drawn; ``ValueError`` if the grammar forbids it, or with the
+        library's reason if the grammar failed (a limit of :data:`PARSER_LIMITS` reached)."""
+        if self._m.is_error():
+            raise ValueError(f"the JSON grammar failed: {_first_line(self._m.get_error())}")
         if not self._m.consume_token(int(token)) or self._m.is_error():
             raise ValueError(f"token {token} breaks the JSON grammar: {self._m.get_error()}")
 
@@ -106,19 +219,57 @@ class JsonMatcher:
 
 def json_matcher(tokenizer, vocab_size: int, stop_token_ids, schema: dict) -> JsonMatcher:
     """A fresh matcher for ``schema`` (a JSON schema; ``{"type": "object"}`` for any object)
-    over ``tokenizer`` (a :class:`~llminfra.model.BPETokenizer`, or the byte tokenizer).
-    ``ValueError`` for a schema the library cannot compile."""
-    backend = getattr(tokenizer, "backend", None)
-    text = backend.to_str() if backend is not None else byte_tokenizer_json()
+    over ``tokenizer`` (a :class:`~llminfra.model.BPETokenizer`, or the byte tokenizer), its
+    first mask computed. ``ValueError`` with the reason for a schema past the limits of
+    :func:`check_schema_shape`, one the library cannot compile or compiles past
+    :data:`PARSER_LIMITS`, and one that admits no JSON value."""
+    schema_json = check_schema_shape(schema)                # property order kept
     stops = tuple(sorted(int(t) for t in stop_token_ids))
+    text = getattr(tokenizer, "backend_json", None)
+    if text is None:
+        backend = getattr(tokenizer, "backend", None)
+        text = backend.to_str() if backend is not None else _byte_tokenizer_json()
     try:
-        grammar = _grammar(json.dumps(schema))             # property order kept
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"cannot compile the JSON schema: {e}") from None
-    m = llguidance.LLMatcher(_ll_tokenizer(text, vocab_size, stops), grammar, log_level=0)
+        grammar = _grammar(schema_json)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"cannot compile the JSON schema: {_first_line(e)}") from None
+    m = llguidance.LLMatcher(_ll_tokenizer(text, vocab_size, stops), grammar, log_level=0,
+                             limits=_limits())
     if m.is_error():
-        raise ValueError(f"cannot compile the JSON schema: {m.get_error()}")
-    return JsonMatcher(m, vocab_size, has_stop=bool(stops))
+        raise ValueError(f"cannot compile the JSON schema: {_first_line(m.get_error())}")
+    matcher = JsonMatcher(m, vocab_size, has_stop=bool(stops))
+    first = matcher.allowed(vocab_size)          # the first mask: the lexer is built here
+    if m.is_error() or not bool(first.any()):
+        reason = _first_line(m.get_error()) if m.is_error() else "no token may start it"
+        if "NoExtensionBias" in reason or reason == "no token may start it":
+            reason = "it admits no JSON value (a $ref that only leads back to itself?)"
+        raise ValueError(f"cannot use the JSON schema: {reason}")
+    return matcher
+
+
+def _first_line(err) -> str:
+    """The reason of a library error, without the parser state it dumps after it."""
+    return str(err).strip().split("\n", 1)[0][:300]
+
+
+def check_json_schema(schema: dict, tokenizer, vocab_size: int | None = None,
+                      stop_token_ids=None) -> None:
+    """Refuse, before a request is accepted, a schema the engine could not serve (what
+    :func:`json_matcher` refuses: the shape limits of :func:`check_schema_shape`, a compile
+    error, a grammar past :data:`PARSER_LIMITS`, a grammar that admits no JSON value). An
+    :class:`~llminfra.engine.sampling_params.InvalidParameter` naming ``response_format``.
+    ``vocab_size`` and ``stop_token_ids`` default to the tokenizer's, as the engine takes
+    them. A server calls it in a worker thread: the library releases the GIL."""
+    if vocab_size is None:
+        vocab_size = tokenizer.vocab_size
+    if stop_token_ids is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stop_token_ids = set(getattr(tokenizer, "stop_token_ids", ()) or ()) | (
+            {eos} if eos is not None else set())
+    try:
+        json_matcher(tokenizer, vocab_size, stop_token_ids, schema)
+    except ValueError as e:
+        raise InvalidParameter("response_format", str(e)) from None
 
 
 def request_grammar(params, tokenizer, vocab_size: int, stop_token_ids) -> JsonMatcher | None:

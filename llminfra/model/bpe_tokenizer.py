@@ -53,7 +53,7 @@ class BPETokenizer:
         self.stop_token_ids = frozenset(stops)
         self.chat_template = chat_template
         self.name = name
-        self._special_re = self._plain = None   # built on first use by encode_chat
+        self._special_re = self._plain = self._json = None   # built on first use
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -188,6 +188,14 @@ class BPETokenizer:
         # (text, trusted) segments: template text is trusted, message content is not
         segments = [(p, True) if k % 2 == 0 else (marks[p], False) for k, p in enumerate(pieces)]
         return self._encode_segments(segments)
+
+    @property
+    def backend_json(self) -> str:
+        """The backend as Hugging Face ``tokenizer.json`` text (what the structured-output
+        grammar compiles against), serialised once."""
+        if getattr(self, "_json", None) is None:
+            self._json = self.backend.to_str()
+        return self._json
 
     def _special_pattern(self):
         """A regex of every special added token, longest first (leftmost-longest match)."""

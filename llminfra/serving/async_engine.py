@@ -123,12 +123,18 @@ class EngineLoop:
         accepted: Future = Future()
         self._submit(_Add(prompt, params, request_id, loop, outputs, accepted))
         waiting = asyncio.wrap_future(accepted)
-        while not waiting.done():  # bounded: each turn either resolves or finds the loop dead
-            await asyncio.wait({waiting}, timeout=1.0)
-            if not waiting.done() and not self.is_running:
-                waiting.cancel()
-                raise EngineDeadError(f"the engine loop stopped ({self._error!r})")
-        waiting.result()  # re-raises the engine's ValueError
+        try:
+            while not waiting.done():  # bounded: each turn resolves or finds the loop dead
+                await asyncio.wait({waiting}, timeout=1.0)
+                if not waiting.done() and not self.is_running:
+                    waiting.cancel()
+                    raise EngineDeadError(f"the engine loop stopped ({self._error!r})")
+            waiting.result()  # re-raises the engine's ValueError
+        except BaseException:  # refused, engine gone, or the caller cancelled: keep nothing
+            with self._lock:
+                self._pending.pop(request_id, None)
+            self._send_abort(request_id)  # forgets the stream; aborts what the engine took
+            raise
         return self._outputs(request_id, outputs)
 
     async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator:
@@ -150,17 +156,21 @@ class EngineLoop:
 
     def _submit(self, cmd: "_Add") -> None:
         """Register the request's stream (before the engine can produce its first output),
-        then send the ``add`` command; ``cmd.accepted`` resolves on the engine's answer."""
+        then send the ``add`` command; ``cmd.accepted`` resolves on the engine's answer. A
+        command that cannot be sent (the engine gone, a request that does not pickle) leaves
+        nothing registered: ``cmd.accepted`` gets the error."""
         with self._lock:
             self._streams[cmd.request_id] = (cmd.loop, cmd.outputs)
             self._pending[cmd.request_id] = cmd
         try:
             self._send(("add", cmd.request_id, cmd.prompt, cmd.params))
-        except EngineDeadError as e:
+        except Exception as e:  # noqa: BLE001 - e.g. a request that cannot be pickled
             self._forget(cmd.request_id)
             with self._lock:
                 self._pending.pop(cmd.request_id, None)
-            cmd.accepted.set_exception(e)
+            cmd.accepted.set_exception(e if isinstance(e, EngineDeadError) else ValueError(
+                f"the request cannot be sent to the engine: {type(e).__name__}: "
+                f"{str(e)[:200]}"))
 
     def _send_abort(self, request_id: str) -> None:
         if self._forget(request_id):

@@ -41,6 +41,7 @@ from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLo
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
 from llminfra.engine.request_limits import max_tokens_for
 from llminfra.engine.sampling_params import InvalidParameter, clip, clip_repr
+from llminfra.engine.structured import check_json_schema, check_schema_shape
 from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 from llminfra.serving.streaming import sse_response, stable_delta  # noqa: F401 - re-exported
 
@@ -188,8 +189,17 @@ class _Service:
             raise APIError(400, str(e), param=getattr(e, "param", None)) from None
 
     async def submit(self, ids, params, rid, prompt_param: str = "prompt"):
-        """Queue the request; the engine's refusal is a 400 naming the field at fault."""
+        """Queue the request; the engine's refusal is a 400 naming the field at fault. A
+        ``response_format`` schema is compiled here first, in a worker thread, within the
+        limits of :mod:`llminfra.engine.structured`: one the engine could not serve is a 400
+        before anything is queued."""
         try:
+            if params.json_schema is not None:
+                try:                                      # cheap: refuse before a thread
+                    check_schema_shape(params.json_schema)
+                except ValueError as e:
+                    raise InvalidParameter("response_format", str(e)) from None
+                await asyncio.to_thread(check_json_schema, params.json_schema, self.tokenizer)
             return await self.loop.generate(ids, params, rid)
         except ValueError as e:
             param = getattr(e, "param", None)
