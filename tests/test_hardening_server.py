@@ -200,7 +200,7 @@ def test_a_sampling_failure_fails_only_its_request(tiny64, monkeypatch):
 
 def test_a_failed_forward_fails_that_step_and_the_engine_goes_on(tiny):
     engine = LLMEngine(*tiny, **SETTINGS)
-    forward, calls = engine._forward, []
+    forward, calls = engine.runner.forward, []
 
     def failing_forward(*args):
         calls.append(1)
@@ -208,7 +208,7 @@ def test_a_failed_forward_fails_that_step_and_the_engine_goes_on(tiny):
             raise RuntimeError("injected forward failure")
         return forward(*args)
 
-    engine._forward = failing_forward
+    engine.runner.forward = failing_forward
     ids = [engine.add_request(p, SamplingParams(max_tokens=10)) for p in ("a", "bc", "def")]
     final = run_all(engine)
     assert {final[i].outputs[0].finish_reason for i in ids} == {"error"}

@@ -123,6 +123,15 @@ class _CountCalls(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def count_torch_calls(fn, *args, **kwargs) -> int:
+    """The torch calls ``fn(*args, **kwargs)`` makes (functions, tensor methods and attribute
+    reads, as :class:`_CountCalls` sees them): the count a launch-bound step pays for, one
+    kernel launch or more each on a GPU. Deterministic for a given code path."""
+    with _CountCalls() as counter:
+        fn(*args, **kwargs)
+    return counter.calls
+
+
 def build_model(preset: str, weights: str = "fp32", shrunk: bool = False):
     """``Transformer(ModelConfig.from_name(preset))`` (random weights, seed 0) in ``weights``:
     ``fp32``, ``bf16``, or bf16 with ``int8`` / ``int4`` linear layers (:data:`WEIGHT_FORMATS`).

@@ -36,7 +36,7 @@ import torch
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import RequestOutput, request_output
 from llminfra.engine.request_limits import max_tokens_for
-from llminfra.engine.sampler import sample_tokens, token_logprobs
+from llminfra.engine.model_runner import make_runner
 from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, pair_with_params
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
@@ -48,8 +48,6 @@ from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
 
 log = logging.getLogger(__name__)
 
-#: the token a padding row reads (any id will do: its K/V and logits are thrown away)
-PAD_TOKEN_ID = 0
 #: default pool when num_blocks is None: max_num_seqs full contexts, but at most this many bytes
 DEFAULT_KV_BYTES_CAP = 256 * 2**20
 
@@ -78,7 +76,9 @@ class LLMEngine:
     :class:`~llminfra.engine.scheduler.Scheduler`; ``num_blocks`` × ``block_size`` the paged KV
     pool (default :func:`default_num_blocks`); ``enable_prefix_caching`` reuses the K/V of
     shared prompt prefixes; ``speculative`` (a :class:`~.spec_decode.SpeculativeConfig`) turns
-    on speculative decoding. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
+    on speculative decoding. ``runner``: ``"readable"`` (the model as chapter 01 writes it,
+    the default) or ``"fast"`` (fused weights, 25 torch calls a layer, CUDA graphs for decode
+    where ``cuda_graphs`` says: :mod:`.model_runner`). ``clock`` gives the timestamps (seconds); ``seed`` seeds the
     sampling of requests that give no seed of their own. Not thread-safe: a server calls
     ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
@@ -89,7 +89,8 @@ class LLMEngine:
                  enable_prefix_caching: bool = False, preemption: str = "recompute",
                  clock: Callable[[], float] = time.perf_counter,
                  max_prefill_chunk_tokens: int | None = None, dynamic_window_s: float = 0.05,
-                 seed: int = 0, speculative: SpeculativeConfig | None = None):
+                 seed: int = 0, speculative: SpeculativeConfig | None = None,
+                 runner: str = "readable", cuda_graphs: bool | str | None = None):
         if not hasattr(model, "config") or not callable(model):
             raise ValueError("model must be a llminfra Transformer (with .config), got "
                              f"{type(model).__name__}")
@@ -118,6 +119,10 @@ class LLMEngine:
         #: proposes and verifies speculative drafts (None: plain decoding)
         self.speculator = (None if speculative is None
                            else Speculator(speculative, cfg.max_seq_len))
+        #: runs each step on the device: the readable model, or the fused fast step
+        #: (:mod:`.model_runner`; ``cuda_graphs`` replays its decode steps from CUDA graphs)
+        self.runner = make_runner(runner, model, self.cache, self.device, self.speculator,
+                                  max_num_seqs=max_num_seqs, cuda_graphs=cuda_graphs)
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []
         self._ids = itertools.count()
@@ -257,9 +262,9 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput, touched: dict) -> None:
-        """One forward pass over the scheduled (sequence, new tokens) pairs and the padding
-        rows; sampling (or verifying drafts) for every sequence that caught up; then the
-        scheduler writes the result (:meth:`Scheduler.update_from_output`)."""
+        """The runner's forward pass and sampling over the scheduled (sequence, new tokens)
+        pairs and the padding rows (:mod:`.model_runner`); then the scheduler writes the result
+        (:meth:`Scheduler.update_from_output`)."""
         start = self.clock()
         scheduled, padding = sched.scheduled, sched.padding
         for seq, _ in scheduled:
@@ -267,12 +272,8 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time, m.num_cached_prompt_tokens = start, seq.num_computed_tokens
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
-        # sequences that caught up get logits at their last token and at each draft
-        caught = [(seq, seq.num_computed_tokens + n - seq.num_tokens)
-                  for seq, n in scheduled if seq.num_computed_tokens + n >= seq.num_tokens]
-        logits = self._forward(scheduled, padding)
+        sampled = self.runner.execute(sched)
         self.counters["num_steps"] += 1
-        sampled = self._sample(caught, logits)
         now = self.clock()
         if self.step_log is not None:
             self.step_log.append(([(n, s.num_computed_tokens + n) for s, n in scheduled]
@@ -288,65 +289,6 @@ class LLMEngine:
                 if seq.request.metrics.record_token(now, seq.request.finished, seq.index == 0):
                     self.counters["num_finished"] += 1
             touched[seq.request.request_id] = seq.request
-
-    def _sample(self, caught: list[tuple[Sequence, int]], logits: torch.Tensor) -> dict:
-        """The tokens of each caught-up sequence: one sampled token (shared logits for the
-        siblings that fork from it now), or its verified drafts and one more; an exception in
-        its place if that fails."""
-        plain, rows, out, row = [], [], {}, 0
-        for seq, drafts in caught:
-            if drafts:
-                try:
-                    out[seq] = self.speculator.verify(seq, logits[row:row + drafts + 1],
-                                                      seq.spec_token_ids[:drafts])
-                except Exception as err:  # noqa: BLE001 - fails this request only
-                    out[seq] = err
-            else:
-                req = seq.request
-                forks = (req.forks_pending if seq.index == 0 and not seq.output_token_ids
-                         else [])
-                plain += [seq] + forks
-                rows += [row] * (1 + len(forks))
-            row += drafts + 1
-        chosen = logits[rows]
-        for i, seq in enumerate(plain):             # structured output: only what the JSON allows
-            if seq.grammar is not None:
-                chosen[i] = chosen[i].masked_fill(~seq.grammar.allowed(chosen.shape[-1]),
-                                                  float("-inf"))
-        tokens = sample_tokens(chosen, [s.params for s in plain],
-                               [s.generator for s in plain], errors="return",
-                               histories=[(s.prompt_token_ids, s.output_token_ids)
-                                          for s in plain])
-        for seq, token, row in zip(plain, tokens, rows):
-            out[seq] = token if isinstance(token, Exception) else [token]
-            if seq.params.logprobs is not None and not isinstance(token, Exception):
-                seq.output_logprobs.append(token_logprobs(logits[row], token,
-                                                          seq.params.logprobs))
-        return out
-
-    def _forward(self, scheduled: list[tuple[Sequence, int]],
-                 padding: list[Sequence]) -> torch.Tensor:
-        """Reserve the step's slots and run the model on its flat batch: the scheduled tokens
-        (drafts included), then one :data:`PAD_TOKEN_ID` per padding row at its next position.
-        Logits come out for each caught-up sequence's last token and drafts, then for every
-        padding row: a fixed-shape baseline computes those too, though nothing is sampled
-        from them."""
-        seqs = [s for s, _ in scheduled] + padding
-        flat, last = [], []
-        for s, n in scheduled:
-            c = s.num_computed_tokens
-            flat += (s.token_ids() + s.spec_token_ids)[c:c + n]
-            if c + n >= s.num_tokens:                      # the last token and any drafts
-                last += range(len(flat) - (c + n - s.num_tokens) - 1, len(flat))
-        flat += [PAD_TOKEN_ID] * len(padding)
-        last += range(len(flat) - len(padding), len(flat))
-        meta = self.cache.prepare_step([s.cache_seq for s in seqs],
-                                       [n for _, n in scheduled] + [1] * len(padding),
-                                       [s.is_prefill for s, _ in scheduled]
-                                       + [False] * len(padding))
-        meta = meta.with_logits_indices(last)
-        with torch.no_grad():
-            return self.model(torch.tensor(flat, device=self.device), self.cache, meta=meta)
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None

@@ -77,13 +77,16 @@ def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     out = []
     for i, (p, g) in enumerate(zip(params, generators)):
         try:
+            if p.greedy and not p.has_processors:      # the batch's argmax: no call per row
+                out.append(int(greedy[i]))
+                continue
             row = logits[i]
             if p.has_processors:
                 if histories is None:
                     raise ValueError(f"row {i} has logits processors but no history")
                 row = process_logits(row, p, *histories[i])
             if p.greedy:
-                out.append(int(row.argmax()) if p.has_processors else int(greedy[i]))
+                out.append(int(row.argmax()))
                 continue
             if g is None:
                 raise ValueError(f"row {i} samples (temperature {p.temperature}) but has no "

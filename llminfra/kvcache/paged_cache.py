@@ -53,9 +53,13 @@ class PagedKVCache:
         self.allocator = allocator or BlockAllocator(num_blocks, block_size)
         if (self.allocator.num_blocks, self.allocator.block_size) != (num_blocks, block_size):
             raise ValueError("allocator's num_blocks/block_size differ from the cache's")
-        shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # one allocation: K and V of every layer, each with one scratch block past the pool
+        # (block ``num_blocks``, never handed out) that the padding lanes of a fixed-shape
+        # (CUDA-graph) step write to and read from instead of a sequence's blocks
+        self.store = torch.zeros((n_layers, 2, num_blocks + 1, block_size, n_kv_heads,
+                                  head_dim), dtype=dtype, device=device)
+        self.k = self.store[:, 0, :num_blocks]        # (L, num_blocks, B, H_kv, d) views
+        self.v = self.store[:, 1, :num_blocks]
         self.n_layers = n_layers
         self.tables: dict[int, BlockTable] = {}
         self._next_id = 0
@@ -229,6 +233,31 @@ class PagedKVCache:
         k_flat[meta.slot_mapping] = k.to(k_flat.dtype)
         v_flat[meta.slot_mapping] = v.to(v_flat.dtype)
         return self.k[layer_idx], self.v[layer_idx]
+
+    # --------------------------------------------------- the fast runner's view
+    @property
+    def scratch_block(self) -> int:
+        """The block id of the scratch block (one past the pool): padding lanes of a
+        fixed-shape step write and read it, so that they touch no sequence's K/V."""
+        return self.allocator.num_blocks
+
+    def layer_blocks(self, layer_idx: int) -> torch.Tensor:
+        """Layer ``layer_idx``'s K and V blocks as one tensor ``(2 · (num_blocks + 1), B, H_kv,
+        d)``: K block b at row b, V block b at row ``num_blocks + 1 + b`` (scratch included).
+        The fast model runner gathers and writes both with one op each through it."""
+        return self.store[layer_idx].flatten(0, 1)
+
+    def block_table(self, seq: int) -> list[int]:
+        """``seq``'s physical block ids, in token order."""
+        return list(self._table(seq).blocks)
+
+    def rollback_last(self) -> None:
+        """Undo the latest :meth:`reserve_slots` (a failed forward pass of the fast runner,
+        which builds no :class:`StepMetadata`)."""
+        if self._undo is not None:
+            self._undo_appends(self._undo)
+            self._undo = None
+            self._step += 1
 
     # ------------------------------------------------------------ accounting
     @property

@@ -1,0 +1,181 @@
+"""One serving step of the fused model over a paged K/V pool, in few torch calls.
+
+The engine's fast model runner (:mod:`llminfra.engine.model_runner`) calls these two functions
+on :class:`~llminfra.model.fused.FusedWeights`; every input is a device tensor the runner
+built for the step, and no Python list reaches a layer:
+
+* :func:`decode_step` — every sequence brings one token (the common step). Inputs of fixed
+  shape for a batch size, so a CUDA graph captured once replays it: tokens, positions and slots
+  ``(n,)``, block tables ``(n, W)``. A padding lane (a graph bucket larger than the batch) is
+  token 0 at position 0 whose slot and blocks are the cache's scratch block.
+* :func:`mixed_step` — some sequences bring several tokens (a prompt chunk, or drafts to
+  verify): the decode lanes first, as above, then the others padded to the longest
+  (``T``) in one attention call — no Python loop over sequences.
+
+One layer, in torch calls (25 on a decode step; the test counts them)::
+
+    h = rms_norm(x)                          1      qkv = wqkv(h)                  1
+    r = rotate(qkv) (q, k by e^{imθ}; v by 1) 5     write K, V of the step          3
+    q = r[:, :H]                             1      attention (gather, SDPA)       7
+    x = wo.add(attn, x)                      1      h = rms_norm(x)                1
+    gate, up = w13(h).chunk(2)               2      x = w2.add(silu(gate)·up, x)   3
+
+The pool of layer l is ``cache.layer_blocks(l)`` ``(2·(num_blocks + 1), B, H_kv, d)``: K block
+b at row b, V block b at row ``num_blocks + 1 + b``. A token's K and V go to slot s (row s of
+the K half, ``(num_blocks + 1)·B + s`` of the V half) with one ``index_copy_``; attention
+gathers K and V of the sequences' blocks with one ``index_select`` and masks by position
+(query at position p sees keys 0 .. p), so padded keys and padding lanes change nothing.
+Chapter 05.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from llminfra.model.fused import FusedWeights
+
+
+@dataclass
+class PrefillInputs:
+    """The multi-token sequences of a mixed step, padded to ``T`` queries each.
+
+    ``pad_rows`` ``(n_p·T,)``: the row of each padded query among the multi-token
+    sequences' queries ``(N_p, …)`` (pads repeat a valid row); ``pad_positions`` ``(n_p·T,)``: each padded query's position (0 for a pad: it sees
+    key 0 only); ``unpad_rows`` ``(N_p,)``: where each real query sits in the padded
+    ``(n_p·T)``; ``block_tables`` ``(n_p, W)``."""
+
+    T: int
+    pad_rows: torch.Tensor
+    pad_positions: torch.Tensor
+    unpad_rows: torch.Tensor
+    block_tables: torch.Tensor
+
+
+#: one layer's pool, two views of the same memory: ``(2·(num_blocks+1)·B, H_kv, d)`` token
+#: rows (written) and ``(2·(num_blocks+1), B, H_kv, d)`` blocks (gathered)
+Pool = tuple[torch.Tensor, torch.Tensor]
+
+
+def layer_pools(cache) -> list[Pool]:
+    """The two views of every layer's pool of a :class:`~llminfra.kvcache.PagedKVCache`."""
+    pools = []
+    for layer in range(cache.n_layers):
+        blocks = cache.layer_blocks(layer)
+        pools.append((blocks.flatten(0, 1), blocks))
+    return pools
+
+
+def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Pool,
+           write_rows: torch.Tensor, N: int, attend) -> torch.Tensor:
+    """Block i on the step's ``x`` ``(N, dim)``; ``attend(q, blocks) -> (N, H·d)``."""
+    c, layer = w.config, w.layers[i]
+    H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
+    h = F.rms_norm(x, (c.dim,), layer.attn_norm, c.norm_eps)
+    r = w.rotate(layer.wqkv(h), rot, N)                            # (N, H + 2·H_kv, d)
+    pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of each token
+    x = layer.wo.add(attend(r[:, :H], pool[1]), x)
+    h = F.rms_norm(x, (c.dim,), layer.ffn_norm, c.norm_eps)
+    gate, up = layer.w13(h).chunk(2, dim=-1)
+    return layer.w2.add(F.silu(gate) * up, x)
+
+
+def write_rows(slots: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
+    """``(2N,)``: the pool rows of each token's K then V (the layout of
+    ``r[:, H:].reshape(2N, H_kv, d)``), for a layer view ``(2·(num_blocks+1)·B, H_kv, d)``."""
+    return torch.stack((slots, slots + (num_blocks + 1) * block_size), dim=1).flatten()
+
+
+def kv_rows(block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """``(2·n·W,)``: the pool rows of the K blocks, then of the V blocks, of ``block_tables``
+    ``(n, W)`` (once per step, for every layer's gather)."""
+    blocks = block_tables.flatten()
+    return torch.cat((blocks, blocks + (num_blocks + 1)))
+
+
+def _gather(pool: torch.Tensor, rows: torch.Tensor, n: int, c):
+    """K and V ``(n, H_kv, W·B, d)`` of the blocks at pool ``rows`` (:func:`kv_rows`)."""
+    kv = pool.index_select(0, rows).view(2, n, -1, c.n_kv_heads, c.head_dim).transpose(2, 3)
+    return kv.unbind(0)
+
+
+def decode_attention(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
+                     mask: torch.Tensor, n: int, c) -> torch.Tensor:
+    """One query per sequence: q ``(n, H, d)``, ``rows`` ``(2·n·W,)`` (:func:`kv_rows`),
+    ``mask`` ``(n, 1, 1, W·B)``, ``c`` the model's config -> ``(n, H·d)``. The G = H / H_kv
+    query heads of a group ride as G query rows of their K/V head (no repeated K/V)."""
+    K, V = _gather(pool, rows, n, c)                             # (n, H_kv, S, d)
+    out = F.scaled_dot_product_attention(q.view(n, c.n_kv_heads, -1, c.head_dim), K, V,
+                                         attn_mask=mask)
+    return out.reshape(n, c.n_heads * c.head_dim)
+
+
+def _page_pool(w: FusedWeights, pools: list[Pool]) -> tuple[int, int]:
+    blocks = pools[0][1]
+    return blocks.shape[0] // 2 - 1, blocks.shape[1]         # num_blocks, block size
+
+
+def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
+                positions: torch.Tensor, slots: torch.Tensor,
+                block_tables: torch.Tensor) -> torch.Tensor:
+    """Logits ``(n, V)`` of one token per sequence (see the module docstring); each token's
+    K/V is written to its slot first. ``pools``: :func:`layer_pools` of the cache."""
+    num_blocks, B = _page_pool(w, pools)
+    n, W, c = len(tokens), block_tables.size(1), w.config
+    rot = w.head_rotation(positions)
+    rows = write_rows(slots, num_blocks, B)
+    blocks = kv_rows(block_tables, num_blocks)
+    keys = torch.arange(W * B, device=w.device)
+    mask = (keys <= positions[:, None]).view(n, 1, 1, -1)      # query at p sees keys 0 .. p
+    x = F.embedding(tokens, w.embedding)                      # (n, dim)
+    for i, pool in enumerate(pools):
+        x = _layer(w, i, x, rot, pool, rows, n,
+                   lambda q, p: decode_attention(q, p, blocks, mask, n, c))
+    return w.output(F.rms_norm(x, (c.dim,), w.norm, c.norm_eps))
+
+
+def _prefill_attention(q: torch.Tensor, pool: torch.Tensor, pre: PrefillInputs,
+                       mask: torch.Tensor, rows: torch.Tensor, c) -> torch.Tensor:
+    """The multi-token sequences' queries ``(N_p, H, d)`` -> ``(N_p, H·d)``, one SDPA call."""
+    n, T = pre.block_tables.shape[0], pre.T
+    H, d = c.n_heads, c.head_dim
+    K, V = _gather(pool, rows, n, c)                                  # (n, H_kv, S, d)
+    qp = q.index_select(0, pre.pad_rows).view(n, T, H, d).transpose(1, 2)   # (n, H, T, d)
+    out = F.scaled_dot_product_attention(qp, K, V, attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2).reshape(n * T, H * d).index_select(0, pre.unpad_rows)
+
+
+def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
+               positions: torch.Tensor, slots: torch.Tensor, num_decodes: int,
+               decode_tables: torch.Tensor | None, pre: PrefillInputs,
+               logits_rows: torch.Tensor) -> torch.Tensor:
+    """Logits of ``logits_rows`` for a step whose first ``num_decodes`` flat tokens are one-token
+    sequences (``decode_tables`` ``(num_decodes, W)``) and the rest multi-token sequences
+    (``pre``). Queries see their own sequence's keys up to their position."""
+    num_blocks, B = _page_pool(w, pools)
+    nd, N = num_decodes, len(tokens)
+    rot = w.head_rotation(positions)
+    rows = write_rows(slots, num_blocks, B)
+    Sp = pre.block_tables.shape[1] * B
+    keys = torch.arange(max(Sp, 1 if decode_tables is None else decode_tables.shape[1] * B),
+                        device=tokens.device)
+    pre_mask = (keys[:Sp] <= pre.pad_positions[:, None]).view(-1, 1, pre.T, Sp)
+    pre_rows = kv_rows(pre.block_tables, num_blocks)
+    c = w.config
+    if nd:
+        Sd = decode_tables.shape[1] * B
+        dec_rows = kv_rows(decode_tables, num_blocks)
+        dec_mask = (keys[:Sd] <= positions[:nd, None]).view(nd, 1, 1, Sd)
+
+    def attend(q, pool):
+        out = _prefill_attention(q[nd:], pool, pre, pre_mask, pre_rows, c)
+        if not nd:
+            return out
+        return torch.cat((decode_attention(q[:nd], pool, dec_rows, dec_mask, nd, c), out))
+
+    x = F.embedding(tokens, w.embedding)
+    for i, pool in enumerate(pools):
+        x = _layer(w, i, x, rot, pool, rows, N, attend)
+    return w.output(F.rms_norm(x[logits_rows], (c.dim,), w.norm, c.norm_eps))

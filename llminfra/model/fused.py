@@ -1,0 +1,220 @@
+"""The readable model's weights, fused for fast steps: one matrix for q/k/v, one for gate/up.
+
+The readable :class:`~llminfra.model.Transformer` multiplies a token by wq, wk and wv one after
+the other, and by w1 and w3: five small calls per layer where two do the same arithmetic. A
+decode step is short enough that each call's fixed cost matters (on a GPU a few microseconds
+to launch a kernel, on a CPU some of Python and of the BLAS's own set-up), so the fast paths
+stack the matrices once, from outside the model (gpt-fast's habit, and what vLLM's
+``QKVParallelLinear`` / ``MergedColumnParallelLinear`` hold):
+
+    wqkv = [wq; wk; wv]   (H·d + 2·H_kv·d, dim)        w13 = [w1; w3]   (2·I, dim)
+
+Each matrix is applied through a *matmul* (:class:`Matmul`): ``f(x) = x · Wᵀ`` and
+``f.add(x, r) = r + x · Wᵀ`` — the residual added inside the product where the kernel can
+(``torch.addmm`` for ``F.linear``, oneDNN's ``add`` post-op for prepacked weights), so a
+block's two residual adds cost no call of their own.
+
+Rotary positions are one complex multiplication per step for q *and* k (and v, by 1 + 0i, which
+leaves it unchanged bit for bit), read from a table of e^{i·m·θ_j} built once
+(:meth:`FusedWeights.head_rotation`).
+
+Two clients: :class:`~llminfra.model.fast_decode.FastDecoder` (one sequence, its own dense cache)
+and the engine's fast model runner (:mod:`llminfra.model.fast_step`, any batch on the paged
+cache). Chapter 08 (where a decode step's time goes) and chapter 05 (the model runner).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llminfra.model.transformer import Transformer, rope_inv_freq
+
+
+class Matmul:
+    """``x · Wᵀ (+ b)`` on a weight ``W`` ``(out, in)`` as it is stored (``F.linear``)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self._wt = self.weight.t()                    # a view: addmm reads Wᵀ in place
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + x · Wᵀ`` in one call (x and residual 2-D)."""
+        if self.bias is not None:
+            return residual + self(x)
+        return torch.addmm(residual, x, self._wt)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weight this matmul reads."""
+        return self.weight.numel() * self.weight.element_size()
+
+
+class PrepackedMatmul(Matmul):
+    """The same product on oneDNN's prepacked weight (:mod:`llminfra.model.prepacked`), the
+    residual added by its ``add`` post-op."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        from llminfra.model.prepacked import pack_weight
+        super().__init__(weight, bias)
+        self._packed = pack_weight(self.weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed, self.bias,
+                                                         "add")
+
+
+class FunctionMatmul:
+    """A ``linear(W) -> f`` of the package (int4, w4a8: :mod:`llminfra.quant`) as a matmul;
+    ``add`` is ``residual + f(x)``, and ``fused`` is passed on where ``f`` has it."""
+
+    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        self.f, self.bias = f, None if bias is None else bias.detach()
+        self._nbytes = getattr(f, "nbytes", weight.numel() * weight.element_size())
+        if hasattr(f, "fused"):
+            self.fused = f.fused
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.f(x)
+        return y if self.bias is None else y + self.bias
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._nbytes)
+
+
+#: matmul kinds :class:`FusedWeights` builds: F.linear, or oneDNN's prepacked weights
+MATMULS = ("plain", "onednn")
+
+
+def matmul_kind(model: Transformer) -> str:
+    """``"onednn"`` when the model's linear layers are prepacked
+    (:func:`llminfra.model.prepacked.prepacked`), ``"plain"`` for ``nn.Linear``;
+    ``ValueError`` naming the layer type otherwise (a quantized model keeps its own kernels:
+    run it on the readable path)."""
+    from llminfra.model.prepacked import PrepackedLinear
+    linears = [model.output]
+    for block in model.layers:
+        a, f = block.attention, block.feed_forward
+        linears += [a.wq, a.wk, a.wv, a.wo, f.w1, f.w2, f.w3]
+    kinds = {type(m) for m in linears}
+    if kinds == {PrepackedLinear}:
+        return "onednn"
+    if kinds <= {nn.Linear, PrepackedLinear}:
+        return "plain"
+    odd = sorted(k.__name__ for k in kinds - {nn.Linear, PrepackedLinear})
+    raise ValueError(f"the fused weights take nn.Linear or PrepackedLinear layers, not "
+                     f"{', '.join(odd)}: run this model on the readable path")
+
+
+@dataclass
+class FusedLayer:
+    """One block's weights as the fast paths use them."""
+
+    attn_norm: torch.Tensor                 # (dim,)
+    wqkv: Matmul                            # x -> [q | k | v]  (H·d + 2·H_kv·d)
+    wo: Matmul
+    ffn_norm: torch.Tensor                  # (dim,)
+    w13: Matmul                             # x -> [gate | up]  (2·I)
+    w2: Matmul
+
+
+class FusedWeights:
+    """The fused weights of a dense :class:`~llminfra.model.Transformer` (no copy of the
+    embedding; the stacked matrices are copies: the projections' memory again).
+
+    ``linear``: ``None`` — :class:`Matmul` (``F.linear``) or :class:`PrepackedMatmul` as the
+    model's layers are (:func:`matmul_kind`); or a ``linear(W) -> f`` of the package
+    (:func:`llminfra.quant.int4_linear`, :func:`llminfra.quant.w4a8.w4a8_linear`), applied to
+    each stacked matrix and to the output matrix. ``ValueError`` for a mixture-of-experts model.
+    """
+
+    def __init__(self, model: Transformer, linear: Callable | None = None):
+        c = model.config
+        if getattr(c, "num_experts", 1) > 1:
+            raise ValueError(f"the fused weights support dense models only; this one has "
+                             f"num_experts={c.num_experts} (run it on the readable path)")
+        self.config = c
+        p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        make = self._maker(model, linear)
+        with torch.no_grad():
+            self.layers = []
+            for block in model.layers:
+                a, f = block.attention, block.feed_forward
+                bias = (torch.cat([a.wq.bias, a.wk.bias, a.wv.bias])
+                        if a.wq.bias is not None else None)
+                self.layers.append(FusedLayer(
+                    block.attention_norm.weight.detach(),
+                    make(torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]).contiguous(), bias),
+                    make(a.wo.weight.detach()), block.ffn_norm.weight.detach(),
+                    make(torch.cat([f.w1.weight, f.w3.weight]).contiguous()),
+                    make(f.w2.weight.detach())))
+            self.embedding = model.tok_embeddings.weight.detach()
+            self.norm = model.norm.weight.detach()
+            self.output = make(model.output.weight.detach())
+        d, H, H_kv = c.head_dim, c.n_heads, c.n_kv_heads
+        self.split = (H * d, H_kv * d, H_kv * d)
+        inv_freq = rope_inv_freq(d, c.rope_theta, c.rope_scaling, self.device)
+        angles = torch.outer(torch.arange(c.max_seq_len, device=self.device,
+                                          dtype=torch.float32), inv_freq)   # (max_len, d/2)
+        #: e^{i·m·θ_j} for every position m: (max_seq_len, d/2) complex64
+        self.rotation = torch.polar(torch.ones_like(angles), angles)
+        #: (1, H + 2·H_kv, 1): True for the v heads of a [q | k | v] row (rotated by 1)
+        self.v_heads = (torch.arange(H + 2 * H_kv, device=self.device) >= H + H_kv)[None, :, None]
+
+    @staticmethod
+    def _maker(model, linear):
+        if linear is not None:
+            return lambda w, b=None: FunctionMatmul(linear(w), w, b)
+        cls = PrepackedMatmul if matmul_kind(model) == "onednn" else Matmul
+        return cls
+
+    @property
+    def fused_kernels(self) -> bool:
+        """True where every matmul also forms RMSNorm and SwiGLU itself (``f.fused``: w4a8)."""
+        layer = self.layers[0]
+        return all(hasattr(m, "fused") for m in (layer.wqkv, layer.w13, layer.w2, self.output))
+
+    def head_rotation(self, positions: torch.Tensor) -> torch.Tensor:
+        """``(N, H + 2·H_kv, d/2)`` complex: e^{i·m·θ_j} for the q and k heads of a token at
+        position m, 1 for its v heads (3 torch calls)."""
+        rot = self.rotation[positions]                                   # (N, d/2)
+        return torch.where(self.v_heads, 1.0, rot[:, None])
+
+    def rotate(self, qkv: torch.Tensor, rot: torch.Tensor, N: int) -> torch.Tensor:
+        """``qkv`` ``(N, H·d + 2·H_kv·d)`` -> ``(N, H + 2·H_kv, d)`` with each pair
+        (x_2j, x_2j+1) of the q and k heads turned by m·θ_j (RoPE, Su et al. 2021,
+        arXiv:2104.09864, eq. 34, as :func:`llminfra.model.apply_rotary`), v as it was; ``N``
+        the rows (passed in: a ``.shape`` read is a torch call too)."""
+        d = self.config.head_dim
+        x = qkv.view(N, -1, d // 2, 2)                      # N rows, given: no .shape call
+        if self.dtype != torch.float32:
+            x = x.float()
+        out = torch.view_as_real(torch.view_as_complex(x) * rot).view(N, -1, d)
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
+
+    def weight_bytes_read(self) -> int:
+        """Bytes of weights one decode step reads: every matrix once, the norms; the
+        embedding's one row is left out."""
+        total = self.output.nbytes + self.norm.numel() * self.norm.element_size()
+        for layer in self.layers:
+            total += sum(m.nbytes for m in (layer.wqkv, layer.wo, layer.w13, layer.w2))
+            total += sum(t.numel() * t.element_size() for t in (layer.attn_norm, layer.ffn_norm))
+            if getattr(layer.wqkv, "bias", None) is not None:
+                total += layer.wqkv.bias.numel() * layer.wqkv.bias.element_size()
+        return total

@@ -1,0 +1,162 @@
+"""The engine's model runners: the fast fused step gives the readable model's tokens, its CUDA
+graph path (emulated on the CPU: the same buffers, the same padded call) gives the eager step's
+tokens on every bucket, and a decode step of bench-100m stays within its torch-call budget."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from llminfra.bench.roofline import count_torch_calls
+from llminfra.engine import LLMEngine, SamplingParams, SpeculativeConfig
+from llminfra.engine.model_runner import FastRunner, graph_buckets, make_runner
+from llminfra.model import ByteTokenizer, ModelConfig, Transformer, tiny_moe_model
+from llminfra.model.fast_step import decode_step, layer_pools
+
+#: the issue's budget: 25 torch calls a layer and 40 for the rest of the step
+CALLS_PER_LAYER, CALLS_PER_STEP = 25, 40
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A 3-layer model with grouped-query heads and random weights, and the byte tokenizer."""
+    config = ModelConfig(vocab_size=256, dim=64, n_layers=3, n_heads=4, n_kv_heads=2,
+                         ffn_dim=128, max_seq_len=256)
+    return Transformer(config, torch.Generator().manual_seed(1)).eval(), ByteTokenizer()
+
+
+def prompts(rng: random.Random, n: int) -> list[list[int]]:
+    return [[rng.randrange(1, 256) for _ in range(rng.randrange(1, 60))] for _ in range(n)]
+
+
+def tokens(engine: LLMEngine, ps, params) -> list[list[list[int]]]:
+    return [[c.token_ids for c in out.outputs] for out in engine.generate(ps, params)]
+
+
+SETTINGS = [
+    dict(max_num_seqs=4, max_num_batched_tokens=64),                 # chunked prefill, mixing
+    dict(max_num_seqs=8, max_num_batched_tokens=512, enable_prefix_caching=True),
+    dict(max_num_seqs=3, max_num_batched_tokens=32, policy="static"),  # padding rows
+    dict(max_num_seqs=6, max_num_batched_tokens=128, num_blocks=12, block_size=8),  # preemption
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["chunked", "prefix", "static", "preempt"])
+def test_fast_runner_gives_the_readable_tokens(small, settings):
+    rng = random.Random()
+    seed = rng.randrange(2**31)
+    ps = prompts(random.Random(seed), 9)
+    ps.append(ps[0][:5] + ps[1])                                 # a shared beginning
+    greedy = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = tokens(LLMEngine(*small, **settings), ps, greedy)
+    got = tokens(LLMEngine(*small, runner="fast", **settings), ps, greedy)
+    assert got == want, f"seed {seed}"
+
+
+def test_fast_runner_sampling_forks_and_speculation(small):
+    """Seeded sampling, n = 3 siblings that fork after the prompt, and n-gram drafts verified
+    by multi-token steps: the same tokens on both runners."""
+    ps = ["abcabcabcabc", "hello hello hello", "xyz"]
+    sampled = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=3, n=3,
+                             ignore_eos=True)
+    spec = SpeculativeConfig("ngram", 3)
+    for kw in (dict(), dict(speculative=spec)):
+        want = tokens(LLMEngine(*small, **kw), ps, sampled)
+        got = tokens(LLMEngine(*small, runner="fast", **kw), ps, sampled)
+        assert got == want, kw
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 13, 16, 20])
+def test_graph_path_matches_the_eager_step_on_every_bucket(small, batch):
+    """The graph path pads the batch to its bucket (padding lanes on the scratch block) and
+    gathers every sequence's blocks up to the model's context; its tokens are the eager
+    step's, and a replay ran for every decode step."""
+    ps = prompts(random.Random(batch), batch)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    kw = dict(max_num_seqs=20, max_num_batched_tokens=2048)
+    eager = LLMEngine(*small, runner="fast", cuda_graphs=False, **kw)
+    graphs = LLMEngine(*small, runner="fast", cuda_graphs="emulate", **kw)
+    assert tokens(graphs, ps, params) == tokens(eager, ps, params)
+    assert graphs.runner.graph_replays >= 7                       # 7 decode steps at least
+    assert graphs.runner.buckets == [1, 2, 4, 8, 16, 20]
+
+
+def test_padding_lanes_touch_no_sequence(small):
+    """A padded decode step changes nothing outside the batch's own slots and the scratch
+    block: the pool of every other block is the same bytes after the step."""
+    model, tok = small
+    engine = LLMEngine(model, tok, runner="fast", cuda_graphs="emulate", max_num_seqs=8)
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()                                                 # prefill both
+    cache = engine.cache
+    before = cache.k.clone(), cache.v.clone()
+    engine.step()                                                 # one decode: bucket 2
+    runner = engine.runner
+    seqs = [s.cache_seq for s in engine.scheduler.running]
+    written = {b * cache.block_size + (cache.seq_len(s) - 1) % cache.block_size
+               for s in seqs for b in [cache.block_table(s)[(cache.seq_len(s) - 1)
+                                                             // cache.block_size]]}
+    flat_k = cache.k.flatten(1, 2)                                # (L, slots, H_kv, d)
+    flat_before = before[0].flatten(1, 2)
+    changed = set((flat_k != flat_before).any(-1).any(-1).any(0).nonzero().flatten().tolist())
+    assert changed <= written and changed, (changed, written)
+    assert runner.graph_replays == 1
+
+
+def test_torch_calls_of_a_decode_step_of_bench_100m():
+    """One decode step of bench-100m at batch 1 and 16, counted with ``bench roofline``'s
+    counter: within 25 calls a layer + 40 on the fast runner (the readable one makes about
+    five times as many)."""
+    config = ModelConfig.from_name("bench-100m")
+    model = Transformer(config).eval()
+    budget = CALLS_PER_LAYER * config.n_layers + CALLS_PER_STEP
+    counts = {}
+    for runner in ("fast", "readable"):
+        for batch in (1, 16):
+            engine = LLMEngine(model, ByteTokenizer(), runner=runner, max_num_seqs=16,
+                               max_num_batched_tokens=1024, num_blocks=64)
+            for i in range(batch):
+                engine.add_request(list(range(1, 30 + i)),
+                                   SamplingParams(max_tokens=4, ignore_eos=True))
+            engine.step()                                         # the prompts
+            counts[runner, batch] = count_torch_calls(engine.step)
+    assert counts["fast", 1] <= budget and counts["fast", 16] <= budget, (counts, budget)
+    assert counts["readable", 1] > 3 * counts["fast", 1], counts
+
+
+def test_decode_step_alone_is_the_runner_s_step(small):
+    """``decode_step`` on hand-made inputs writes the token's K/V into its slot."""
+    model, _ = small
+    engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=2)
+    cache = engine.cache
+    seq = cache.add_sequence()
+    (slot,) = cache.reserve_slots([seq], [1])
+    w = engine.runner.weights
+    tables = torch.tensor([cache.block_table(seq)])
+    logits = decode_step(w, layer_pools(cache), torch.tensor([65]), torch.tensor([0]),
+                         torch.tensor([slot]), tables)
+    want = model(torch.tensor([[65]]))[0, -1]
+    torch.testing.assert_close(logits[0], want, rtol=1e-4, atol=1e-4)
+    assert cache.k[:, slot // cache.block_size, slot % cache.block_size].abs().sum() > 0
+
+
+def test_runner_choices_are_checked(small):
+    model, tok = small
+    with pytest.raises(ValueError, match="runner 'turbo'"):
+        LLMEngine(model, tok, runner="turbo")
+    with pytest.raises(ValueError, match="cuda_graphs=True needs the model on CUDA"):
+        LLMEngine(model, tok, runner="fast", cuda_graphs=True)
+    with pytest.raises(ValueError, match="readable runner runs eagerly"):
+        LLMEngine(model, tok, runner="readable", cuda_graphs="emulate")
+    with pytest.raises(ValueError, match="num_experts"):
+        LLMEngine(tiny_moe_model(), tok, runner="fast")
+    from llminfra.quant import quantize_model
+    with pytest.raises(ValueError, match="QuantLinear"):
+        make_runner("fast", quantize_model(copy.deepcopy(model), "int8-absmax"), None,
+                    torch.device("cpu"))
+    assert graph_buckets(1) == [1] and graph_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert isinstance(LLMEngine(model, tok, runner="fast").runner, FastRunner)
