@@ -217,3 +217,50 @@ def test_absmax_scale_of_any_type_passes(kind):
         q, scale = absmax_quantize(x, 8)
         return q, REAL_TYPES[kind](float(scale))
     assert ch03.check_absmax_int8(absmax_int8, seed=11) > 0
+
+
+# ---- an answer of the wrong kind gets a learner's message, never the checker's own failure ----
+def _every_function_checker():
+    import importlib
+    found = []
+    for n in range(1, 12):
+        module = importlib.import_module(f"llminfra.course.checks.ch{n:02d}")
+        found += [fn for name, fn in sorted(vars(module).items())
+                  if name.startswith("check_") and name != "check_block_allocator"
+                  and getattr(fn, "__module__", "") == module.__name__]
+    return found
+
+
+WRONG_KINDS = {
+    "a dict": {"bytes": 12}, "a string with units": "12 GB", "a tuple": (1.0, 2.0),
+    "a numpy array": np.array([1.5, 2.5, 3.5]), "a 2-d numpy array": np.ones((2, 2)),
+    "None": None, "a bool": True, "a set": {1, 2}, "a list of dicts": [{"a": 1}],
+}
+#: what only a checker's own failure says (a hint that crashed, a comparison that could not run)
+CHECKERS_OWN = ("could not judge", "hint failed", "please report", "could not compare",
+                "Traceback")
+
+
+@pytest.mark.parametrize("check", _every_function_checker(), ids=_name)
+def test_an_answer_of_the_wrong_kind_gets_a_learners_message(check):
+    """A dict, a string with units, a tuple, a NumPy array, None …: the learner is told what to
+    return (a hint that did arithmetic on such an answer crashed, and the message showed the
+    checker's own TypeError)."""
+    assert len(_every_function_checker()) >= 25
+    for what, value in WRONG_KINDS.items():
+        with pytest.raises(CheckFailed) as e:
+            check(lambda *a, value=value, **k: value, seed=7)
+        text = str(e.value)
+        assert not any(own in text for own in CHECKERS_OWN), (what, text)
+        assert any(w in text for w in ("return", "expected", "got", "unknown")), (what, text)
+
+
+@pytest.mark.parametrize("value, told", [
+    ("12 GB", "not the string '12 GB'"), ({"bytes": 12}, "not a dict"),
+    ((1.0, 2.0), "not a tuple of 2 values"), (np.array([1.5, 2.5]), "not an ndarray of shape (2,)"),
+    (None, "returned None"), ([7], "return its item"), (True, "not True"),
+])
+def test_the_wrong_kind_is_named(value, told):
+    with pytest.raises(CheckFailed) as e:
+        ch01.check_activation_bytes(lambda *a: value, seed=3)
+    assert told in str(e.value)

@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from llminfra.course.compare import as_like, compare, describe, first_matching
+from llminfra.course.compare import as_like, compare, describe, first_matching, kind_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -301,12 +301,19 @@ def run_checks(name: str, learner: Callable, reference: Callable,
             n += 1
             continue
         msg = f"{name}: {problem}\n  {where}"
+        # the checker's hint names the bug; on an answer of the wrong kind (a dict, "12 GB",
+        # an array for one number …) that its arithmetic cannot take, or where it has nothing
+        # to say, the learner is told what kind of value to return instead
         extra = ""
-        if hint is not None:
+        if isinstance(got, bool) and not isinstance(expected, bool):
+            extra = kind_mismatch(expected, got) or ""  # True is not the number 1 here
+        elif hint is not None:
             try:
                 extra = hint(case.args, case.kwargs, expected, as_like(expected, got))
             except Exception as e:  # noqa: BLE001 - a broken hint must not hide the mismatch
-                extra = f"(no hint: the checker's hint failed with {type(e).__name__}: {e})"
+                extra = kind_mismatch(expected, got) or (
+                    f"(no hint: the checker's hint failed with {type(e).__name__}: {e})")
+        extra = extra or kind_mismatch(expected, got) or ""
         if extra:
             msg += f"\n  hint: {extra}"
         raise CheckFailed(msg)
