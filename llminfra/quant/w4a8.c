@@ -41,7 +41,15 @@
 #endif
 
 #define PREFETCH_ROWS 32 /* measured best at 32-48 on a 2-core AMD EPYC (chapter 08) */
-#define MAX_BLOCKS 1024  /* K up to 16 * 32 * 1024 */
+/* The widest row: 1000 whole blocks of 8 groups of 32 on the AVX2 path (plus at most 2 partial
+   blocks: 4 and 2 groups), 500 of 16 with AVX-512 (plus 3), one block for the portable loop:
+   MAX_BLOCKS bounds them all. Every entry point refuses a wider K (returns -2). */
+#define MAX_K (32 * 8 * 1000)
+#define MAX_BLOCKS 1024
+
+int w4a8_max_k(void) { return MAX_K; }
+
+static int bad_k(int K) { return K <= 0 || K % 64 != 0 || K > MAX_K; }
 
 static inline float h2f(uint16_t h) {
 #if defined(__F16C__)
@@ -99,8 +107,10 @@ static void place4(int g, int w, int B, int g0, int *xpos, int *byte, int *high)
 #endif
 }
 
-/* codes u (N, K) in 0..15 -> packed (N, K/2) in the kernel's order; K a multiple of 64 */
-void w4a8_pack(const uint8_t *u, uint8_t *packed, int N, int K) {
+/* codes u (N, K) in 0..15 -> packed (N, K/2) in the kernel's order; K a multiple of 64 up to
+   MAX_K (else returns -2, nothing written) */
+int w4a8_pack(const uint8_t *u, uint8_t *packed, int N, int K) {
+    if (bad_k(K) || N < 0) return -2;
     int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
     size_t rb = (size_t)K / 2;
     memset(packed, 0, (size_t)N * rb);
@@ -115,6 +125,7 @@ void w4a8_pack(const uint8_t *u, uint8_t *packed, int N, int K) {
                         packed[(size_t)r * rb + byte + i] |= high ? (uint8_t)(v << 4) : v;
                     }
             }
+    return 0;
 }
 
 /* one row of x (K) -> q (K, the kernel's order), dx and sx = dx * sum(q) per group; with res,
@@ -127,7 +138,12 @@ static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx,
             const float *xg = x + 32 * g;
 #if LANES == 16
             __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
+            /* x * 0 is NaN exactly where x is NaN or infinite (max would skip a NaN) */
+            __m512 zero = _mm512_setzero_ps();
+            int finite = !isnan(_mm512_reduce_add_ps(
+                _mm512_add_ps(_mm512_mul_ps(v0, zero), _mm512_mul_ps(v1, zero))));
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            if (!finite) amax = 0.f;
             __m512 inv16 = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
             __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv16));   /* to nearest even */
             __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv16));
@@ -141,17 +157,22 @@ static void quantize_row(const float *x, int K, int8_t *q, float *dx, float *sx,
                                  _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q1), step, v1));
             }
 #else
-            float amax = 0.f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xg[j]));
+            float amax = 0.f, probe = 0.f;
+            for (int j = 0; j < 32; j++) {
+                amax = fmaxf(amax, fabsf(xg[j]));
+                probe += xg[j] * 0.f;        /* NaN exactly where x is NaN or infinite */
+            }
+            int finite = !isnan(probe);
+            if (!finite) amax = 0.f;         /* codes 0: no lrintf of NaN */
             float inv = amax > 0.f ? 127.f / amax : 0.f;
             int sum = 0;
             for (int j = 0; j < 32; j++) {
-                nat[j] = (int8_t)lrintf(xg[j] * inv);   /* to nearest even, as cvtps2dq */
+                nat[j] = finite ? (int8_t)lrintf(xg[j] * inv) : 0;   /* to nearest even */
                 sum += nat[j];
             }
 #endif
-            dx[g] = amax / 127.f;
-            sx[g] = dx[g] * (float)sum;
+            dx[g] = finite ? amax / 127.f : NAN;    /* a NaN or inf in x: the result is NaN, */
+            sx[g] = dx[g] * (float)sum;              /* as PyTorch's product would be        */
 #if LANES != 16
             if (res)
                 for (int j = 0; j < 32; j++) res[32 * g + j] = xg[j] - (float)nat[j] * dx[g];
@@ -288,10 +309,12 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
    product); else a = x's first K values; then with norm (K gains, else NULL)
    a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm). passes = 2 rounds what the first int8
    rounding of a left to int8 as well and adds its product (about 15 bits of activation, at the
-   cost of a second dot product per weight). Returns 0, or -1 where memory ran out. */
+   cost of a second dot product per weight). A NaN or infinity in a group of a gives NaN.
+   Returns 0, -1 where memory ran out, -2 for a K, M, N or passes out of range. */
 int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
               float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
               float eps, int passes) {
+    if (bad_k(K) || M < 0 || N < 0 || (passes != 1 && passes != 2)) return -2;
     int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
     int R = passes == 2 ? 2 * M : M;                   /* quantized rows */
     size_t need = (size_t)R * K + 8 * (size_t)R * G + 8 * (size_t)K, rb = (size_t)K / 2;

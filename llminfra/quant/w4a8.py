@@ -24,7 +24,10 @@ how often each keeps the answers of the same int4 weights with fp32 activations.
 The C file is compiled on first use with the machine's C compiler (``$CC``, else ``cc``,
 ``gcc`` or ``clang``) for this CPU (``-march=native``) into a cache folder
 (``$LLMINFRA_CACHE``, else ``$XDG_CACHE_HOME/llminfra`` or ``~/.cache/llminfra``) and loaded
-with :mod:`ctypes`; nothing is written into the package. :func:`build_info` says which code
+with :mod:`ctypes`; nothing is written into the package. A build is renamed into the cache
+only once it looks like a library, with its SHA-256 written beside it; a cached file is checked
+against both before it is loaded (then its symbols and its ``MAX_K``), and built again if
+damaged. :func:`build_info` says which code
 path was compiled: ``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI
 where the CPU has it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). On an
 AMD EPYC, SmolLM2's int4 decode step took 4.8 ms on the AVX-512 VNNI path against 8.2 ms for
@@ -39,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -51,14 +55,25 @@ import torch
 from llminfra.quant import packing
 from llminfra.quant.tensor import QuantizedTensor
 
+log = logging.getLogger(__name__)
+
 SOURCE = Path(__file__).with_name("w4a8.c")
 #: the weights' group size (Q4_1's and Q8_1's)
 GROUP = 32
 #: K must be a multiple of this (the kernel reads groups in pairs)
 K_MULTIPLE = 64
-#: the widest K the kernel's block table holds
-MAX_K = 32 * 16 * 1000
+#: the widest K every code path's block table holds (``MAX_K`` in w4a8.c: 1000 blocks of 8
+#: groups of 32 on the AVX2 path); the C code refuses a wider one too
+MAX_K = 32 * 8 * 1000
 _PATHS = {16: "avx512-vnni", 8: "avx2", 0: "portable"}
+#: what a build must export (and ``w4a8_max_k()`` must equal :data:`MAX_K`)
+SYMBOLS = ("w4a8_gemm", "w4a8_pack", "w4a8_lanes", "w4a8_max_k")
+#: no shared library of w4a8.c is smaller (an empty or truncated file is refused)
+MIN_LIBRARY_BYTES = 4096
+#: the first bytes of a shared library: ELF (Linux), Mach-O (macOS, both byte orders and fat)
+_MAGIC = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
+#: the longest a compile may take (it takes about a second)
+COMPILE_TIMEOUT_S = 300
 
 
 def cache_dir() -> Path:
@@ -103,7 +118,13 @@ def build(arch: str = "native", directory: Path | None = None) -> Path:
     ``arch``: ``"native"`` (for this CPU, falling back to portable C where the compiler refuses),
     ``"portable"`` (no vector code) or a ``-march`` value such as ``"x86-64-v3"`` (AVX2: the
     tests build each path this way). ``RuntimeError`` with the compiler's message when it cannot
-    be built."""
+    be built.
+
+    A cached build is used only if it passes :func:`cached_build_problem` (its size, its first
+    bytes, and the SHA-256 written beside it when it was built); else it is built again. A
+    compile writes a temporary file named after this process and renames it into place only
+    once it looks like a library, with its checksum; temporary files of processes that no
+    longer run (a build killed mid-compile) are removed."""
     if not isinstance(arch, str) or not arch or not all(c.isalnum() or c in "-_." for c in arch):
         raise ValueError(f"arch must be 'native', 'portable' or a -march value, got {arch!r}")
     if arch == "native":
@@ -115,37 +136,158 @@ def build(arch: str = "native", directory: Path | None = None) -> Path:
     cc = _compiler()
     directory = Path(directory) if directory is not None else cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_orphans(directory)
     source = SOURCE.read_bytes()
     errors = []
     for flags in attempts:
         args = ["-O3", "-shared", "-fPIC", *flags]
-        key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(args).encode(),
-                                         _cpu_id().encode()])).hexdigest()[:16]
+        key = _build_key(source, cc, args)
         target = directory / f"w4a8-{key}.so"
         if target.exists():
+            problem = cached_build_problem(target)
+            if problem is None:
+                return target
+            log.warning("w4a8: building again: %s", problem)
+            for stale in (target, _checksum_path(target)):
+                stale.unlink(missing_ok=True)
+        error = _compile(cc, args, target)
+        if error is None:
             return target
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
-        os.close(fd)
-        done = subprocess.run([cc, *args, str(SOURCE), "-o", tmp, "-lm"],
-                              capture_output=True, text=True)
-        if done.returncode == 0:
-            os.replace(tmp, target)          # atomic: parallel test workers may race here
-            return target
-        os.unlink(tmp)
-        errors.append(f"{cc} {' '.join(args)}: {done.stderr.strip()[-500:]}")
+        errors.append(error)
     raise RuntimeError("could not compile llminfra/quant/w4a8.c:\n" + "\n".join(errors))
 
 
+def _build_key(source: bytes, cc: str, args: list[str]) -> str:
+    """What a build depends on, hashed unambiguously (each part's length before it)."""
+    h = hashlib.sha256()
+    for part in (source, cc.encode(), *(a.encode() for a in args), b"--cpu--",
+                 _cpu_id().encode()):
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()[:16]
+
+
+def _checksum_path(library_path: Path) -> Path:
+    return library_path.with_name(library_path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a shared library of w4a8.c (too small, not a library), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return f"{path} cannot be read: {e}"
+    if size < MIN_LIBRARY_BYTES:
+        return f"{path} is {size} bytes, smaller than any build of w4a8.c ({MIN_LIBRARY_BYTES})"
+    if head not in _MAGIC:
+        return f"{path} is not a shared library (it starts {head!r})"
+    return None
+
+
+def cached_build_problem(path: Path) -> str | None:
+    """Why the cached build at ``path`` must not be loaded, or None: it is too small or not a
+    shared library, its checksum file (``<name>.sha256``, written when it was built) is
+    missing, or the file's SHA-256 is not the one written (truncated, overwritten, another
+    library put there)."""
+    path = Path(path)
+    problem = _file_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        want = _checksum_path(path).read_text().strip()
+    except OSError:
+        return f"{path} has no checksum file beside it ({_checksum_path(path).name})"
+    got = _sha256(path)
+    if got != want:
+        return f"{path}'s SHA-256 is {got[:16]}…, not the {want[:16]}… written when it was built"
+    return None
+
+
+def _compile(cc: str, args: list[str], target: Path) -> str | None:
+    """Compile into a temporary file of this process, check it, write its checksum and rename
+    both into place; the compiler's complaint (or what is wrong with its output) if not."""
+    fd, tmp = tempfile.mkstemp(prefix=f".w4a8.{os.getpid()}.", suffix=".tmp",
+                               dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    tmp_sum = tmp.with_name(tmp.name + ".sha256")
+    command = f"{cc} {' '.join(args)}"
+    try:
+        done = subprocess.run([cc, *args, str(SOURCE), "-o", str(tmp), "-lm"],
+                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            return f"{command}: {done.stderr.strip()[-500:]}"
+        problem = _file_problem(tmp)
+        if problem is not None:
+            return f"{command} exited 0 but wrote no library: {problem}"
+        tmp_sum.write_text(_sha256(tmp) + "\n")
+        os.replace(tmp, target)          # atomic: parallel test workers may race here
+        os.replace(tmp_sum, _checksum_path(target))
+        return None
+    except subprocess.TimeoutExpired:
+        return f"{command}: no result within {COMPILE_TIMEOUT_S} s"
+    except OSError as e:
+        return f"{command}: {e}"
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp_sum.unlink(missing_ok=True)
+
+
+def _remove_orphans(directory: Path) -> None:
+    """Delete the temporary files of builds whose process is gone (killed mid-compile)."""
+    for f in directory.glob(".w4a8.*.tmp*"):
+        try:
+            pid = int(f.name.split(".")[2])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            f.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:              # another user's process: alive
+        return True
+    return True
+
+
 def load(path: Path) -> ctypes.CDLL:
-    """The built library at ``path`` with its functions' argument types set."""
+    """The built library at ``path`` with its functions' argument types set. ``RuntimeError``
+    with the reason, before anything is loaded, for a file :func:`cached_build_problem`
+    refuses, and after, for a library without the :data:`SYMBOLS` of w4a8.c or built from
+    another version of it (``w4a8_max_k() != MAX_K``)."""
+    problem = cached_build_problem(path)
+    if problem is not None:
+        raise RuntimeError(f"w4a8: not loading {path}: {problem}")
     lib = ctypes.CDLL(str(path))
+    missing = [name for name in SYMBOLS if not hasattr(lib, name)]
+    if missing:
+        raise RuntimeError(f"w4a8: {path} is not a build of w4a8.c: it lacks "
+                           f"{', '.join(missing)}")
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i]
     lib.w4a8_gemm.restype = i
     lib.w4a8_pack.argtypes = [p, p, i, i]
-    lib.w4a8_pack.restype = None
+    lib.w4a8_pack.restype = i
     lib.w4a8_lanes.argtypes = []
     lib.w4a8_lanes.restype = i
+    lib.w4a8_max_k.argtypes = []
+    lib.w4a8_max_k.restype = i
+    if lib.w4a8_max_k() != MAX_K or lib.w4a8_lanes() not in _PATHS:
+        raise RuntimeError(f"w4a8: {path} was built from another version of w4a8.c "
+                           f"(its widest K is {lib.w4a8_max_k()}, this module's {MAX_K})")
     return lib
 
 
@@ -155,13 +297,20 @@ def library() -> ctypes.CDLL:
     return load(build())
 
 
-def available() -> bool:
-    """Whether the kernel can be built and loaded here."""
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot be built and loaded here (the compiler's message, a refused
+    build…), or None where it can."""
     try:
         library()
-    except (RuntimeError, OSError):
-        return False
-    return True
+    except (RuntimeError, OSError) as e:
+        return str(e)
+    return None
+
+
+def available() -> bool:
+    """Whether the kernel can be built and loaded here (:func:`unavailable_reason` says why
+    not)."""
+    return unavailable_reason() is None
 
 
 def build_info(lib: ctypes.CDLL | None = None) -> dict:
@@ -170,6 +319,13 @@ def build_info(lib: ctypes.CDLL | None = None) -> dict:
     lib = library() if lib is None else lib
     lanes = lib.w4a8_lanes()
     return {"path": _PATHS[lanes], "lanes": lanes, "file": lib._name}
+
+
+def _check_rows(*counts: int) -> None:
+    """Row counts the C code takes as ``int``."""
+    for n in counts:
+        if not 0 <= n < 2 ** 31:
+            raise ValueError(f"the w4a8 kernel takes fewer than 2**31 rows, got {n}")
 
 
 def _check_k(K: int) -> None:
@@ -197,8 +353,10 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
         raise ValueError(f"codes must lie in [0, 15], got {int(codes.min())} .. "
                          f"{int(codes.max())}")
     u = codes.to(torch.uint8).contiguous()
+    _check_rows(N)
     packed = torch.empty(N, K // 2, dtype=torch.uint8)
-    lib.w4a8_pack(u.data_ptr(), packed.data_ptr(), N, K)
+    if lib.w4a8_pack(u.data_ptr(), packed.data_ptr(), N, K):
+        raise ValueError(f"w4a8_pack refused K = {K} (at most {MAX_K}) or N = {N}")
     half = lambda t: t.detach().to(torch.float16).contiguous().view(torch.int16)
     return {"codes": packed, "d": half(scale), "m": half(offset), "shape": (N, K)}
 
@@ -273,12 +431,20 @@ def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
         if tuple(norm.shape) != (K,):
             raise ValueError(f"norm must have shape ({K},), got {tuple(norm.shape)}")
         norm = norm.to(torch.float32).contiguous()      # no copy when it is so already
+    _check_k(K)
     y = torch.empty(*x.shape[:-1], N)
-    if y.numel() and lib.w4a8_gemm(x32.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
-                                   w["m"].data_ptr(), y.data_ptr(), y.numel() // N, N, K, width,
-                                   int(gated), None if norm is None else norm.data_ptr(),
-                                   float(eps), passes):
+    if not y.numel():
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+    _check_rows(N, y.numel() // N)
+    status = lib.w4a8_gemm(x32.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
+                           w["m"].data_ptr(), y.data_ptr(), y.numel() // N, N, K, width,
+                           int(gated), None if norm is None else norm.data_ptr(), float(eps),
+                           passes)
+    if status == -1:
         raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
+    if status:
+        raise ValueError(f"w4a8_gemm refused K = {K}, {y.numel() // N} rows, N = {N} or "
+                         f"passes = {passes}")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
