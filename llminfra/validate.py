@@ -1,5 +1,6 @@
 """Argument guards shared by every layer: one wording for "this must be a positive integer"
-(a count) and for "this must be an integer >= 0" (an offset or an optional amount).
+(a count), for "this must be an integer >= 0" (an offset or an optional amount), and for "this
+must be a finite number > 0" (or >= 0: a rate, a price, a time).
 
 A leaf module: it imports nothing from llminfra, so ``specs``, ``calc``, ``attention`` and
 every layer above may use it (tests/test_repository_rules.py allows it everywhere).
@@ -13,6 +14,8 @@ dataclasses that are printed, hashed and serialised, where a NumPy scalar misbeh
 """
 
 from __future__ import annotations
+
+import math
 
 
 def positive_int(name: str, value, *, where: str = "") -> int:
@@ -54,3 +57,38 @@ def non_negative_int(name: str, value, *, where: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{where}{name} must be an integer >= 0, got {value!r}")
     return value
+
+
+def _real(value) -> bool:
+    """An ``int`` or ``float`` (NumPy floats subclass ``float``), not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def positive_finite(name: str, value, *, where: str = "") -> float:
+    """Return ``float(value)`` if it is a real number (``int`` or ``float``, not ``bool``)
+    ``> 0`` and finite; else ``ValueError``: ``f"{where}{name} must be a finite number > 0,
+    got {value!r}"``. A rate, a price, a time or a size (``True`` is not 1 second, ``inf`` is
+    not a price).
+
+    >>> positive_finite("tokens_per_s", 250)
+    250.0
+    >>> positive_finite("peak_flops", float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: peak_flops must be a finite number > 0, got inf
+    """
+    if not _real(value) or not math.isfinite(value) or not value > 0:
+        raise ValueError(f"{where}{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def non_negative_finite(name: str, value, *, where: str = "") -> float:
+    """As :func:`positive_finite`, 0 allowed: ``f"{where}{name} must be a finite number >= 0,
+    got {value!r}"``.
+
+    >>> non_negative_finite("overhead_s", 0)
+    0.0
+    """
+    if not _real(value) or not math.isfinite(value) or not value >= 0:
+        raise ValueError(f"{where}{name} must be a finite number >= 0, got {value!r}")
+    return float(value)

@@ -70,7 +70,9 @@ class RoutePolicy:
     """Base class: N replicas and the router's count of each one's outstanding work.
 
     ``outstanding_requests[i]`` / ``outstanding_tokens[i]`` rise in :meth:`on_dispatch` and fall
-    in :meth:`on_finish`; ``dispatched[i]`` counts every request ever sent to ``i``.
+    in :meth:`on_finish`; ``dispatched[i]`` counts every request ever sent to ``i``. A replica
+    whose engine died or stalled is taken out of rotation (:meth:`mark_down`): a dead replica
+    fails its requests at once, so by load alone it would look idle and draw more.
     Subclasses implement :meth:`choose`. Taught in chapter 11.
     """
 
@@ -84,6 +86,8 @@ class RoutePolicy:
         self.outstanding_requests = [0] * num_replicas
         self.outstanding_tokens = [0] * num_replicas
         self.dispatched = [0] * num_replicas
+        #: replica -> why it is out of rotation (a dead or stalled engine); never chosen
+        self.down: dict[int, str] = {}
 
     def choose(self, request: RouteRequest) -> int:
         """The replica index (0 … N-1) to send ``request`` to."""
@@ -104,16 +108,39 @@ class RoutePolicy:
         self.outstanding_requests[replica] -= 1
         self.outstanding_tokens[replica] -= request.num_tokens
 
+    def mark_down(self, replica: int, reason: str) -> None:
+        """Take ``replica`` out of rotation (its engine died or stopped answering): no policy
+        chooses it again until :meth:`mark_up`. The first reason is kept."""
+        self._check_replica(replica)
+        self.down.setdefault(replica, str(reason))
+
+    def mark_up(self, replica: int) -> None:
+        """Put ``replica`` back in rotation."""
+        self._check_replica(replica)
+        self.down.pop(replica, None)
+
+    def up_replicas(self) -> list[int]:
+        """The replicas in rotation, in index order."""
+        return [i for i in range(self.num_replicas) if i not in self.down]
+
     def route(self, request: RouteRequest) -> int:
-        """``choose`` then ``on_dispatch``: the index the request is sent to."""
+        """``choose`` then ``on_dispatch``: the index the request is sent to.
+        :class:`NoReplicaAvailable` when every replica is out of rotation."""
+        if not self.up_replicas():
+            raise NoReplicaAvailable("no replica is in rotation: " + "; ".join(
+                f"replica {i}: {why}" for i, why in sorted(self.down.items())))
         replica = self.choose(request)
+        if replica in self.down:          # a policy that ignores health is a bug, said so
+            raise RuntimeError(f"{type(self).__name__} chose replica {replica}, which is out "
+                               f"of rotation ({self.down[replica]})")
         self.on_dispatch(request, replica)
         return replica
 
     def least_loaded(self, candidates: Sequence[int] | None = None) -> int:
-        """Among ``candidates`` (default all): fewest outstanding requests, then tokens, then
-        fewest dispatched so far (idle replicas take turns), then the lowest index."""
-        pool = range(self.num_replicas) if candidates is None else candidates
+        """Among ``candidates`` (default: every replica in rotation): fewest outstanding
+        requests, then tokens, then fewest dispatched so far (idle replicas take turns), then
+        the lowest index."""
+        pool = self.up_replicas() if candidates is None else candidates
         return min(pool, key=lambda i: (self.outstanding_requests[i],
                                         self.outstanding_tokens[i], self.dispatched[i], i))
 
@@ -134,10 +161,13 @@ class RoundRobin(RoutePolicy):
         self._next = 0
 
     def choose(self, request: RouteRequest) -> int:
-        """The next replica in turn."""
-        replica = self._next
-        self._next = (self._next + 1) % self.num_replicas
-        return replica
+        """The next replica in turn (skipping those out of rotation)."""
+        for _ in range(self.num_replicas):
+            replica = self._next
+            self._next = (self._next + 1) % self.num_replicas
+            if replica not in self.down:
+                return replica
+        raise NoReplicaAvailable("no replica is in rotation")
 
 
 class LeastLoaded(RoutePolicy):
@@ -198,7 +228,8 @@ class PrefixAware(RoutePolicy):
     def is_imbalanced(self) -> bool:
         """SGLang's rule: max − min > abs threshold and max > rel threshold × min
         (outstanding requests)."""
-        hi, lo = max(self.outstanding_requests), min(self.outstanding_requests)
+        load = [self.outstanding_requests[i] for i in self.up_replicas()] or [0]
+        hi, lo = max(load), min(load)
         return hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo
 
     def choose(self, request: RouteRequest) -> int:
@@ -207,17 +238,17 @@ class PrefixAware(RoutePolicy):
         holds the fewest blocks."""
         hashes = prefix_block_hashes(list(request.prompt_token_ids), self.block_size)
         self.last_match_blocks = [self.match_blocks(hashes, i) for i in range(self.num_replicas)]
+        up = self.up_replicas()
         if self.is_imbalanced():
             self.last_reason = "imbalanced"
             return self.least_loaded()
-        best = max(self.last_match_blocks)
+        best = max(self.last_match_blocks[i] for i in up)
         prompt_len = max(1, len(request.prompt_token_ids))
         if best > 0 and best * self.block_size / prompt_len >= self.cache_threshold:
             self.last_reason = "prefix"
-            return self.least_loaded([i for i in range(self.num_replicas)
-                                      if self.last_match_blocks[i] == best])
+            return self.least_loaded([i for i in up if self.last_match_blocks[i] == best])
         self.last_reason = "no_match"
-        return min(range(self.num_replicas), key=lambda i: (
+        return min(up, key=lambda i: (
             self.outstanding_requests[i], len(self._index[i]), self.outstanding_tokens[i], i))
 
     def on_dispatch(self, request: RouteRequest, replica: int) -> None:
@@ -236,6 +267,10 @@ class PrefixAware(RoutePolicy):
         return [len(ix) for ix in self._index]
 
 
+class NoReplicaAvailable(RuntimeError):
+    """Every replica is out of rotation (:meth:`RoutePolicy.mark_down`)."""
+
+
 #: policy name -> class
 POLICIES: dict[str, type[RoutePolicy]] = {
     RoundRobin.name: RoundRobin, LeastLoaded.name: LeastLoaded, PrefixAware.name: PrefixAware}
@@ -250,5 +285,5 @@ def make_policy(name: str, num_replicas: int, **options) -> RoutePolicy:
     return POLICIES[name](num_replicas, **options)
 
 
-__all__ = ["POLICIES", "LeastLoaded", "PrefixAware", "RoundRobin", "RoutePolicy",
-           "RouteRequest", "make_policy"]
+__all__ = ["POLICIES", "LeastLoaded", "NoReplicaAvailable", "PrefixAware", "RoundRobin",
+           "RoutePolicy", "RouteRequest", "make_policy"]

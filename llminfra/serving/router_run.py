@@ -31,10 +31,12 @@ from functools import partial
 
 from llminfra.engine.metrics import percentile
 from llminfra.engine.sampling_params import SamplingParams
+from llminfra.serving.async_engine import EngineDeadError
 from llminfra.serving.engine_process import EngineProcess
-from llminfra.serving.router import POLICIES, RoutePolicy, make_policy
+from llminfra.serving.router import POLICIES, NoReplicaAvailable, RoutePolicy, make_policy
 from llminfra.serving.router_workload import SharedPromptRequest, with_cache_salt
 from llminfra.serving.serve import build_engine
+from llminfra.validate import positive_finite
 
 
 def replica_engine(model: str = "tiny", *, num_threads: int = 1, **engine_options):
@@ -89,7 +91,10 @@ class Replicas:
 class RoutedResult:
     """One request's outcome: replica, prompt and cached prompt tokens, output token ids,
     finish reason, and times in seconds from the run's start (TTFT and end-to-end on the
-    router's clock, ``engine_ttft_s`` on the replica's). Chapter 11."""
+    router's clock, ``engine_ttft_s`` on the replica's). A request that could not be answered
+    (its replica died or stalled, no answer within the deadline, no replica in rotation) has
+    ``finish_reason == "error"``, no output tokens and ``error``, the reason; ``replica`` is -1
+    when none was chosen. Chapter 11."""
 
     request_id: str
     replica: int
@@ -102,61 +107,159 @@ class RoutedResult:
     ttft_s: float
     e2e_s: float
     engine_ttft_s: float | None
+    error: str | None = None
+
+
+#: a replica whose engine has made no progress for this long (seconds) is out of rotation and
+#: its requests fail (an idle engine process says it is alive every
+#: :data:`~llminfra.serving.engine_process.HEARTBEAT_S`)
+STALL_TIMEOUT_S = 10.0
+#: how often the router checks its replicas (seconds)
+HEALTH_CHECK_S = 0.25
+
+
+def _failed(req: SharedPromptRequest, replica: int, t_end: float, t0: float,
+            reason: str) -> RoutedResult:
+    waited = t_end - (t0 + req.arrival_time_s)
+    return RoutedResult(req.request_id, replica, req.system_prompt, len(req.prompt_token_ids),
+                        0, (), "error", req.arrival_time_s, waited, waited, None, reason)
 
 
 async def _serve_one(loop: EngineProcess, replica: int, policy: RoutePolicy,
-                     req: SharedPromptRequest, params: SamplingParams, t0: float) -> RoutedResult:
+                     req: SharedPromptRequest, params: SamplingParams, t0: float,
+                     deadline_s: float | None, down: asyncio.Event) -> RoutedResult:
+    """Send one request and read its outputs until it finishes, its replica is taken out of
+    rotation (``down``), or ``deadline_s`` passes; always a result, never an exception."""
     route = req.route_request()
     arrival = t0 + req.arrival_time_s
-    first = last = None
-    try:
+    seen: dict = {"first": None, "last": None}
+
+    async def consume():
         stream = await loop.generate(list(req.prompt_token_ids), params, req.request_id)
         async for out in stream:
-            if first is None and out.outputs and out.outputs[0].token_ids:
-                first = time.perf_counter()
-            last = out
+            if seen["first"] is None and out.outputs and out.outputs[0].token_ids:
+                seen["first"] = time.perf_counter()
+            seen["last"] = out
+
+    run = asyncio.ensure_future(consume())
+    gone = asyncio.ensure_future(down.wait())
+    error = None
+    try:
+        done, _ = await asyncio.wait({run, gone}, timeout=deadline_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if run in done:
+            exc = run.exception()
+            if isinstance(exc, EngineDeadError):
+                policy.mark_down(replica, f"its engine is gone ({exc})")
+                error = f"replica {replica} died: {exc}"
+            elif exc is not None:
+                error = f"replica {replica} refused it: {type(exc).__name__}: {exc}"
+            elif seen["last"] is None or getattr(seen["last"], "error", None):
+                error = f"replica {replica} failed it: {getattr(seen['last'], 'error', None)}"
+        elif gone in done:
+            error = f"replica {replica} was taken out of rotation: {policy.down.get(replica)}"
+        else:
+            error = f"no answer from replica {replica} within {deadline_s:g} s"
     finally:
+        for task in (run, gone):
+            task.cancel()
+        await asyncio.gather(run, gone, return_exceptions=True)   # aborts an unfinished one
         policy.on_finish(route, replica)
-    done = time.perf_counter()
+    done_t = time.perf_counter()
+    if error is not None:
+        return _failed(req, replica, done_t, t0, error)
+    last, first = seen["last"], seen["first"]
     m = last.metrics
     return RoutedResult(req.request_id, replica, req.system_prompt, len(req.prompt_token_ids),
                         int(m.num_cached_prompt_tokens),
                         tuple(last.outputs[0].token_ids), last.outputs[0].finish_reason,
-                        req.arrival_time_s, (first or done) - arrival, done - arrival, m.ttft_s)
+                        req.arrival_time_s, (first or done_t) - arrival, done_t - arrival,
+                        m.ttft_s)
+
+
+async def _watch(loops: Sequence[EngineProcess], policy: RoutePolicy,
+                 down: Sequence[asyncio.Event], stall_timeout_s: float) -> None:
+    """The health check: a replica whose engine loop is not running, or has made no progress
+    for ``stall_timeout_s`` (a stopped process), is taken out of rotation and its requests
+    are failed (their ``down`` event is set)."""
+    while True:
+        for i, loop in enumerate(loops):
+            if i in policy.down:
+                continue
+            if not loop.is_running:
+                policy.mark_down(i, "its engine loop is not running")
+            elif loop.seconds_since_progress > stall_timeout_s:
+                policy.mark_down(i, f"its engine made no progress for "
+                                    f"{loop.seconds_since_progress:.1f} s")
+        for i in policy.down:
+            down[i].set()
+        await asyncio.sleep(HEALTH_CHECK_S)
 
 
 async def _dispatch(loops: Sequence[EngineProcess], policy: RoutePolicy,
-                    workload: Sequence[SharedPromptRequest], temperature: float) -> list:
+                    workload: Sequence[SharedPromptRequest], temperature: float,
+                    deadline_s: float | None, stall_timeout_s: float) -> list:
     t0 = time.perf_counter()
+    down = [asyncio.Event() for _ in loops]
+    watch = asyncio.ensure_future(_watch(loops, policy, down, stall_timeout_s))
     tasks = []
-    for req in sorted(workload, key=lambda r: r.arrival_time_s):
-        delay = t0 + req.arrival_time_s - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        replica = policy.route(req.route_request())
-        params = SamplingParams(max_tokens=req.max_tokens, temperature=temperature,
-                                ignore_eos=True, seed=0)
-        tasks.append(asyncio.create_task(
-            _serve_one(loops[replica], replica, policy, req, params, t0)))
-    return list(await asyncio.gather(*tasks))
+    try:
+        for req in sorted(workload, key=lambda r: r.arrival_time_s):
+            delay = t0 + req.arrival_time_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                replica = policy.route(req.route_request())
+            except NoReplicaAvailable as e:
+                tasks.append(_failed(req, -1, time.perf_counter(), t0, str(e)))
+                continue
+            params = SamplingParams(max_tokens=req.max_tokens, temperature=temperature,
+                                    ignore_eos=True, seed=0)
+            tasks.append(asyncio.ensure_future(_serve_one(
+                loops[replica], replica, policy, req, params, t0, deadline_s, down[replica])))
+        pending = [t for t in tasks if isinstance(t, asyncio.Future)]
+        outcomes = iter(await asyncio.gather(*pending, return_exceptions=True))
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+    results = []
+    for req, t in zip(sorted(workload, key=lambda r: r.arrival_time_s), tasks):
+        if isinstance(t, RoutedResult):
+            results.append(t)
+            continue
+        out = next(outcomes)
+        results.append(out if isinstance(out, RoutedResult) else _failed(
+            req, -1, time.perf_counter(), t0, f"the router failed it: {out!r}"))
+    return results
 
 
 def run_policy(replicas: Replicas, policy: RoutePolicy, workload: Sequence[SharedPromptRequest],
-               *, temperature: float = 0.0) -> list[RoutedResult]:
+               *, temperature: float = 0.0, deadline_s: float | None = 300.0,
+               stall_timeout_s: float = STALL_TIMEOUT_S) -> list[RoutedResult]:
     """Serve ``workload`` on ``replicas`` (started) through ``policy``; one
-    :class:`RoutedResult` per request, in dispatch order. Greedy by default, ``ignore_eos`` so
-    every request makes exactly ``max_tokens`` tokens. The event loop runs in a thread of its
-    own, so a notebook (which already runs one) can call it too. Chapter 11."""
+    :class:`RoutedResult` per request, in dispatch order, whatever happens to the replicas.
+    Greedy by default, ``ignore_eos`` so every request makes exactly ``max_tokens`` tokens.
+
+    Every request ends: answered, or failed with a reason — its replica died (taken out of
+    rotation at once), its replica made no progress for ``stall_timeout_s`` (the health check,
+    every :data:`HEALTH_CHECK_S`), or no answer within ``deadline_s`` of being sent (None: no
+    deadline). The event loop runs in a thread of its own, so a notebook (which already runs
+    one) can call it too. Chapter 11."""
     if policy.num_replicas != len(replicas):
         raise ValueError(f"the policy routes over {policy.num_replicas} replicas but "
                          f"{len(replicas)} are running")
+    if deadline_s is not None:
+        positive_finite("deadline_s", deadline_s)
+    positive_finite("stall_timeout_s", stall_timeout_s)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _dispatch(replicas.loops, policy, workload,
-                                                  temperature)).result()
+                                                  temperature, deadline_s,
+                                                  stall_timeout_s)).result()
 
 
 def summarize_routing(results: Sequence[RoutedResult], num_replicas: int) -> dict:
-    """Hit rate = cached prompt tokens / prompt tokens; TTFT p50 / p90 (s, router clock);
+    """Hit rate = cached prompt tokens / prompt tokens; TTFT p50 / p90 (s, router clock, of the
+    answered requests; ``num_failed`` counts the others);
     throughput = output tokens / (last finish − first arrival); per replica the requests,
     prompt tokens and prompt tokens computed (not cached); ``load_imbalance`` = max / mean
     requests per replica (1.0 is even). Chapter 11."""
@@ -164,13 +267,14 @@ def summarize_routing(results: Sequence[RoutedResult], num_replicas: int) -> dic
         raise ValueError("no results to summarise")
     prompt = sum(r.prompt_tokens for r in results)
     cached = sum(r.cached_prompt_tokens for r in results)
-    ttft = [r.ttft_s for r in results]
+    ttft = [r.ttft_s for r in results if r.error is None] or [float("nan")]
     duration = max(r.arrival_s + r.e2e_s for r in results) - min(r.arrival_s for r in results)
     out_tokens = sum(len(r.output_token_ids) for r in results)
     per = [[r for r in results if r.replica == i] for i in range(num_replicas)]
     counts = [len(p) for p in per]
     return {
-        "num_requests": len(results), "prompt_tokens": prompt, "cached_prompt_tokens": cached,
+        "num_requests": len(results), "num_failed": sum(r.error is not None for r in results),
+        "prompt_tokens": prompt, "cached_prompt_tokens": cached,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
         "duration_s": duration, "output_tokens": out_tokens,
