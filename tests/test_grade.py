@@ -75,7 +75,9 @@ def graded(class_folder):
 
 def test_csv_columns_and_one_row_per_exercise(graded):
     rows, path = graded
-    assert path.read_text().splitlines()[0] == "student,notebook,exercise,status,points,message"
+    assert path.read_text().splitlines()[0] == ("student,notebook,exercise,status,points,"
+                                                "message,tampered")
+    assert all(r["tampered"] == "" for r in rows)    # nobody here edited a checker cell
     assert all(r["points"] == ("1" if r["status"] == "passed" else "0") for r in rows)
     keys = {(r["student"], r["notebook"], r["exercise"]) for r in rows}
     assert len(keys) == len(rows) == 3 + 3 + 3
@@ -112,13 +114,18 @@ def test_time_out_and_unreadable_notebook_are_errored(tmp_path):
 
 
 def test_an_edited_checker_cell_is_restored_from_the_reference(tmp_path):
-    """A learner who replaces the check by `pass` does not pass (no kernel needed to see it)."""
+    """A learner who replaces the check by `pass` does not pass (no kernel needed to see it),
+    and the edit is named; blank lines and trailing spaces are not an edit."""
+    reference = nbformat.read(ROOT / "exercises" / NB07, as_version=4)
     nb = nbformat.read(ROOT / "exercises" / NB07, as_version=4)
     cells = grade.exercise_cells(nb)
-    for i, _ in cells:
+    for i, _ in cells[:2]:
         nb.cells[i].source = "pass"
-    grade.restore_checkers(nb, nbformat.read(ROOT / "exercises" / NB07, as_version=4))
+    last = cells[2][0]
+    nb.cells[last].source = "\n" + nb.cells[last].source.replace("\n", "  \n") + "\n\n"
+    assert grade.restore_checkers(nb, reference) == [ex for _, ex in cells[:2]]
     assert all("check_" in nb.cells[i].source for i, _ in cells)
+    assert grade.restore_checkers(nb, reference) == []
 
 
 def test_a_deleted_checker_cell_is_reported():
@@ -236,6 +243,41 @@ def test_a_monkeypatched_checker_does_not_pass(tmp_path):
                                                          reference_dir=ROOT / "exercises")}
     assert results["07-column_shard"] == "failed" and results["07-row_shard"] == "failed"
     assert "passed" not in results.values()
+
+
+def test_a_checker_cell_replaced_by_a_printed_pass_is_graded_and_reported(tmp_path, capsys):
+    """Each checker cell of the stub replaced by the line its checker prints on a pass: graded
+    as the stub it is (not attempted), and reported — on the exercise's line, with a † after
+    the chapter's marks in the class table and a list below it, in the CSV. The table alone
+    with --summary-only."""
+    nb = nbformat.read(ROOT / "exercises" / NB07, as_version=4)
+    cells = grade.exercise_cells(nb)
+    for i, ex in cells:
+        nb.cells[i].source = f"print('✓ {ex.removeprefix('07-')}: 8 random cases passed')"
+    (tmp_path / "ada").mkdir()
+    nbformat.write(nb, tmp_path / "ada" / NB07)
+    (tmp_path / "bo").mkdir()
+    (tmp_path / "bo" / NB07).write_text((ROOT / "exercises" / NB07).read_text())
+    csv_path = tmp_path.parent / f"{tmp_path.name}.csv"
+    assert grade.main([str(tmp_path), "--summary-only", "--csv", str(csv_path),
+                       "--reference", str(ROOT / "exercises")]) == 0
+    out = capsys.readouterr().out
+    assert "exercises passed" not in out               # no per-exercise report
+    table = out.splitlines()
+    ada = next(line for line in table if line.startswith("ada "))
+    bo = next(line for line in table if line.startswith("bo "))
+    assert ada.split()[1] == "···†" and bo.split()[1] == "···"
+    listed = [line for line in table if line.strip().startswith("ada, 07-")]
+    assert len(listed) == len(cells) and all("checker cell had been edited" in line
+                                             for line in listed)
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["student"], r["status"], bool(r["tampered"])) for r in rows} == {
+        ("ada", "not attempted", True), ("bo", "not attempted", False)}
+    assert grade.main([str(tmp_path), "--reference", str(ROOT / "exercises")]) == 0
+    report = capsys.readouterr().out
+    assert report.count("† tampered: its checker cell had been edited") == len(cells)
+    assert "3 tampered with" in report
 
 
 def test_only_the_course_notebooks_are_graded_and_missing_ones_reported(tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from llminfra.course import grade
-from llminfra.course.grade_report import MARKS, Result, fit_name, report, summary, write_csv
+from llminfra.course.grade_report import (MARKS, TAMPER_MARK, Result, fit_name, report, summary,
+                                          write_csv)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the course's chapters with exercises and how many each has (as in exercises/)
@@ -70,6 +71,54 @@ def test_the_summary_marks_each_status_and_leaves_ungraded_blank():
     assert lines[-2:] == ["02: kv", "07: column_shard, row_shard, bubble"]
 
 
+def test_tampering_is_marked_in_the_table_listed_below_it_and_in_the_report():
+    """A tampered result keeps its status and point; its chapter's marks get a † (the table
+    stays aligned and within 100 columns), each tampered exercise is listed under the table,
+    the report prints the note on the exercise's line and counts them."""
+    results = _class_of_30()
+    k = next(i for i, r in enumerate(results) if r.student == "student_03" and
+             r.exercise == "05-ex2")
+    r = results[k]
+    results[k] = Result(r.student, r.notebook, r.exercise, r.status, r.message,
+                        "its checker cell had been edited or replaced")
+    lines = summary(results).splitlines()
+    assert max(len(line) for line in lines) <= 100
+    header = lines[0]
+    row = next(line for line in lines if line.startswith("student_03"))
+    other = next(line for line in lines if line.startswith("student_04"))
+    col = header.index("05")
+    marks = row[col:].split()[0]
+    assert marks.endswith(TAMPER_MARK) and len(marks) == CHAPTERS["05"] + 1
+    assert TAMPER_MARK not in other
+    for line in (row, other):                           # every column still starts under its title
+        for title in header.split()[1:-1]:
+            at = header.index(f" {title}") + 1
+            assert line[at - 1] == " " and line[at] != " ", (title, line)
+    assert row.endswith(f"{sum(x.points for x in results if x.student == 'student_03')} / "
+                        f"{sum(CHAPTERS.values())}")
+    below = lines[lines.index(next(x for x in lines if x.startswith(f"{TAMPER_MARK} tampered"))):]
+    assert below[1:] == ["  student_03, 05-ex2: its checker cell had been edited or replaced"]
+    text = report(results)
+    assert f"{TAMPER_MARK} tampered: its checker cell had been edited" in text
+    assert text.splitlines()[-1].endswith("; 1 tampered with")
+    assert TAMPER_MARK not in summary(_class_of_30())
+
+
+def test_summary_only_prints_the_table_alone(tmp_path, monkeypatch, capsys):
+    results = [Result("ada", "07_x.ipynb", "07-column_shard", "passed", "", "its checker cell "
+                      "had been edited or replaced"),
+               Result("bo", "07_x.ipynb", "07-column_shard", "failed", "wrong")]
+    monkeypatch.setattr(grade, "grade", lambda *a, **k: results)
+    (tmp_path / "x.ipynb").write_text("{}")
+    assert grade.main([str(tmp_path), "--summary-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["student", "07", "points"]
+    assert "exercises passed" not in out and "ada, 07-column_shard: its checker cell" in out
+    assert grade.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ada: 1 of 1 exercises passed" in out and "points" not in out
+
+
 def test_fit_name_keeps_both_ends():
     assert fit_name("ada", 6) == "ada   "
     assert fit_name("student_name_01", 10) == "stude…e_01"
@@ -89,7 +138,7 @@ def test_csv_has_a_points_column(tmp_path):
     write_csv(results, tmp_path / "r.csv")
     with open(tmp_path / "r.csv") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == list(grade.COLUMNS)
+    assert list(rows[0]) == list(grade.COLUMNS) and list(rows[0])[-1] == "tampered"
     assert [int(r["points"]) for r in rows] == [r.points for r in results]
 
 

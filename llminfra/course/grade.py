@@ -40,8 +40,11 @@ A teacher can trust a ``passed``:
 Prints one block per student and a total (a progress bar on a terminal while it runs; the
 kernels' start-up warnings silenced); ``--summary`` adds a class table that fits ~100 columns
 (one line per student, one column of marks per chapter, the points:
-:mod:`llminfra.course.grade_report`); ``--csv`` writes the columns ``student, notebook,
-exercise, status, points, message``. Needs only the course install (``make course``: nbclient,
+:mod:`llminfra.course.grade_report`), ``--summary-only`` prints that table alone; ``--csv``
+writes the columns ``student, notebook, exercise, status, points, message, tampered``.
+Tampering — a checker cell edited or replaced (even by a ``print('✓ …')``), the package
+patched — is graded as if it had not happened and reported: on the exercise's line, with a
+``†`` after the chapter's marks in the table and a list below it, in the CSV. Needs only the course install (``make course``: nbclient,
 nbformat, ipykernel), none of the test tools. Exits 0 whatever the learners' results; 2 when it
 cannot do its own job (no such folder, no notebook found).
 """
@@ -69,6 +72,9 @@ __all__ = ["grade", "grade_notebook", "main", "status_of", "Result", "report", "
 COURSE_EXERCISES = Path(__file__).resolve().parents[2] / "exercises"
 #: what a checker cell prints when its checker passes (run_checks and every custom checker)
 PASS_MARK = "✓"
+#: the tamper note of an exercise whose checker cell differed from the reference's
+EDITED_CHECKER = ("its checker cell had been edited or replaced (the reference's cell was put "
+                  "back before grading)")
 
 
 def find_notebooks(root: Path) -> list[tuple[str, Path]]:
@@ -99,14 +105,26 @@ def exercise_cells(nb) -> list[tuple[int, str]]:
     return cells
 
 
-def restore_checkers(nb, reference) -> None:
-    """Put back the source of every checker cell of ``reference`` (by ``grade_id``)."""
+def _same_code(a: str, b: str) -> bool:
+    """The same source but for blank lines and trailing spaces."""
+    lines = lambda text: [line.rstrip() for line in text.strip().splitlines() if line.strip()]  # noqa: E731
+    return lines(a) == lines(b)
+
+
+def restore_checkers(nb, reference) -> list[str]:
+    """Put back the source of every checker cell of ``reference`` (by ``grade_id``); returns
+    the exercise ids whose checker cell had been edited (a ``print('✓ …')`` in place of the
+    check, a ``pass``): graded with the pristine cell, and reported as tampered with."""
     pristine = {cell.metadata["nbgrader"]["grade_id"]: cell.source for cell in reference.cells
                 if cell.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    edited = []
     for cell in nb.cells:
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if grade_id in pristine:
+            if not _same_code(cell.source, pristine[grade_id]):
+                edited.append(grade_id)
             cell.source = pristine[grade_id]
+    return edited
 
 
 def missing_checkers(nb, reference) -> list[str]:
@@ -161,10 +179,10 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
     except Exception as e:  # noqa: BLE001 - an unreadable notebook is a result, not a crash
         return [Result(student, path.name, "*", "errored", f"cannot read the notebook: {e}")]
     ref_path = reference_dir / path.name if reference_dir is not None else None
-    missing = []
+    missing, edited = [], []
     if ref_path is not None and ref_path.exists():
         reference = nbformat.read(ref_path, as_version=4)
-        restore_checkers(nb, reference)
+        edited = restore_checkers(nb, reference)
         missing = missing_checkers(nb, reference)
     gone = [Result(student, path.name, ex, "errored", "the checker cell was deleted from the "
                    "notebook") for ex in missing]
@@ -200,7 +218,8 @@ def grade_notebook(student: str, path: Path, timeout_s: int, reference_dir: Path
         note = changes_note(ran.cells[i], marker)
         if note:
             message = f"{message}; {note}" if message else note
-        results.append(Result(student, path.name, ex, status, message))
+        tampered = ([EDITED_CHECKER] if ex in edited else []) + ([note] if note else [])
+        results.append(Result(student, path.name, ex, status, message, "; ".join(tampered)))
     return results + gone
 
 
@@ -279,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
     p.add_argument("--summary", action="store_true",
                    help="also print the class table: one line per student, one column of "
-                        "marks per chapter, the points")
+                        "marks per chapter, the points, what was tampered with")
+    p.add_argument("--summary-only", action="store_true",
+                   help="print the class table alone, without the per-exercise report")
     args = p.parse_args(argv)
     if not args.dir.is_dir():
         print(f"no such folder: {args.dir}", file=sys.stderr)
@@ -300,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ignored = []
     results = grade(args.dir, args.timeout, reference, max(1, args.jobs), ignored=ignored)
-    print(report(results))
-    if args.summary:
+    if not args.summary_only:
+        print(report(results))
+    if args.summary or args.summary_only:
         print(summary(results))
     for student, path in ignored:
         print(f"ignored (not a course exercise notebook): {student}: {path.name}")

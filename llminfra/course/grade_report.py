@@ -10,6 +10,13 @@ string of marks, one per exercise in notebook order (``✓✓✗·``), under the
 
 Names longer than :data:`NAME_WIDTH` are cut in the middle (``alexandra…nova``) so that two
 similar names stay apart; below the table, each chapter's exercises are named in column order.
+
+Tampering — a checker cell edited or replaced (a ``print('✓ …')`` in its place), the package
+patched by an answer cell — never changes a grade (the grader restores the checker and the
+package first, :mod:`llminfra.course.grade`), but a teacher should know: such a result carries
+a ``tampered`` note, its chapter's marks are followed by :data:`TAMPER_MARK` in the summary
+(``✓✓✗†``), the summary lists every tampered exercise below the table, the report prints the
+note on the exercise's line, and the CSV has a ``tampered`` column.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 STATUSES = ("passed", "failed", "not attempted", "errored")
-COLUMNS = ("student", "notebook", "exercise", "status", "points", "message")
+COLUMNS = ("student", "notebook", "exercise", "status", "points", "message", "tampered")
 #: points per status (one per passed exercise) and each status's mark in the summary
 POINTS = {"passed": 1, "failed": 0, "not attempted": 0, "errored": 0}
 MARKS = {"passed": "✓", "failed": "✗", "not attempted": "·", "errored": "!"}
+#: after a chapter's marks in the summary: one of its exercises was tampered with
+TAMPER_MARK = "†"
 #: the widest student name the summary shows whole
 NAME_WIDTH = 20
 #: the legend's lines are wrapped at this width
@@ -39,6 +48,8 @@ class Result:
     exercise: str
     status: str
     message: str = ""
+    #: what the learner's notebook had tampered with ("" when nothing): graded all the same
+    tampered: str = ""
 
     def __post_init__(self):
         if self.status not in POINTS:
@@ -59,9 +70,13 @@ def report(results: list[Result]) -> str:
         for r in mine:
             first = r.message.strip().splitlines()[0] if r.message.strip() else ""
             lines.append(f"  {r.notebook:<45} {r.exercise:<32} {r.status:<14} {first[:100]}")
+            if r.tampered:
+                lines.append(f"  {TAMPER_MARK} tampered: {r.tampered}")
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    tampered = sum(bool(r.tampered) for r in results)
     lines.append("total: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                 + f" ({len(results)} exercises, {len({r.student for r in results})} students)")
+                 + f" ({len(results)} exercises, {len({r.student for r in results})} students)"
+                 + (f"; {tampered} tampered with" if tampered else ""))
     return "\n".join(lines)
 
 
@@ -92,7 +107,10 @@ def summary(results: list[Result]) -> str:
             exercises.append(r.exercise)
     notebooks = sorted(order)
     titles = {nb: _chapter(nb) for nb in notebooks}
-    widths = {nb: max(len(titles[nb]), len(order[nb])) for nb in notebooks}
+    tampered = [r for r in results if r.tampered]
+    flagged = {(r.student, r.notebook) for r in tampered}
+    widths = {nb: max(len(titles[nb]), len(order[nb]) + any(n == nb for _, n in flagged))
+              for nb in notebooks}
     status = {(r.student, r.notebook, r.exercise): r.status for r in results}
     students = sorted({r.student for r in results})
     width = min(NAME_WIDTH, max([len("student")] + [len(s) for s in students]))
@@ -105,6 +123,8 @@ def summary(results: list[Result]) -> str:
         for nb in notebooks:
             marks = "".join(MARKS[status[student, nb, ex]] if (student, nb, ex) in status
                             else " " for ex in order[nb])
+            if (student, nb) in flagged:
+                marks += TAMPER_MARK
             cells.append(marks.ljust(widths[nb]))
         points = sum(POINTS[s] for (who, _, _), s in status.items() if who == student)
         total += points
@@ -117,6 +137,12 @@ def summary(results: list[Result]) -> str:
         names = [ex.removeprefix(titles[nb] + "-") for ex in order[nb]]
         lines.append(textwrap.fill(f"{titles[nb]}: " + ", ".join(names), LINE_WIDTH,
                                    subsequent_indent=" " * (len(titles[nb]) + 2)))
+    if tampered:
+        lines.append(f"{TAMPER_MARK} tampered with (graded with the course's own checker and "
+                     "package all the same):")
+        for r in sorted(tampered, key=lambda r: (r.student, r.notebook)):
+            lines.append(textwrap.fill(f"{r.student}, {r.exercise}: {r.tampered}", LINE_WIDTH,
+                                       initial_indent="  ", subsequent_indent="    "))
     return "\n".join(lines)
 
 
