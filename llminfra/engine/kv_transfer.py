@@ -146,11 +146,15 @@ def import_kv(engine, handoff: KVHandoff,
     and its generated tokens; its next step is a decode step. Returns the request id.
 
     All or nothing: if anything fails — no free block (:class:`BlockPoolExhausted`), a shape
-    that does not fit the pool (``ValueError``), or ``before_commit`` (a fault-injection point
+    that does not fit the pool or a K/V that is not floating point (``ValueError``), or ``before_commit`` (a fault-injection point
     for tests, called once the K/V are written) raising — the blocks go back and the engine
     holds nothing of the request; the exception propagates.
     """
     _check_shape(engine, handoff.kv)
+    if not handoff.kv.is_floating_point():
+        raise ValueError(f"import_kv: K/V of dtype {handoff.kv.dtype}; a floating-point K/V is "
+                         f"needed (cast to the pool's {engine.cache.k.dtype}, integers would "
+                         f"become wrong values)")
     T = handoff.num_tokens
     if T != len(handoff.prompt_token_ids) + len(handoff.output_token_ids) - 1:
         raise ValueError(f"import_kv: {T} tokens of K/V for {len(handoff.prompt_token_ids)} "

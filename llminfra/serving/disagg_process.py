@@ -5,7 +5,8 @@ machine: rank 0 runs a :class:`~llminfra.serving.disagg.PrefillWorker` (requests
 their arrival time has passed), rank 1 a :class:`~llminfra.serving.disagg.DecodeWorker`. Each
 handoff is three point-to-point messages, rank 0 → rank 1::
 
-    header int64[4] = [kind, meta bytes, kv elements, 0]   kind: 1 handoff, 2 no more requests
+    header int64[4] = [kind, meta bytes, kv elements, kv element bytes]
+                                         kind: 1 handoff, 2 no more requests
     meta   uint8[...] = the pickled KVHandoff less its K/V (prompt, tokens, params, times, ...)
     kv     (2, L, T, H_kv, d) in the engine's dtype
 
@@ -50,7 +51,7 @@ from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.model import load_model
 from llminfra.parallel.launch import free_port
-from llminfra.serving.disagg import DecodeWorker, PrefillWorker
+from llminfra.serving.disagg import DecodeWorker, PrefillWorker, failed_output
 
 HANDOFF, DONE = 1, 2
 #: message sizes (bytes) of the link measurement
@@ -79,33 +80,112 @@ class WorkerConfig:
     fail_on: tuple = ()
     prefill_exit_after: int | None = None
     timeout_s: float = 120.0
+    corrupt: tuple = ()
 
 
-def _send_handoff(h: KVHandoff, dst: int) -> None:
-    meta = pickle.dumps((replace(h, kv=torch.empty(0)), tuple(h.kv.shape), str(h.kv.dtype)))
-    dist.send(torch.tensor([HANDOFF, len(meta), h.kv.numel(), 0]), dst=dst)
+#: the receive buffer of a header (bytes): a header is 32, but gloo aborts the process when a
+#: message is longer than the buffer posted for it, so a message out of step must fit here
+HEADER_BUFFER_BYTES = 4096
+#: the largest metadata and K/V messages a decode worker accepts (bytes)
+MAX_META_BYTES = 2**24
+MAX_KV_BYTES = 2**34
+#: K/V dtypes a handoff may carry (an integer K/V would be cast silently into wrong values)
+KV_DTYPES = {str(t): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
+
+
+#: the malformed handoffs a test can ask the prefill worker to send (``corrupt_handoffs``)
+CORRUPTIONS = ("short", "unknown_kind", "unknown_header", "int64")
+
+
+def _send_handoff(h: KVHandoff, dst: int, corrupt: str | None = None) -> None:
+    """Header, metadata, K/V. ``corrupt`` (tests only, :data:`CORRUPTIONS`): ``"short"`` sends
+    one token less K/V than the header says, ``"unknown_kind"`` sends the whole handoff under
+    kind 9, ``"unknown_header"`` sends a lone header of kind 9 before the real handoff,
+    ``"int64"`` sends the K/V as int64."""
+    kv = h.kv.to(torch.int64) if corrupt == "int64" else h.kv
+    meta = pickle.dumps((replace(h, kv=torch.empty(0)), tuple(kv.shape), str(kv.dtype)))
+    kind = 9 if corrupt == "unknown_kind" else HANDOFF
+    if corrupt == "unknown_header":
+        dist.send(torch.tensor([9, 0, 0, 0]), dst=dst)
+    dist.send(torch.tensor([kind, len(meta), kv.numel(), kv.element_size()]), dst=dst)
     dist.send(torch.frombuffer(bytearray(meta), dtype=torch.uint8), dst=dst)
-    dist.send(h.kv.contiguous(), dst=dst)
+    dist.send((kv[:, :, :-1] if corrupt == "short" else kv).contiguous(), dst=dst)
+
+
+class Refused:
+    """A handoff the decode worker read but will not adopt (``handoff`` None when even its
+    metadata could not be read), and why."""
+
+    def __init__(self, reason: str, handoff: KVHandoff | None = None):
+        self.reason, self.handoff = reason, handoff
+
+
+def _recv_bytes(n: int, src: int) -> torch.Tensor:
+    buf = torch.empty(n, dtype=torch.uint8)
+    if n:
+        dist.recv(buf, src=src)
+    return buf
 
 
 def _recv_loop(src: int, inbox: queue.Queue) -> None:
-    """The decode rank's receiving thread: handoffs into ``inbox``, then ``DONE``, or the
-    exception that ended the link."""
+    """The decode rank's receiving thread: handoffs into ``inbox`` (or :class:`Refused` ones:
+    a K/V payload shorter than its header, a K/V dtype outside :data:`KV_DTYPES`, metadata that
+    does not describe its K/V; a message of unknown kind is read as its header declares and
+    skipped), then ``DONE``, or the exception that ended the link. Every receive posts a buffer
+    at least as large as the message the header declares (gloo aborts the process on a longer
+    one), and the K/V buffer is filled with NaN first: a shorter payload leaves NaN behind."""
     try:
         while True:
-            header = torch.zeros(4, dtype=torch.int64)
-            dist.recv(header, src=src)
-            if int(header[0]) == DONE:
+            raw = torch.zeros(HEADER_BUFFER_BYTES, dtype=torch.uint8)
+            dist.recv(raw, src=src)
+            kind, meta_bytes, kv_elems, kv_itemsize = raw[:32].view(torch.int64).tolist()
+            if kind == DONE:
                 inbox.put(DONE)
                 return
-            meta = torch.empty(int(header[1]), dtype=torch.uint8)
-            dist.recv(meta, src=src)
-            h, shape, dtype = pickle.loads(meta.numpy().tobytes())
-            kv = torch.empty(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
-            dist.recv(kv, src=src)
-            inbox.put(replace(h, kv=kv))
+            sizes_ok = (0 <= meta_bytes <= MAX_META_BYTES and 0 <= kv_elems
+                        and 0 <= kv_itemsize <= 16 and kv_elems * kv_itemsize <= MAX_KV_BYTES)
+            if not sizes_ok:
+                raise ConnectionError(f"a header declares {meta_bytes} metadata bytes and "
+                                      f"{kv_elems} K/V values of {kv_itemsize} bytes: out of "
+                                      f"range, so the link is out of step; nothing more is "
+                                      f"read from it")
+            meta = _recv_bytes(meta_bytes, src)
+            if kind != HANDOFF:
+                _recv_bytes(kv_elems * kv_itemsize, src)       # read as declared: in step
+                inbox.put(Refused(f"a message of unknown kind {kind} (expected {HANDOFF} or "
+                                  f"{DONE}) was skipped"))
+                continue
+            inbox.put(_recv_kv(meta, kv_elems, kv_itemsize, src))
     except Exception as err:  # noqa: BLE001 - the prefill rank is gone: reported, not raised
         inbox.put(err)
+
+
+def _recv_kv(meta: torch.Tensor, kv_elems: int, kv_itemsize: int, src: int):
+    """The K/V message of one handoff, checked against its metadata and header."""
+    try:
+        h, shape, dtype = pickle.loads(meta.numpy().tobytes())
+        if not isinstance(h, KVHandoff):
+            raise TypeError(f"the metadata holds a {type(h).__name__}, not a KVHandoff")
+    except Exception as err:  # noqa: BLE001 - unreadable metadata: this handoff is refused
+        _recv_bytes(kv_elems * kv_itemsize, src)
+        return Refused(f"a handoff's metadata cannot be read: {type(err).__name__}: {err}")
+    if dtype not in KV_DTYPES or math.prod(shape) != kv_elems \
+            or KV_DTYPES[dtype].itemsize != kv_itemsize:
+        _recv_bytes(kv_elems * kv_itemsize, src)
+        why = (f"its K/V dtype {dtype} is not one of {', '.join(KV_DTYPES)}"
+               if dtype not in KV_DTYPES else
+               f"its metadata describes K/V {tuple(shape)} {dtype}, its header {kv_elems} "
+               f"values of {kv_itemsize} bytes")
+        return Refused(f"handoff of request {h.request_id!r} refused: {why}", h)
+    kv = torch.full(shape, math.nan, dtype=KV_DTYPES[dtype])
+    if kv_elems:
+        dist.recv(kv, src=src)
+    missing = int(torch.isnan(kv).sum())
+    if missing:
+        return Refused(f"handoff of request {h.request_id!r} refused: its K/V payload was "
+                       f"shorter than its header ({missing} of {kv_elems} values never "
+                       f"arrived, or NaN)", h)
+    return replace(h, kv=kv)
 
 
 def measure_link(rank: int, sizes=LINK_SIZES) -> dict:
@@ -132,7 +212,10 @@ def _prefill(engine, cfg: WorkerConfig, requests, t0: float, out: mp.Queue) -> d
     while i < len(requests) or pw.has_work():
         while i < len(requests) and requests[i].arrival_s <= time.monotonic() - t0:
             r = requests[i]
-            pw.add_request(r.prompt, r.params, str(i), arrival_time=t0 + r.arrival_s)
+            try:
+                pw.add_request(r.prompt, r.params, str(i), arrival_time=t0 + r.arrival_s)
+            except ValueError as err:         # too long for the context, a bad parameter …
+                out.put(("output", _lost(str(i), r, t0, f"refused: {err}")))
             i += 1
         if not pw.has_work():
             time.sleep(max(0.0, min(0.05, t0 + requests[i].arrival_s - time.monotonic())))
@@ -142,7 +225,7 @@ def _prefill(engine, cfg: WorkerConfig, requests, t0: float, out: mp.Queue) -> d
             out.put(("output", o))
         for h in handoffs:
             t = time.monotonic()
-            _send_handoff(h, dst=1)
+            _send_handoff(h, dst=1, corrupt=dict(cfg.corrupt).get(h.request_id))
             transfers.append({"request_id": h.request_id, "bytes": h.nbytes,
                               "tokens": h.num_tokens, "seconds": time.monotonic() - t})
             if cfg.prefill_exit_after is not None and pw.num_handed_off >= \
@@ -169,13 +252,18 @@ def _decode(engine, cfg: WorkerConfig, out: mp.Queue) -> dict:
     dw = DecodeWorker(engine, cfg.max_import_retries, dict(cfg.fail_on))
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_recv_loop, args=(0, inbox), daemon=True).start()
-    ended, lost, delays = False, None, []
+    ended, lost, delays, refused = False, None, [], []
     while True:
         for item in _drain(inbox, block=not dw.has_work() and not ended):
-            if item == DONE:
+            if isinstance(item, int) and item == DONE:
                 ended = True
             elif isinstance(item, Exception):
                 ended, lost = True, f"{type(item).__name__}: {item}"
+            elif isinstance(item, Refused):
+                refused.append(item.reason)
+                if item.handoff is not None:
+                    out.put(("output", failed_output(item.handoff, item.reason,
+                                                     engine.clock())))
             else:
                 delays.append(time.monotonic() - item.token_times[0])
                 dw.receive(item)
@@ -185,7 +273,7 @@ def _decode(engine, cfg: WorkerConfig, out: mp.Queue) -> dict:
         elif ended and inbox.empty():
             break
     return {"link_lost": lost, "num_retries": dw.num_retries,
-            "handoff_delay_s": delays}
+            "handoff_delay_s": delays, "refused": refused}
 
 
 def _worker(rank: int, port: int, cfg: WorkerConfig, requests, out: mp.Queue) -> None:
@@ -246,19 +334,28 @@ def serve_disaggregated(requests: list[TimedRequest], *, model: str = "tiny",
                         engine_kwargs: dict | None = None, threads_per_worker: int = 1,
                         max_import_retries: int = 1, fail_on: dict | None = None,
                         prefill_exit_after: int | None = None,
-                        timeout_s: float = 120.0) -> dict:
+                        timeout_s: float = 120.0,
+                        corrupt_handoffs: dict | None = None) -> dict:
     """Serve ``requests`` (request ids ``"0"``, ``"1"``, ... in list order) on a prefill and a
     decode process. Returns ``{"outputs": [RequestOutput in order], "prefill": {...},
     "decode": {...}}`` — each worker's report (transfers, link MB/s, free / total blocks,
     retries) or ``{"died": reason}``. Every request has an output: one a dead worker held ends
-    with ``"error"`` and says so. ``fail_on`` / ``prefill_exit_after`` inject faults."""
+    with ``"error"`` and says so, as does one refused (too long for the context, a bad
+    parameter) or whose handoff the decode worker refused (``report["decode"]["refused"]``).
+    ``fail_on`` / ``prefill_exit_after`` / ``corrupt_handoffs`` ({request id: one of
+    :data:`CORRUPTIONS`}) inject faults."""
+    for rid, how in (corrupt_handoffs or {}).items():
+        if how not in CORRUPTIONS:
+            raise ValueError(f"corrupt_handoffs[{rid!r}] must be one of {CORRUPTIONS}, "
+                             f"got {how!r}")
     if not requests:
         raise ValueError("requests is empty; give at least one TimedRequest")
     if sorted(r.arrival_s for r in requests) != [r.arrival_s for r in requests]:
         raise ValueError("requests must be in arrival order (arrival_s non-decreasing)")
     cfg = WorkerConfig(model, tuple(sorted((engine_kwargs or {}).items())), threads_per_worker,
                        max_import_retries, tuple(sorted((fail_on or {}).items())),
-                       prefill_exit_after, timeout_s)
+                       prefill_exit_after, timeout_s,
+                       tuple(sorted((corrupt_handoffs or {}).items())))
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, cfg, list(requests), out), daemon=True)
@@ -277,6 +374,10 @@ def serve_disaggregated(requests: list[TimedRequest], *, model: str = "tiny",
         reports.setdefault(rank, {"died": f"no report within {timeout_s} s"})
     dead = [f"{('prefill', 'decode')[k]} worker died ({reports[k]['died']})"
             for k in (0, 1) if "died" in reports[k]]
+    if reports[1].get("link_lost"):
+        dead.append(f"the link to the decode worker was lost ({reports[1]['link_lost']})")
+    if reports[1].get("refused"):
+        dead.append("the decode worker refused: " + "; ".join(reports[1]["refused"]))
     final = [outputs.get(str(i)) or _lost(str(i), r, t0, "lost: " + "; ".join(
         dead or ["no output"])) for i, r in enumerate(requests)]
     return {"outputs": final, "prefill": reports[0], "decode": reports[1]}
