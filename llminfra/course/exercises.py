@@ -11,13 +11,27 @@ locked autograder cell worth one point (``grade_id`` ``"NN-name"``, the exercise
 Generating also writes that metadata into ``solutions/`` (outputs untouched). ``--check`` writes
 nothing and exits 1 when ``exercises/`` or the solutions' metadata differ from what would be
 generated (stale or missing), or ``exercises/`` holds a notebook with no solution twin.
+
+A learner works in ``exercises/``, so a notebook there may hold their work: answer cells filled
+in, outputs of their runs, cells of their own. That is never "stale" and never overwritten:
+
+* ``--check`` compares everything of the course's — the cells' order, types, sources and
+  nbgrader metadata — except what is the learner's (an answer cell's source, outputs,
+  execution counts, JupyterLab's cell and notebook metadata, cells the learner added); a
+  notebook whose course cells are up to date passes, whatever the answers;
+* where the course's cells did change (a ``git pull`` brought new prose or checkers), generating
+  writes the new notebook with the learner's answer cells carried over (by ``grade_id``) and
+  first copies the learner's file to ``exercises/backup/``; ``--check`` says so, and advises
+  nothing that deletes a learner's work.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -107,8 +121,119 @@ def _render(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+# ------------------------------------------------------- the learner's work in exercises/
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _is_answer(cell) -> bool:
+    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
+
+
+def _course_key(cell) -> tuple:
+    """What of a cell is the course's: its type, nbgrader metadata and source — an answer
+    cell's source is the learner's (only its ``grade_id`` counts)."""
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return (cell.cell_type, repr(sorted(meta.items())) if meta else "",
+            None if _is_answer(cell) else cell.source)
+
+
+def _align(current, wanted) -> tuple[list[int] | None, list[int]]:
+    """``(positions, extra)``: for each cell of ``wanted`` in order, the index of the cell of
+    ``current`` that holds it (None for all when one is missing: the course's cells differ);
+    ``extra``: the indices of ``current``'s other cells (the learner's own)."""
+    positions, j = [], 0
+    for cell in wanted.cells:
+        key = _course_key(cell)
+        while j < len(current.cells) and _course_key(current.cells[j]) != key:
+            j += 1
+        if j == len(current.cells):
+            return None, []
+        positions.append(j)
+        j += 1
+    extra = [k for k in range(len(current.cells)) if k not in set(positions)]
+    return positions, extra
+
+
+def learner_work(current, wanted) -> list[str]:
+    """What in the exercise notebook ``current`` is a learner's (empty: nothing; it is then
+    safe to overwrite): answer cells changed from the stub, outputs of a run, cells of their
+    own (more cells than ``wanted``, the notebook as generated)."""
+    stubs = {_grade_id(c): c.source for c in wanted.cells if _is_answer(c)}
+    work = []
+    answers = [_grade_id(c) for c in current.cells
+               if _is_answer(c) and c.source != stubs.get(_grade_id(c))]
+    if answers:
+        work.append(f"answers in {', '.join(answers)}")
+    if any(c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))
+           for c in current.cells):
+        work.append("outputs of a run")
+    # more cells than the course's version: the learner's own (an old version's cell that the
+    # course changed in place is not counted; one the course removed is, and kept: harmless)
+    own = len(current.cells) - len(wanted.cells)
+    if own > 0:
+        work.append(f"{own} cell(s) of your own")
+    return work
+
+
+def course_cells_match(current, wanted) -> bool:
+    """Are all of ``wanted``'s cells in ``current``, in order, as the course wrote them
+    (answer cells' sources, outputs, other metadata and the learner's own cells aside)?"""
+    positions, _ = _align(current, wanted)
+    return positions is not None
+
+
+def carry_answers(current, wanted) -> tuple[nbformat.NotebookNode, int]:
+    """``wanted`` with the learner's answer cells of ``current`` (by ``grade_id``) in place
+    of the stubs; returns it and how many answers were carried over."""
+    mine = {_grade_id(c): c.source for c in current.cells if _is_answer(c)}
+    out = nbformat.from_dict(wanted)
+    carried = 0
+    for cell in out.cells:
+        if _is_answer(cell) and _grade_id(cell) in mine and mine[_grade_id(cell)] != cell.source:
+            cell.source = mine[_grade_id(cell)]
+            carried += 1
+    return out, carried
+
+
+def _backup(target: Path) -> Path:
+    """Copy ``target`` to ``exercises/backup/<name>-<time>.ipynb`` before it is rewritten."""
+    folder = target.parent / "backup"
+    folder.mkdir(exist_ok=True)
+    copy = folder / f"{target.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+    shutil.copy2(target, copy)
+    return copy
+
+
+def _update(target: Path, current_text: str, wanted: nbformat.NotebookNode, text: str,
+            check: bool) -> list[str]:
+    """Compare (``check``) or write one exercise notebook, keeping a learner's work."""
+    try:
+        current = nbformat.reads(current_text, as_version=4)
+    except Exception:  # noqa: BLE001 - an unreadable file is replaced only after a backup
+        current = None
+    work = learner_work(current, wanted) if current is not None else ["an unreadable file"]
+    if not work:
+        if check:
+            return [f"{target} is stale"]
+        target.write_text(text)
+        return []
+    if current is not None and course_cells_match(current, wanted):
+        return []                       # the learner's work; the course's cells are current
+    if check:
+        return [f"{target} holds your work ({'; '.join(work)}) and the course's prose or "
+                f"checker cells in it differ from solutions/{target.name}"]
+    copy = _backup(target)
+    merged, carried = carry_answers(current, wanted) if current is not None else (wanted, 0)
+    target.write_text(_render(merged))
+    print(f"{target}: updated from solutions/, {carried} of your answer cells kept; your "
+          f"previous file is {copy}", file=sys.stderr)
+    return []
+
+
 def generate(solutions: Path, exercises: Path, check: bool = False) -> list[str]:
-    """Write (or with ``check``, compare) every exercise; return the problems found."""
+    """Write (or with ``check``, compare) every exercise; return the problems found. A
+    learner's work in ``exercises/`` is kept (module docstring)."""
     problems = []
     wanted = {}
     for path in sorted(solutions.glob("*.ipynb")):
@@ -120,14 +245,16 @@ def generate(solutions: Path, exercises: Path, check: bool = False) -> list[str]
                 problems.append(f"{path} lacks its nbgrader metadata")
             else:
                 path.write_text(annotated)
-        wanted[path.name] = _render(make_exercise(solution, chapter))
-    for name, text in wanted.items():
-        target = exercises / name
+        wanted[path.name] = make_exercise(solution, chapter)
+    for name, nb in wanted.items():
+        target, text = exercises / name, _render(nb)
         current = target.read_text() if target.exists() else None
         if current == text:
             continue
-        if check:
-            problems.append(f"{target} is {'missing' if current is None else 'stale'}")
+        if current is not None:
+            problems += _update(target, current, nb, text, check)
+        elif check:
+            problems.append(f"{target} is missing")
         else:
             exercises.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
@@ -147,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     for prob in problems:
         print(prob, file=sys.stderr)
     if args.check and problems:
-        print("run `python -m llminfra.course.exercises` to regenerate", file=sys.stderr)
+        print("run `python -m llminfra.course.exercises` to update exercises/ from solutions/: "
+              "it keeps your answer cells, and first copies each notebook of yours it changes "
+              "to exercises/backup/", file=sys.stderr)
     return 1 if problems else 0
 
 
