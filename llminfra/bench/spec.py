@@ -17,11 +17,17 @@ all configurations taking turns within a round (interleaved), so a neighbour's b
 machine does not decide a ratio. Every configuration's tokens must equal the baseline's
 (``tokens_equal_baseline``: greedy speculation is exact).
 
-Per configuration and workload: ``acceptance_rate`` (drafts kept / drafts proposed),
-``tokens_per_step`` (generated tokens / engine steps; the baseline's is 1), ``speedup`` (baseline
-time / its time), and the formulas beside them: ``predicted_tokens_per_step`` — the mean over
-verifications of (1 − α^{γ+1}) / (1 − α) at the measured α and the γ each used, with the steps
-that proposed nothing at 1 — and ``step_cost_ratio`` (its seconds per step / the baseline's),
+Per configuration and workload: ``acceptance_rate`` (drafts kept / drafts proposed: every draft
+after a step's first rejection counts as not kept), ``draft_misses`` (verifications that rejected
+a draft), ``kept_past_end`` (kept drafts after a request's end-of-text token, dropped) and
+``per_draft_acceptance`` α = kept / (kept + misses) — the chance that a draft the
+target actually judged is kept, the α of the formula and of the adaptive rule (under the
+formula's own model, independent drafts kept with probability α, kept / proposed is
+(α + … + α^γ) / γ, less than α) — ``tokens_per_step`` (generated tokens / engine steps; the
+baseline's is 1), ``speedup`` (baseline time / its time), and the formulas beside them:
+``predicted_tokens_per_step`` (:func:`predicted_tokens_per_step`: the mean over steps of
+(1 − α^{γ+1}) / (1 − α) at the per-draft α and the γ each used, with the steps that proposed
+nothing at 1) and ``step_cost_ratio`` (its seconds per step / the baseline's),
 from which the costs c₀ and c of 1 + c₀ + γ·c are fitted (``fitted_costs``). Targets: prompt lookup ≥ 1.5× on
 ``input_grounded``; the adaptive rule never below 0.9× on ``open_chat``. Chapter 05.
 """
@@ -86,31 +92,71 @@ def configs(model) -> dict[str, SpeculativeConfig | None]:
     return out
 
 
+def predicted_tokens_per_step(num_steps: int, verifications: int, draft_tokens: int,
+                              alpha: float) -> float:
+    """Tokens per engine step the formula predicts: the ``num_steps − verifications`` steps
+    that proposed nothing yield 1, each verification E(α, γ̄) = (1 − α^{γ̄+1}) / (1 − α) at
+    the per-draft acceptance ``alpha`` and the mean γ̄ = ``draft_tokens / verifications``
+    (linear between the two whole γ around it). Leviathan et al., 2023, arXiv:2211.17192,
+    eq. 1. Chapter 05 §9."""
+    if not verifications:
+        return 1.0
+    gamma = draft_tokens / verifications
+    g_lo = int(gamma)
+    e = (expected_tokens_per_step(alpha, g_lo) * (g_lo + 1 - gamma)
+         + expected_tokens_per_step(alpha, g_lo + 1) * (gamma - g_lo))
+    return (num_steps - verifications + verifications * e) / num_steps
+
+
+def per_draft_acceptance(kept: int, misses: int) -> float | None:
+    """α = kept / (kept + misses): each verification judges its drafts up to the first
+    rejection, so a draft is a trial only if every draft before it was kept; the drafts after
+    a miss were never judged. None when nothing was judged."""
+    return kept / (kept + misses) if kept + misses else None
+
+
 def serve(model, tokenizer, prompts, spec, max_tokens: int) -> dict:
-    """One run: every prompt alone through a fresh engine; time, tokens and counters."""
+    """One run: every prompt alone through a fresh engine; time, tokens and counters (the
+    verifications that rejected a draft counted here, around the engine's verify)."""
     engine = LLMEngine(model, tokenizer, max_num_seqs=1, speculative=spec)
+    misses = [0]
+    if engine.speculator is not None:
+        verify = engine.speculator.verify
+
+        def counted(seq, logits, drafts):
+            tokens = verify(seq, logits, drafts)
+            misses[0] += int(len(tokens) - 1 < len(drafts))
+            return tokens
+        engine.speculator.verify = counted
     params = SamplingParams(max_tokens=max_tokens)
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     seconds = time.perf_counter() - t0
     stats = engine.stats()
-    predicted = None
-    if spec is not None:                        # Σ over steps of E(α, γ_step), 1 when none
-        alpha = stats["spec_acceptance_rate"]
-        verif = stats["spec_verifications_total"]
-        gamma = stats["spec_draft_tokens_total"] / verif if verif else 0.0
-        g_lo = int(gamma)
-        e = (expected_tokens_per_step(alpha, g_lo) * (g_lo + 1 - gamma)
-             + expected_tokens_per_step(alpha, g_lo + 1) * (gamma - g_lo)) if verif else 1.0
-        plain_steps = stats["num_steps"] - verif
-        predicted = (plain_steps + verif * e) / stats["num_steps"]
-    return {"seconds": seconds, "tokens": [o.outputs[0].token_ids for o in outs],
-            "num_steps": stats["num_steps"],
-            "generation_tokens": stats["generation_tokens_total"],
-            "acceptance_rate": stats.get("spec_acceptance_rate"),
-            "draft_tokens": stats.get("spec_draft_tokens_total", 0),
-            "verifications": stats.get("spec_verifications_total", 0),
-            "predicted_tokens_per_step": predicted}
+    row = {"seconds": seconds, "tokens": [o.outputs[0].token_ids for o in outs],
+           "num_steps": stats["num_steps"],
+           "generation_tokens": stats["generation_tokens_total"],
+           "acceptance_rate": stats.get("spec_acceptance_rate"),
+           "draft_tokens": stats.get("spec_draft_tokens_total", 0),
+           "verifications": stats.get("spec_verifications_total", 0),
+           "per_draft_acceptance": None, "draft_misses": None, "kept_past_end": None,
+           "predicted_tokens_per_step": None}
+    if spec is not None:
+        row.update(with_misses(row, stats["spec_accepted_tokens_total"], misses[0]))
+    return row
+
+
+def with_misses(row: dict, kept: int, misses: int) -> dict:
+    """``draft_misses``, ``per_draft_acceptance`` and ``predicted_tokens_per_step`` of a
+    row with ``kept`` drafts kept and ``misses`` rejections, and ``kept_past_end``: tokens the
+    steps yielded (1 per step + the kept drafts) that the answers do not hold — a request
+    that stops on its end-of-text token inside a step drops the kept drafts after it."""
+    alpha = per_draft_acceptance(kept, misses)
+    return {"draft_misses": misses, "per_draft_acceptance": alpha,
+            "kept_past_end": kept + row["num_steps"] - row["generation_tokens"],
+            "predicted_tokens_per_step": predicted_tokens_per_step(
+                row["num_steps"], row["verifications"], row["draft_tokens"],
+                0.0 if alpha is None else alpha)}
 
 
 def run(quick: bool = False, models: tuple | None = None, n_prompts: int | None = None,
@@ -186,19 +232,53 @@ def targets(r: dict) -> dict:
                                              for rows in w.values() for row in rows.values())}
 
 
+def recount_misses(record: dict, models: tuple | None = None) -> dict:
+    """``record`` (a :func:`run` result without ``draft_misses``) with them added: every
+    speculative configuration served once more, untimed. Greedy decoding and the rules that
+    choose drafts depend on tokens only, never on time, so the run repeats the recorded one
+    step for step; a row whose counters (steps, tokens, drafts, verifications, kept) differ
+    raises instead. Timings and speed-ups stay as recorded."""
+    size = record["sizes"]
+    with torch_threads(1):
+        model, tok = models if models is not None else load_pretrained(record["model"])
+        loads = workloads(tok, size["n_prompts"])
+        cfgs = configs(model)
+        out = {**record, "workloads": {w: dict(rows) for w, rows in record["workloads"].items()}}
+        for wname, prompts in loads.items():
+            for cname, spec in cfgs.items():
+                if spec is None:
+                    continue
+                old = record["workloads"][wname][cname]
+                r = serve(model, tok, prompts, spec, size["max_tokens"])
+                for key in ("num_steps", "generation_tokens", "draft_tokens", "verifications",
+                            "acceptance_rate"):
+                    if r[key] != old[key]:
+                        raise RuntimeError(f"{wname}/{cname}: {key} {r[key]} in the recount, "
+                                           f"{old[key]} recorded: not the same run")
+                kept = round(old["acceptance_rate"] * old["draft_tokens"])
+                out["workloads"][wname][cname] = {**old, **with_misses(old, kept,
+                                                                       r["draft_misses"])}
+    out["misses_recounted"] = {"date": environment()["date"], "torch": torch.__version__,
+                               "cpu": cpu_name(), "counters_equal": True}
+    return out
+
+
 def format_table(result: dict) -> str:
-    """One line per workload and configuration."""
+    """One line per workload and configuration: kept / proposed, the per-draft α, tokens per
+    step and the formula's prediction from α, the step cost and the speed-up."""
     lines = [f"bench spec: {result['model']}, fp32 target, one thread, batch 1, "
              f"{result['cpu']}",
-             f"{'workload':<15} {'config':<19} {'accept':>6} {'tok/step':>8} {'pred':>6} "
-             f"{'cost':>6} {'speedup':>7} {'equal':>5}"]
+             f"{'workload':<15} {'config':<19} {'kept/prop':>9} {'alpha':>6} {'tok/step':>8} "
+             f"{'pred':>6} {'cost':>6} {'speedup':>7} {'equal':>5}"]
+
+    def g(x):
+        return '-' if x is None else f'{x:.3g}'
     for wname, rows in result["workloads"].items():
         for cname, row in rows.items():
-            acc = row["acceptance_rate"]
-            pred = row["predicted_tokens_per_step"]
-            lines.append(f"{wname:<15} {cname:<19} {'-' if acc is None else f'{acc:.3g}':>6} "
+            lines.append(f"{wname:<15} {cname:<19} {g(row['acceptance_rate']):>9} "
+                         f"{g(row.get('per_draft_acceptance')):>6} "
                          f"{row['tokens_per_step']:>8.3g} "
-                         f"{'-' if pred is None else f'{pred:.3g}':>6} "
+                         f"{g(row['predicted_tokens_per_step']):>6} "
                          f"{row['step_cost_ratio']:>6.3g} {row['speedup']:>7.3g} "
                          f"{str(row['tokens_equal_baseline']):>5}")
     for name, c in result.get("fitted_costs", {}).items():
