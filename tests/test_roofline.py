@@ -10,6 +10,7 @@ from llminfra.calc.roofline import (Roofline, arithmetic_intensity, catalog_tabl
                                     default_interconnect, device_roofline, layer_point,
                                     prefill_batch, prefill_time_s, step_breakdown, step_time_s,
                                     ttft_s)
+from llminfra.specs import get_model
 
 
 def test_decode_step_by_hand():
@@ -26,9 +27,15 @@ def test_decode_step_by_hand():
 
 def test_decode_functions_are_the_step_accounting():
     """decode_step_bytes / flops of (batch, context) are step_bytes / flops of `batch` pairs
-    (1, context): one function answers the question."""
+    (1, context): one function answers the question — chapter 01's count, the input embedding
+    whole, which the roofline uses too; step_bytes' default reads only the tokens' rows."""
     for model, batch, ctx in (("gpt2", 3, 7), ("mistral-7b", 2, 100), ("mixtral-8x7b", 1, 5)):
-        assert decode_step_bytes(model, batch, ctx) == step_bytes(model, [(1, ctx)] * batch)
+        whole = step_bytes(model, [(1, ctx)] * batch, whole_input_embedding=True)
+        assert decode_step_bytes(model, batch, ctx) == whole
+        assert step_breakdown(model, "h100", [(1, ctx)] * batch)["bytes"] == whole
+        spec = get_model(model)
+        assert whole - step_bytes(model, [(1, ctx)] * batch) == \
+            (0 if spec.tied_embeddings else (spec.vocab_size - batch) * spec.hidden_size * 2)
         assert decode_step_flops(model, batch, ctx) == step_flops(model, [(1, ctx)] * batch)
 
 

@@ -199,16 +199,23 @@ def test_quantized_kv_dtypes_and_scales():
 
 
 def test_decode_reads_only_the_routed_experts():
-    """Weights count every expert (capacity); one decode token reads 2 · active params in
-    bf16 (DeepSeek-V3: 75.1 GB of 1,342 GB); a long prefill reads them all; dense models
-    read all their weights whatever the batch."""
-    assert weight_bytes_read("deepseek-v3", "bf16", 1) == 2 * active_param_count("deepseek-v3")
-    assert weight_bytes_read("deepseek-v3", "bf16", 100_000) == mem.weight_bytes("deepseek-v3")
+    """Weights count every expert (capacity); one decode token reads 2 · its active params
+    without the input embedding, + the one embedding row it looks up, in bf16 (DeepSeek-V3:
+    73.3 GB of 1,342 GB); a long prefill reads them all; dense models read all their weights
+    but the embedding rows no token looked up."""
+    assert weight_bytes_read("deepseek-v3", "bf16", 1) == 2 * (
+        active_param_count("deepseek-v3", include_input_embedding=False) + 7168)
+    assert weight_bytes_read("deepseek-v3", "bf16", 1, whole_input_embedding=True) == \
+        2 * active_param_count("deepseek-v3")
+    assert weight_bytes_read("deepseek-v3", "bf16", 200_000) == mem.weight_bytes("deepseek-v3")
     reads = [weight_bytes_read("qwen3-30b-a3b", "fp8", t) for t in (1, 4, 16, 64)]
     assert reads == sorted(reads) and reads[-1] <= mem.weight_bytes("qwen3-30b-a3b", "fp8")
-    assert weight_bytes_read("llama-2-7b", "bf16", 1) == mem.weight_bytes("llama-2-7b")
+    assert weight_bytes_read("llama-2-7b", "bf16", 1) == \
+        mem.weight_bytes("llama-2-7b") - 31_999 * 4096 * 2
+    assert weight_bytes_read("llama-2-7b", "bf16", 32_000) == mem.weight_bytes("llama-2-7b")
+    assert weight_bytes_read("smollm2-135m", "bf16", 1) == mem.weight_bytes("smollm2-135m")
     assert decode_step_bytes("deepseek-v3", 1, 1024) == \
-        weight_bytes_read("deepseek-v3") + 1024 * 70_272
+        weight_bytes_read("deepseek-v3", whole_input_embedding=True) + 1024 * 70_272
 
 
 def test_latent_cache_is_whole_on_every_gpu():
@@ -229,7 +236,8 @@ def test_attention_table_and_memory_json(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["kv_bytes"] == 70_272 * 32768 and r["attention"] == "MLA"
     assert r["params"] == param_count("deepseek-v3") and r["total_bytes"] > r["weight_bytes"]
-    assert r["decode_weight_bytes_read"] == 2 * active_param_count("deepseek-v3")
+    assert r["decode_weight_bytes_read"] == \
+        2 * (active_param_count("deepseek-v3", include_input_embedding=False) + 7168)
     assert main(["memory", "--model", "mistral-7b", "--context", "32768", "--kv-dtype", "int4",
                  "--sliding-window", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

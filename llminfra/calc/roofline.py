@@ -121,7 +121,8 @@ def default_interconnect(device: str | GPUSpec, n_gpus: int = 2) -> Interconnect
 def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch, *,
                    dtype: str = "bf16", kv_dtype: str | None = None, tensor_parallel: int = 1,
                    overhead_s: float = 0.0, interconnect: str | Interconnect | None = None,
-                   latency_s: float = 0.0) -> dict:
+                   latency_s: float = 0.0,
+                   whole_input_embedding: bool = True) -> dict:
     """The roofline time of one step over ``batch`` (``(new_tokens, context_tokens)`` pairs),
     with its parts: ``flops``, ``bytes`` (whole model), ``compute_s`` = FLOPs / (n · peak),
     ``memory_s`` = bytes per rank / bandwidth, ``comm_s`` (0 for one rank), ``overhead_s``,
@@ -132,7 +133,11 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     H_kv (KV heads are split, and replicated when there are fewer heads than ranks, as vLLM
     does; a latent-attention cache is whole on every rank). The
     all-reduces run over ``interconnect`` (default :func:`default_interconnect`) with
-    ``latency_s`` per ring step.
+    ``latency_s`` per ring step. ``whole_input_embedding``: count the input-embedding table
+    whole (True, the default of every bound here: chapter 08's model, every weight read once
+    per step, which its exercise follows) or only the rows the step's tokens look up (False,
+    what a step does read, as :func:`llminfra.calc.step.step_bytes` counts by default: 1.9 %
+    fewer bytes for Llama-2-7B, 9 % for Qwen3-30B-A3B per decode token).
     """
     spec = get_model(model)
     roof = device_roofline(device, dtype)
@@ -142,8 +147,9 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     if kv_dtype is None:
         kv_dtype = _compute_dtype(dtype)
     flops = step_flops(spec, batch)
-    total = step_bytes(spec, batch, dtype, kv_dtype)
-    weights = weight_bytes_read(spec, dtype, sum(new for new, _ in batch))
+    total = step_bytes(spec, batch, dtype, kv_dtype, whole_input_embedding)
+    weights = weight_bytes_read(spec, dtype, sum(new for new, _ in batch),
+                                whole_input_embedding=whole_input_embedding)
     kv = total - weights  # read and written KV of every sequence
     per_rank = weights / n + kv * float(kv_share_per_rank(spec, n))
     compute_s = flops / (n * roof.peak_flops_per_s)
@@ -170,7 +176,8 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
 def step_time_s(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch, *,
                 dtype: str = "bf16", kv_dtype: str | None = None, tensor_parallel: int = 1,
                 overhead_s: float = 0.0, interconnect: str | Interconnect | None = None,
-                latency_s: float = 0.0) -> float:
+                latency_s: float = 0.0,
+                whole_input_embedding: bool = True) -> float:
     """Seconds of one step: ``max(FLOPs / peak, bytes / bandwidth) + overhead_s`` (+ the
     tensor-parallel all-reduces); see :func:`step_breakdown`.
 
@@ -179,7 +186,8 @@ def step_time_s(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch,
     """
     return step_breakdown(model, device, batch, dtype=dtype, kv_dtype=kv_dtype,
                           tensor_parallel=tensor_parallel, overhead_s=overhead_s,
-                          interconnect=interconnect, latency_s=latency_s)["time_s"]
+                          interconnect=interconnect, latency_s=latency_s,
+                          whole_input_embedding=whole_input_embedding)["time_s"]
 
 
 def decode_batch(batch: int = 1, context: int = 2048) -> list[tuple[int, int]]:
@@ -193,10 +201,13 @@ def prefill_batch(prompt_len: int, batch: int = 1) -> list[tuple[int, int]]:
 
 
 def arithmetic_intensity(model: str | ModelSpec, batch, dtype: str = "bf16",
-                         kv_dtype: str | None = None) -> float:
+                         kv_dtype: str | None = None, whole_input_embedding: bool = True) -> float:
     """FLOPs per byte of one step of the whole model over ``batch`` pairs:
-    ``step_flops / step_bytes``. Llama-2-7B bf16 decode at batch 1, context 1: exactly 1.0."""
-    return step_flops(model, batch) / step_bytes(model, batch, dtype, kv_dtype)
+    ``step_flops / step_bytes`` (``whole_input_embedding`` as in :func:`step_breakdown`).
+    Llama-2-7B bf16 decode at batch 1, context 1: exactly 1.0 (1.0198 with only the one
+    embedding row read)."""
+    return step_flops(model, batch) / step_bytes(model, batch, dtype, kv_dtype,
+                                                 whole_input_embedding)
 
 
 def layer_point(model: str | ModelSpec, batch, dtype: str = "bf16",

@@ -14,7 +14,7 @@ routed experts per layer, a long prefill reads them all.
 from __future__ import annotations
 
 from llminfra.calc.kv_layout import QUANTIZED_KV
-from llminfra.calc.memory import (_check_context, _compute_dtype, _dtype_key,
+from llminfra.calc.memory import (QUANTIZED, _check_context, _compute_dtype, _dtype_key,
                                   kv_bytes_per_token, weight_bytes)
 from llminfra.calc.params import active_param_count, expected_experts_touched, expert_param_count
 from llminfra.specs.formats import dtype_bytes
@@ -69,19 +69,33 @@ def step_flops(model: str | ModelSpec, batch) -> int:
 
 
 def weight_bytes_read(model: str | ModelSpec, dtype: str = "bf16", tokens: int = 1,
-                      group_size: int | None = 128) -> int:
-    """Weight bytes one step over ``tokens`` new tokens reads: :func:`weight_bytes` for a dense
-    model; for mixture-of-experts everything but the routed experts no token picked:
-    ``weight_bytes - L_moe · (E - E_touched) · expert_bytes`` with ``E_touched`` from
-    :func:`llminfra.calc.params.expected_experts_touched` (uniform routing; rounded to whole
-    bytes) and ``expert_bytes`` one expert's weights in ``dtype`` (+ one 2-byte scale per
-    ``group_size`` weights when quantized).
+                      group_size: int | None = 128, whole_input_embedding: bool = False) -> int:
+    """Weight bytes one step over ``tokens`` new tokens reads: :func:`weight_bytes`, less
 
-    DeepSeek-V3 in bf16, one token: 2 · (671,026,419,200 - 58 · 248 · 44,040,192) =
-    75,104,594,944 bytes of 1,342,052,838,400 stored (5.6 %). Taught in chapter 11.
+    * the input-embedding rows no token looks up: a token reads one row of the ``V × h``
+      table, so ``(V - min(V, tokens)) · h`` elements are not read (an untied model only: a
+      tied table is the output layer too, read whole by its matrix product; kept in
+      ``dtype``, or bf16 beside quantized blocks, as :func:`weight_bytes` stores it).
+      ``whole_input_embedding=True`` counts the table whole — chapter 01's simple model,
+      "every weight once per step", which its exercise and :func:`decode_step_bytes` keep;
+    * for mixture-of-experts, the routed experts no token picked:
+      ``L_moe · (E - E_touched) · expert_bytes`` with ``E_touched`` from
+      :func:`llminfra.calc.params.expected_experts_touched` (uniform routing; rounded to
+      whole bytes) and ``expert_bytes`` one expert's weights in ``dtype`` (+ one 2-byte scale
+      per ``group_size`` weights when quantized).
+
+    DeepSeek-V3 in bf16, one token: 2 · (671,026,419,200 - 58 · 248 · 44,040,192
+    - 129,279 · 7,168) = 73,251,251,200 bytes of 1,342,052,838,400 stored (5.5 %).
+    Llama-2-7B in bf16, one token: 13,476,831,232 - 2 · 31,999 · 4,096 = 13,214,695,424.
+    Taught in chapters 08 and 11.
     """
     spec = get_model(model)
+    tokens = positive_int("tokens", tokens)
     stored = weight_bytes(spec, dtype, group_size)
+    if not (whole_input_embedding or spec.tied_embeddings):
+        row_bytes = spec.hidden_size * (dtype_bytes("bf16") if _dtype_key(dtype) in QUANTIZED
+                                        else dtype_bytes(dtype))
+        stored -= int((spec.vocab_size - min(spec.vocab_size, tokens)) * row_bytes)
     if not spec.num_moe_layers:
         return stored
     n = expert_param_count(spec)
@@ -93,7 +107,7 @@ def weight_bytes_read(model: str | ModelSpec, dtype: str = "bf16", tokens: int =
 
 
 def step_bytes(model: str | ModelSpec, batch, dtype: str = "bf16",
-               kv_dtype: str | None = None) -> int:
+               kv_dtype: str | None = None, whole_input_embedding: bool = False) -> int:
     """Bytes moved to and from GPU memory by one forward step over ``batch`` (pairs of
     ``(new_tokens, context_tokens)``, as in :func:`step_flops`):
 
@@ -105,11 +119,13 @@ def step_bytes(model: str | ModelSpec, batch, dtype: str = "bf16",
     values are counted once: a fused kernel uses them from on-chip memory (FlashAttention
     prefill re-reads them per query tile, which only adds to a step that is compute-bound).
     Activations are not counted (one layer's at a time, small beside the weights in decode).
-    ``kv_dtype`` defaults to the compute dtype (``bf16`` for quantized weights). The embedding
-    table is counted whole although only the new tokens' rows are read (2% of Llama-2-7B).
+    ``kv_dtype`` defaults to the compute dtype (``bf16`` for quantized weights). Of an untied
+    input-embedding table only the new tokens' rows are read (the rest is 1.9 % of
+    Llama-2-7B's bytes, 2.5 % of DeepSeek-V3's per decode token);
+    ``whole_input_embedding=True`` counts it whole (chapter 01's model).
 
-    Llama-2-7B, bf16, one decode step at context 1: 13,476,831,232 + 524,288 bytes.
-    Taught in chapters 01 (decode) and 08 (roofline).
+    Llama-2-7B, bf16, one decode step at context 1: 13,214,695,424 + 524,288 bytes
+    (13,476,831,232 + 524,288 with the whole table). Taught in chapters 08 (roofline) and 11.
     """
     spec = get_model(model)
     if kv_dtype is None:
@@ -117,7 +133,8 @@ def step_bytes(model: str | ModelSpec, batch, dtype: str = "bf16",
     kv = kv_bytes_per_token(spec, kv_dtype)
     pairs = _step_pairs(spec, batch)
     tokens = sum(n for n, _ in pairs)
-    return weight_bytes_read(spec, dtype, tokens) + sum(kv * c for _, c in pairs)
+    return (weight_bytes_read(spec, dtype, tokens, whole_input_embedding=whole_input_embedding)
+            + sum(kv * c for _, c in pairs))
 
 
 def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 2048,
@@ -125,13 +142,16 @@ def decode_step_bytes(model: str | ModelSpec, batch: int = 1, context: int = 204
     """Bytes of one decode step of ``batch`` sequences at ``context`` tokens:
     :func:`step_bytes` of ``batch`` pairs ``(1, context)`` — the weights once (for
     mixture-of-experts only the experts the ``batch`` tokens reach) plus each sequence's KV
-    cache, ``weight_bytes_read(dtype, batch) + batch · context · kv_bytes_per_token``.
+    cache, ``weight_bytes_read(dtype, batch) + batch · context · kv_bytes_per_token``, with
+    the input-embedding table counted whole: chapter 01's model, every weight once per step
+    (its exercise checks against this function). A step reads only the tokens' rows of it:
+    :func:`step_bytes`, which the roofline uses, counts so (1.9 % fewer bytes for Llama-2-7B).
 
     Llama-2-7B, bf16, batch 1, context 1: 13,476,831,232 + 524,288 bytes.
-    Taught in chapter 01 (why decode is memory-bound) and chapter 08 (roofline).
+    Taught in chapter 01 (why decode is memory-bound).
     """
     batch = positive_int("batch", batch)
-    return step_bytes(model, [(1, context)] * batch, dtype, kv_dtype)
+    return step_bytes(model, [(1, context)] * batch, dtype, kv_dtype, whole_input_embedding=True)
 
 
 def decode_step_flops(model: str | ModelSpec, batch: int = 1, context: int = 2048) -> int:

@@ -67,16 +67,16 @@ def summary_lines(d: dict) -> list[str]:
     verdict = "FITS" if d["fits"] else "DOES NOT FIT"
     return [
         f"{d['model']} in {d['dtype']} on {d['num_gpus']} x {d['gpu']} [{d['gpu_confidence']}], "
-        f"context {d['context']}, {d['concurrency']} sequences at once",
+        f"context {d['context']}, {d['concurrency']} sequence{'s' if d['concurrency'] != 1 else ''} at once",
         f"memory: {d['gpu_memory_bytes'] / 2**30:.4g} GiB, "
         f"weights {d['weight_bytes'] / 1e9:.4g} GB,"
         f" KV budget {d['kv_budget_bytes'] / 1e9:.4g} GB = room for {d['max_sequences']} sequences",
-        f"decode bound: {d['tpot_ms']:.3g} ms per step ({d['decode']['bound']}-bound), "
-        f"{d['tokens_per_s']:.4g} tokens/s in all",
-        f"TTFT estimate (idle server, {d['context']}-token prompt): {d['ttft_ms']:.3g} ms "
+        f"decode bound: {format_number(d['tpot_ms'], 3)} ms per step ({d['decode']['bound']}-bound), "
+        f"{format_number(d['tokens_per_s'])} tokens/s in all",
+        f"TTFT estimate (idle server, {d['context']}-token prompt): {format_number(d['ttft_ms'], 3)} ms "
         f"({d['prefill']['bound']}-bound)",
         f"cost at {d['gpu_hour_price_usd']:g} USD per GPU hour, fully busy: "
-        f"{d['usd_per_million_tokens']:.3g} USD per million generated tokens",
+        f"{format_number(d['usd_per_million_tokens'], 3)} USD per million generated tokens",
         f"{verdict}",
     ]
 
