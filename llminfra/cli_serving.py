@@ -4,6 +4,8 @@ imports neither torch nor the engine: both load when the command runs."""
 
 from __future__ import annotations
 
+import argparse
+
 from llminfra.cli_numbers import integer, json_path, json_text, number, number_list
 
 #: bounds for ``serve``: far beyond a CPU course server (vLLM's default is 256 sequences), so a
@@ -31,6 +33,7 @@ def serve(args) -> int:
                num_threads=args.threads, engine_process=not args.engine_in_thread,
                speculative=args.speculative,
                num_speculative_tokens=args.num_speculative_tokens, matmul=args.matmul,
+               runner=args.runner, cuda_graphs=args.cuda_graphs,
                limit_concurrency=args.max_connections,
                timeout_keep_alive_s=args.keep_alive_timeout,
                **{k: v for k, v in (("max_body_bytes", args.max_body_bytes),
@@ -108,6 +111,13 @@ def add_serving_parsers(sub) -> None:
                         "prepacked once for oneDNN, as vLLM's CPU backend runs them (about 2x "
                         "the tokens/s on a CPU, float32 rounding apart); auto (default): "
                         "onednn for a real model where PyTorch has it, plain for the tiny one")
+    s.add_argument("--runner", default="auto", choices=("auto", "readable", "fast"),
+                   help="readable: the model as chapter 01 writes it, layer by layer; fast: "
+                        "the same weights fused (25 torch calls a layer, CUDA graphs for "
+                        "decode on a GPU); auto (default): fast wherever it takes the model")
+    s.add_argument("--cuda-graphs", default=None, action=argparse.BooleanOptionalAction,
+                   help="replay decode steps from CUDA graphs (fast runner; default: on "
+                        "where the model is on CUDA)")
     s.add_argument("--log-level", default="info", choices=UVICORN_LOG_LEVELS,
                    help="uvicorn log level")
     s.add_argument("--engine-in-thread", action="store_true",

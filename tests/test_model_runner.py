@@ -160,3 +160,42 @@ def test_runner_choices_are_checked(small):
                     torch.device("cpu"))
     assert graph_buckets(1) == [1] and graph_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
     assert isinstance(LLMEngine(model, tok, runner="fast").runner, FastRunner)
+
+
+def test_decode_step_through_the_triton_kernel_under_the_interpreter():
+    """The CUDA attention of ``decode_step`` (the Triton paged kernel, read in place) gives
+    the gather + SDPA logits, run by Triton's interpreter on the CPU in a fresh process."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+    code = """
+import torch
+from llminfra.engine import LLMEngine, SamplingParams
+from llminfra.model import ByteTokenizer, ModelConfig, Transformer
+from llminfra.model.fast_step import decode_step, layer_pools
+config = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                     max_seq_len=128)
+model = Transformer(config, torch.Generator().manual_seed(2)).eval()
+engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=3, block_size=8)
+for p in ([1, 2, 3], list(range(5, 30)), [7] * 12):
+    engine.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True))
+for _ in range(3):
+    engine.step()
+cache, w = engine.cache, engine.runner.weights
+seqs = [s.cache_seq for s in engine.scheduler.running]
+slots = cache.reserve_slots(seqs, [1] * len(seqs))
+pos = torch.tensor([cache.seq_len(s) - 1 for s in seqs])
+width = max(len(cache.block_table(s)) for s in seqs)
+tables = torch.tensor([cache.block_table(s) + [cache.scratch_block] * (width - len(cache.block_table(s)))
+                       for s in seqs])
+args = (w, layer_pools(cache), torch.tensor([9, 8, 7]), pos, torch.tensor(slots), tables)
+with torch.no_grad():
+    want = decode_step(*args, triton_kernel=False)
+    got = decode_step(*args, triton_kernel=True)
+torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+print("ok", float((got - want).abs().max()))
+"""
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

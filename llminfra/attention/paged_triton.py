@@ -101,11 +101,24 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     bt = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
     ctx = context_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    out = torch.empty_like(q)
+    return paged_decode_launch(q, k_cache, v_cache, bt, ctx, scale)
+
+
+def paged_decode_launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, context_lens: torch.Tensor,
+                        scale: float | None = None) -> torch.Tensor:
+    """The kernel launch of :func:`paged_attention_triton` without its checks and copies: no
+    host synchronisation, so a CUDA graph can capture it (the engine's fast runner calls it
+    with inputs it built itself). q ``(N, H, d)`` with unit stride in d; K and V pools with the
+    same strides, unit stride in d; ``block_tables`` ``(N, W)`` and ``context_lens`` ``(N,)``
+    int32. Returns ``(N, H, d)``."""
+    N, H, d = q.shape
+    B, H_kv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty((N, H, d), dtype=q.dtype, device=q.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     _paged_decode_kernel[(N, H)](
-        q, k_cache, v_cache, out, bt, ctx, scale, H // H_kv,
+        q, k_cache, v_cache, out, block_tables, context_lens, scale, H // H_kv,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        bt.stride(0), out.stride(0), out.stride(1),
+        block_tables.stride(0), out.stride(0), out.stride(1),
         d, BLOCK_SIZE=B, BLOCK_D=triton.next_power_of_2(d))
     return out

@@ -11,6 +11,8 @@ dynamic, continuous): throughput in output tokens/s and TTFT percentiles. Then:
   in this run (bytes read + written per second of a large copy, as STREAM's "Copy" counts
   them, McCalpin 1995 — the memory system's sustained rate); ``decode_floor_read_s`` the same
   at the read-only bandwidth of a large sum, which a copy understates;
+* ``runners``: per preset, decode tokens/s at batch 1 and 16 and torch calls per decode step
+  of the readable and the fast model runner (:mod:`llminfra.engine.model_runner`);
 * ``chunked_prefill``: TTFT p50 of the short requests of a long/short mix, chunking on and off;
 * ``simulator_calibration``: the simulator's overhead term fitted to the continuous run's steps
   (roofline of this CPU from the measured copy bandwidth and matmul rate) and its residual;
@@ -38,6 +40,7 @@ from types import MappingProxyType
 
 import torch
 
+from llminfra.bench.roofline import count_torch_calls
 from llminfra.bench.serving_http import run_http_vs_engine
 from llminfra.bench.timing import best_time_s, environment, torch_threads
 from llminfra.calc.measured import parameter_bytes
@@ -52,6 +55,9 @@ POLICIES = ("static", "dynamic", "continuous")
 BATCHES = (1, 4, 16, 64)
 #: runs of each policy (interleaved); each policy keeps its best (``--quick``: one)
 POLICY_REPEATS = 3
+#: the model runners compared (:mod:`llminfra.engine.model_runner`), at these batches
+RUNNERS = ("readable", "fast")
+RUNNER_BATCHES = (1, 16)
 #: Poisson arrival rate of the policy comparison: fast enough that every request has arrived
 #: long before the server drains the queue (a saturated server, where throughput measures the
 #: policy, not the arrival rate), spread enough that dynamic batching's window matters
@@ -129,10 +135,12 @@ def compare_policies(model, tok, work, prompts, repeats: int = 1) -> dict:
     return {"summary": out, "step_log": logs["continuous"], "runs": runs}
 
 
-def decode_rate(model, batch: int, steps: int, prompt_len: int = 16) -> float:
-    """Tokens/s of decode-only steps with ``batch`` sequences (median step time)."""
+def decode_rate(model, batch: int, steps: int, prompt_len: int = 16,
+                runner: str = "readable") -> float:
+    """Tokens/s of decode-only steps with ``batch`` sequences (median step time) on the
+    engine's ``runner``."""
     engine = LLMEngine(model, ByteTokenizer(), max_num_seqs=batch,
-                       max_num_batched_tokens=max(512, batch * prompt_len))
+                       max_num_batched_tokens=max(512, batch * prompt_len), runner=runner)
     engine.step_log = []
     for j in range(batch):
         engine.add_request([(7 * j + t) % 256 for t in range(prompt_len)],
@@ -142,6 +150,36 @@ def decode_rate(model, batch: int, steps: int, prompt_len: int = 16) -> float:
     times = sorted(s for b, s in engine.step_log
                    if len(b) == batch and all(n == 1 for n, _ in b))
     return batch / times[len(times) // 2]
+
+
+def decode_calls(model, batch: int, runner: str, prompt_len: int = 16) -> int:
+    """Torch calls of one decode step of ``batch`` sequences on the engine's ``runner``
+    (:func:`llminfra.bench.roofline.count_torch_calls`; on a GPU each is a kernel launch or
+    more, chapter 08)."""
+    engine = LLMEngine(model, ByteTokenizer(), max_num_seqs=batch,
+                       max_num_batched_tokens=max(512, batch * prompt_len), runner=runner)
+    for j in range(batch):
+        engine.add_request([(7 * j + t) % 256 for t in range(prompt_len)],
+                           SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.step()                                               # the prompts
+    return count_torch_calls(engine.step)
+
+
+def compare_runners(models: dict, steps: int) -> dict:
+    """Decode tokens/s at batch 1 and 16 and torch calls per decode step, readable vs fast
+    runner (:mod:`llminfra.engine.model_runner`), per preset; the runs interleaved."""
+    out = {}
+    for name, m in models.items():
+        row = {r: {"tokens_per_s": {}, "calls_per_step": {}} for r in RUNNERS}
+        for b in RUNNER_BATCHES:
+            for r in RUNNERS:
+                row[r]["tokens_per_s"][str(b)] = decode_rate(m, b, steps, runner=r)
+                row[r]["calls_per_step"][str(b)] = decode_calls(m, b, r)
+        row["fast_over_readable"] = {str(b): row["fast"]["tokens_per_s"][str(b)]
+                                     / row["readable"]["tokens_per_s"][str(b)]
+                                     for b in RUNNER_BATCHES}
+        out[name] = row
+    return out
 
 
 def chunked_prefill_ttft(model, tok, longs: int, shorts: int) -> dict:
@@ -228,6 +266,7 @@ def _run(quick: bool) -> dict:
         "tpot_p50_s": {p: s[p]["tpot_s"]["p50"] for p in POLICIES},
         "decode_tokens_per_s": decode, "decode_floor_s": floor,
         "decode_floor_read_s": floor_read,
+        "runners": compare_runners(models, steps),
         "chunked_prefill": chunked_prefill_ttft(model, tok, *((2, 6) if quick else (4, 12))),
         "simulator_calibration": calibrate(pol["step_log"], work, model.config, bw, flops,
                                            s["continuous"]),
@@ -264,6 +303,12 @@ def format_table(result: dict) -> str:
     for name, rates in result["decode_tokens_per_s"].items():
         lines.append(f"{name:<12}" + "".join(f"{rates[str(b)]:>10.4g}" for b in BATCHES)
                      + f"{result['decode_floor_s'][name]:>10.3g}")
+    for name, row in result.get("runners", {}).items():
+        lines.append(f"{name} runners: " + "; ".join(
+            f"b={b} readable {row['readable']['tokens_per_s'][b]:.4g} tok/s "
+            f"({row['readable']['calls_per_step'][b]} calls), fast "
+            f"{row['fast']['tokens_per_s'][b]:.4g} tok/s ({row['fast']['calls_per_step'][b]} "
+            f"calls), {row['fast_over_readable'][b]:.3g}x" for b in map(str, RUNNER_BATCHES)))
     c, cal = result["chunked_prefill"], result["simulator_calibration"]
     lines.append(f"TTFT p50 behind long prompts: short {c['short_ttft_p50_s_on']:.4g} s chunked"
                  f" vs {c['short_ttft_p50_s_off']:.4g} s whole; long "

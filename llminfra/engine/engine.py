@@ -41,7 +41,6 @@ from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, pa
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.engine.spec_decode import SpeculativeConfig, Speculator
-from llminfra.engine.structured import request_grammar
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
@@ -189,12 +188,20 @@ class LLMEngine:
         for j in range(params.n):
             req.seqs.append(Sequence(next(self._seq_ids), req, j, list(ids), params.max_tokens,
                                      generator=self._generator(params, j),
-                                     grammar=request_grammar(params, self.tokenizer, V,
-                                                             self.stop_token_ids)))
+                                     grammar=self._grammar(params)))
         self.scheduler.add(req.seqs[0])
         req.forks_pending = req.seqs[1:]          # forked once sequence 0 has read the prompt
         self.requests[rid] = req
         return rid
+
+    def _grammar(self, params: SamplingParams):
+        """The JSON matcher of a request with a ``json_schema`` (:mod:`.structured`), else
+        None. Imported here: the engine itself runs without llguidance (a bare GPU machine)."""
+        if params.json_schema is None:
+            return None
+        from llminfra.engine.structured import request_grammar
+        return request_grammar(params, self.tokenizer, self.model.config.vocab_size,
+                               self.stop_token_ids)
 
     def _generator(self, params: SamplingParams, j: int) -> torch.Generator | None:
         if params.greedy:

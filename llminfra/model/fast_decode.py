@@ -28,12 +28,14 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from llminfra.model.transformer import Transformer, rope_inv_freq
+from llminfra.model.fused import FusedWeights
+from llminfra.model.transformer import Transformer
 from llminfra.validate import non_negative_int
 
 
 def _plain_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``x -> x · weightᵀ`` (``F.linear``), the weight as it is."""
+    """``x -> x · weightᵀ`` (``F.linear``), the weight as it is (a ``linear`` for tests and
+    references: a dequantized copy applied in float)."""
     return partial(F.linear, weight=weight)
 
 
@@ -64,34 +66,14 @@ class FastDecoder:
         self.max_len = c.max_seq_len if max_len is None else int(max_len)
         if not 1 <= self.max_len <= c.max_seq_len:
             raise ValueError(f"max_len must be in [1, {c.max_seq_len}], got {max_len!r}")
-        p = next(model.parameters())
-        dtype, device = p.dtype, p.device
-        lin = _plain_linear if linear is None else linear
-        with torch.no_grad():
-            self.layers = []
-            for block in model.layers:
-                a, f = block.attention, block.feed_forward
-                bias = (torch.cat([a.wq.bias, a.wk.bias, a.wv.bias])
-                        if a.wq.bias is not None else None)
-                self.layers.append((
-                    block.attention_norm.weight.detach(),
-                    lin(torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]).contiguous()), bias,
-                    lin(a.wo.weight.detach()), block.ffn_norm.weight.detach(),
-                    lin(torch.cat([f.w1.weight, f.w3.weight]).contiguous()),
-                    lin(f.w2.weight.detach())))
-        self.embedding = model.tok_embeddings.weight.detach()
-        self.norm = model.norm.weight.detach()
-        self.output = lin(model.output.weight.detach())
+        #: the fused weights (shared with the engine's fast runner: :mod:`llminfra.model.fused`)
+        self.weights = w = FusedWeights(model, linear)
+        self.embedding, self.output, self.norm = w.embedding, w.output, w.norm
         # a kernel that forms RMSNorm(x)·g and silu(gate)·up itself (llminfra.quant.w4a8)
-        _, wqkv, _, _, _, w13, w2 = self.layers[0]
-        self.fused = all(hasattr(f, "fused") for f in (wqkv, w13, w2, self.output))
-        d = c.head_dim
-        self.split = (c.n_heads * d, c.n_kv_heads * d, c.n_kv_heads * d)
-        self.dtype, self._cache = dtype, None              # its own cache: made on first use
-        inv_freq = rope_inv_freq(d, c.rope_theta, c.rope_scaling, device)
-        angles = torch.outer(torch.arange(self.max_len, device=device, dtype=torch.float32),
-                             inv_freq)  # (max_len, d/2)
-        self.rotation = torch.polar(torch.ones_like(angles), angles)  # cos + i·sin
+        self.fused = w.fused_kernels
+        self.split = w.split
+        self.dtype, self._cache = w.dtype, None              # its own cache: made on first use
+        self.rotation = w.rotation[:self.max_len]            # cos + i·sin, (max_len, d/2)
 
     def _rotate(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """x ``(1, T, heads, d)`` -> rotated, each pair (x_2i, x_2i+1) times e^{i·m·θ_i}."""
@@ -136,43 +118,33 @@ class FastDecoder:
 
         def normed(f, x, gain):                       # f(RMSNorm(x) · gain)
             if fused:
-                return f.fused(x, norm=gain, eps=c.norm_eps)
+                y = f.fused(x, norm=gain, eps=c.norm_eps)
+                return y if f.bias is None else y + f.bias
             return f(F.rms_norm(x, (dim,), gain, c.norm_eps))
 
         x = F.embedding(tokens, self.embedding)[None]  # (1, T, dim)
-        for i, (attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2) in enumerate(self.layers):
-            qkv = normed(wqkv, x, attn_norm)
-            q, k, v = (qkv if bqkv is None else qkv + bqkv).split(self.split, dim=-1)
+        for i, layer in enumerate(self.weights.layers):
+            q, k, v = normed(layer.wqkv, x, layer.attn_norm).split(self.split, dim=-1)
             q = self._rotate(q.view(1, T, c.n_heads, d), rot).transpose(1, 2)  # (1, H, T, d)
             k = self._rotate(k.view(1, T, c.n_kv_heads, d), rot).transpose(1, 2)
             kc[i, :, :, pos:end] = k
             vc[i, :, :, pos:end] = v.view(1, T, c.n_kv_heads, d).transpose(1, 2)
             out = F.scaled_dot_product_attention(q, kc[i, :, :, :end], vc[i, :, :, :end],
                                                  attn_mask=mask, enable_gqa=True)
-            x = x + wo(out.transpose(1, 2).reshape(1, T, nq))
-            gate_up = normed(w13, x, ffn_norm)
+            x = x + layer.wo(out.transpose(1, 2).reshape(1, T, nq))
+            gate_up = normed(layer.w13, x, layer.ffn_norm)
             if fused:
-                x = x + w2.fused(gate_up, gated=True)
+                x = x + layer.w2.fused(gate_up, gated=True)
             else:
                 gate, up = gate_up.chunk(2, -1)
-                x = x + w2(F.silu(gate) * up)
+                x = x + layer.w2(F.silu(gate) * up)
         return normed(self.output, x[0, -1:], self.norm)[0]
 
     def weight_bytes_read(self) -> int:
         """Bytes of weights one decode step reads: every matrix once, as the decoder holds it
         (``f.nbytes`` where a ``linear`` says), and the norms; the embedding's one row is left
-        out."""
-        def nbytes(f) -> int:
-            if hasattr(f, "nbytes"):
-                return int(f.nbytes)
-            w = f.keywords["weight"]
-            return w.numel() * w.element_size()
-        total = nbytes(self.output) + self.norm.numel() * self.norm.element_size()
-        for attn_norm, wqkv, bqkv, wo, ffn_norm, w13, w2 in self.layers:
-            total += sum(nbytes(f) for f in (wqkv, wo, w13, w2))
-            total += sum(t.numel() * t.element_size() for t in (attn_norm, ffn_norm, bqkv)
-                         if t is not None)
-        return total
+        out (:meth:`FusedWeights.weight_bytes_read`)."""
+        return self.weights.weight_bytes_read()
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """The ``max_new_tokens`` greedy tokens after ``prompt_ids`` (prompt not included)."""

@@ -54,18 +54,29 @@ class PrefillInputs:
     block_tables: torch.Tensor
 
 
-#: one layer's pool, two views of the same memory: ``(2·(num_blocks+1)·B, H_kv, d)`` token
-#: rows (written) and ``(2·(num_blocks+1), B, H_kv, d)`` blocks (gathered)
-Pool = tuple[torch.Tensor, torch.Tensor]
+#: one layer's pool, views of the same memory: ``(2·(num_blocks+1)·B, H_kv, d)`` token rows
+#: (written), ``(2·(num_blocks+1), B, H_kv, d)`` blocks (gathered), and its K and V halves
+#: ``(num_blocks+1, B, H_kv, d)`` (read in place by the Triton decode kernel on CUDA)
+Pool = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def layer_pools(cache) -> list[Pool]:
-    """The two views of every layer's pool of a :class:`~llminfra.kvcache.PagedKVCache`."""
+    """The views of every layer's pool of a :class:`~llminfra.kvcache.PagedKVCache`."""
     pools = []
     for layer in range(cache.n_layers):
         blocks = cache.layer_blocks(layer)
-        pools.append((blocks.flatten(0, 1), blocks))
+        half = blocks.shape[0] // 2
+        pools.append((blocks.flatten(0, 1), blocks, blocks[:half], blocks[half:]))
     return pools
+
+
+def _triton_decode():
+    """The Triton paged decode launcher where triton imports (else None)."""
+    try:
+        from llminfra.attention.paged_triton import paged_decode_launch, triton
+    except ImportError:          # pragma: no cover - an attention module that fails to import
+        return None
+    return paged_decode_launch if triton is not None else None
 
 
 def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Pool,
@@ -76,7 +87,7 @@ def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Po
     h = F.rms_norm(x, (c.dim,), layer.attn_norm, c.norm_eps)
     r = w.rotate(layer.wqkv(h), rot, N)                            # (N, H + 2·H_kv, d)
     pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of each token
-    x = layer.wo.add(attend(r[:, :H], pool[1]), x)
+    x = layer.wo.add(attend(r[:, :H], pool), x)
     h = F.rms_norm(x, (c.dim,), layer.ffn_norm, c.norm_eps)
     gate, up = layer.w13(h).chunk(2, dim=-1)
     return layer.w2.add(F.silu(gate) * up, x)
@@ -101,12 +112,12 @@ def _gather(pool: torch.Tensor, rows: torch.Tensor, n: int, c):
     return kv.unbind(0)
 
 
-def decode_attention(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor,
+def decode_attention(q: torch.Tensor, pool: Pool, rows: torch.Tensor,
                      mask: torch.Tensor, n: int, c) -> torch.Tensor:
     """One query per sequence: q ``(n, H, d)``, ``rows`` ``(2·n·W,)`` (:func:`kv_rows`),
     ``mask`` ``(n, 1, 1, W·B)``, ``c`` the model's config -> ``(n, H·d)``. The G = H / H_kv
     query heads of a group ride as G query rows of their K/V head (no repeated K/V)."""
-    K, V = _gather(pool, rows, n, c)                             # (n, H_kv, S, d)
+    K, V = _gather(pool[1], rows, n, c)                          # (n, H_kv, S, d)
     out = F.scaled_dot_product_attention(q.view(n, c.n_kv_heads, -1, c.head_dim), K, V,
                                          attn_mask=mask)
     return out.reshape(n, c.n_heads * c.head_dim)
@@ -119,9 +130,12 @@ def _page_pool(w: FusedWeights, pools: list[Pool]) -> tuple[int, int]:
 
 def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
                 positions: torch.Tensor, slots: torch.Tensor,
-                block_tables: torch.Tensor) -> torch.Tensor:
+                block_tables: torch.Tensor, triton_kernel: bool | None = None) -> torch.Tensor:
     """Logits ``(n, V)`` of one token per sequence (see the module docstring); each token's
-    K/V is written to its slot first. ``pools``: :func:`layer_pools` of the cache."""
+    K/V is written to its slot first. ``pools``: :func:`layer_pools` of the cache. Attention
+    is the gather + SDPA above, or on CUDA (``triton_kernel=None``: where the weights are on
+    CUDA; True forces it, as the tests do under ``TRITON_INTERPRET=1``) the Triton paged
+    kernel, which reads each sequence's blocks in place up to its length (1 call a layer)."""
     num_blocks, B = _page_pool(w, pools)
     n, W, c = len(tokens), block_tables.size(1), w.config
     rot = w.head_rotation(positions)
@@ -130,9 +144,18 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     keys = torch.arange(W * B, device=w.device)
     mask = (keys <= positions[:, None]).view(n, 1, 1, -1)      # query at p sees keys 0 .. p
     x = F.embedding(tokens, w.embedding)                      # (n, dim)
+    on_cuda = w.device.type == "cuda" if triton_kernel is None else triton_kernel
+    kernel = _triton_decode() if on_cuda and not B & (B - 1) else None
+    if kernel is not None:   # CUDA: read each sequence's blocks in place, up to its length
+        tables, lens = block_tables.to(torch.int32), (positions + 1).to(torch.int32)
+
+        def attend(q, p):
+            return kernel(q, p[2], p[3], tables, lens).view(n, c.n_heads * c.head_dim)
+    else:
+        def attend(q, p):
+            return decode_attention(q, p, blocks, mask, n, c)
     for i, pool in enumerate(pools):
-        x = _layer(w, i, x, rot, pool, rows, n,
-                   lambda q, p: decode_attention(q, p, blocks, mask, n, c))
+        x = _layer(w, i, x, rot, pool, rows, n, attend)
     return w.output(F.rms_norm(x, (c.dim,), w.norm, c.norm_eps))
 
 
@@ -141,7 +164,7 @@ def _prefill_attention(q: torch.Tensor, pool: torch.Tensor, pre: PrefillInputs,
     """The multi-token sequences' queries ``(N_p, H, d)`` -> ``(N_p, H·d)``, one SDPA call."""
     n, T = pre.block_tables.shape[0], pre.T
     H, d = c.n_heads, c.head_dim
-    K, V = _gather(pool, rows, n, c)                                  # (n, H_kv, S, d)
+    K, V = _gather(pool[1], rows, n, c)                               # (n, H_kv, S, d)
     qp = q.index_select(0, pre.pad_rows).view(n, T, H, d).transpose(1, 2)   # (n, H, T, d)
     out = F.scaled_dot_product_attention(qp, K, V, attn_mask=mask, enable_gqa=True)
     return out.transpose(1, 2).reshape(n * T, H * d).index_select(0, pre.unpad_rows)

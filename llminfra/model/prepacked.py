@@ -88,11 +88,17 @@ class PrepackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self._packed = pack_weight(linear.weight, batch_hint)   # not a buffer: never saved
+        _require(linear.weight)
+        self.batch_hint = batch_hint
+        # packed on the first call (not a buffer: never saved); a model whose steps run on the
+        # fused weights of the engine's fast runner never calls it, and never pays its memory
+        self._packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or self.weight.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)
+        if self._packed is None:
+            self._packed = pack_weight(self.weight, self.batch_hint)
         return packed_linear(x, self._packed, self.bias)
 
     def extra_repr(self) -> str:
