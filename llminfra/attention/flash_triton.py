@@ -32,13 +32,40 @@ _LOG2_E = 1.4426950408889634
 
 if triton is not None:
     @triton.jit
+    def _flash_block(start, q, m_i, l_i, acc, K, V, b, hk, skb, skh, skt, skd,
+                     svb, svh, svt, svd, rows, cols0, dims, S, D, offset, qk_scale,
+                     CAUSAL: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr):
+        """One key block of the online softmax (keys start .. start + BLOCK_N - 1)."""
+        cols = start + cols0
+        kT = tl.load(K + b * skb + hk * skh + cols[None, :] * skt + dims[:, None] * skd,
+                     mask=(cols[None, :] < S) & (dims[:, None] < D), other=0.0)
+        if DOT_FP32:
+            kT = kT.to(tl.float32)
+        s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        keep = cols[None, :] < S
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offset + rows[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key seen yet
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + b * svb + hk * svh + cols[:, None] * svt + dims[None, :] * svd,
+                    mask=(cols[:, None] < S) & (dims[None, :] < D), other=0.0)
+        if DOT_FP32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _flash_fwd_kernel(Q, K, V, O, qk_scale,
                           sqb, sqh, sqt, sqd, skb, skh, skt, skd,
                           svb, svh, svt, svd, sob, soh, sot, sod,
                           H, G, T, S, D, offset,
                           CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                          DOT_FP32: tl.constexpr):
+                          DOT_FP32: tl.constexpr, WHILE_LOOP: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = pid_bh // H
@@ -57,37 +84,35 @@ if triton is not None:
         hi = S
         if CAUSAL:  # keys after the block's last query are never seen: stop there
             hi = tl.minimum(S, tl.maximum(offset + (pid_m + 1) * BLOCK_M, 0))
-        for start in range(0, hi, BLOCK_N):
-            cols = start + cols0
-            kT = tl.load(K + b * skb + hk * skh + cols[None, :] * skt + dims[:, None] * skd,
-                         mask=(cols[None, :] < S) & (dims[:, None] < D), other=0.0)
-            if DOT_FP32:
-                kT = kT.to(tl.float32)
-            s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
-            keep = cols[None, :] < S
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offset + rows[:, None])
-            s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key seen yet
-            p = tl.exp2(s - m_use[:, None])
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + b * svb + hk * svh + cols[:, None] * svt + dims[None, :] * svd,
-                        mask=(cols[:, None] < S) & (dims[None, :] < D), other=0.0)
-            if DOT_FP32:
-                v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+        if WHILE_LOOP:   # the interpreter (Triton 3.6 cannot take a tensor bound in range)
+            start = 0
+            while start < hi:
+                m_i, l_i, acc = _flash_block(start, q, m_i, l_i, acc, K, V, b, hk, skb, skh,
+                                             skt, skd, svb, svh, svt, svd, rows, cols0, dims,
+                                             S, D, offset, qk_scale, CAUSAL, PRECISION,
+                                             DOT_FP32)
+                start += BLOCK_N
+        else:            # compiled: a for loop, which Triton software-pipelines (num_stages)
+            for start in range(0, hi, BLOCK_N):
+                m_i, l_i, acc = _flash_block(start, q, m_i, l_i, acc, K, V, b, hk, skb, skh,
+                                             skt, skd, svb, svh, svt, svd, rows, cols0, dims,
+                                             S, D, offset, qk_scale, CAUSAL, PRECISION,
+                                             DOT_FP32)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that saw no key: zeros
         tl.store(O + b * sob + h * soh + rows[:, None] * sot + dims[None, :] * sod,
                  out.to(O.dtype.element_ty), mask=(rows[:, None] < T) & (dims[None, :] < D))
 
 
+def _interpreting() -> bool:
+    """True when triton was imported under its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return triton is not None and type(_flash_fwd_kernel).__name__ == "InterpretedFunction"
+
+
 def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           causal: bool = False, *, block_m: int = 64, block_n: int = 64,
-                           softmax_scale: float | None = None, num_warps: int | None = None,
-                           num_stages: int = 2) -> torch.Tensor:
+                           causal: bool = False, *, block_m: int | None = None,
+                           block_n: int | None = None, softmax_scale: float | None = None,
+                           num_warps: int | None = None,
+                           num_stages: int | None = None) -> torch.Tensor:
     """FlashAttention forward in Triton; same contract as :func:`flash_attention`.
 
     Dao et al. 2022 (arXiv:2205.14135, Algorithm 1) with FlashAttention-2's loop order (Dao 2023,
@@ -95,7 +120,8 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     past its query block. Shapes: q ``(B, H, T, d)``, k and v ``(B, H_kv, S, d)`` with
     ``H_kv | H``; returns ``(B, H, T, d)`` in q's dtype (accumulation in float32). Any T, S and d
     (d is padded to a power of two ≥ 16 inside the kernel). ``block_m`` and ``block_n`` must be
-    powers of two ≥ 16.
+    powers of two ≥ 16; left None on CUDA, the tile (with ``num_warps`` and ``num_stages``) is
+    autotuned once per device, d, causal and dtype (:mod:`.flash_tuning`); on the CPU 64 × 64.
 
     ``causal``: the T queries are the LAST T of the S positions (decoding with a KV cache), query
     i sees keys ``j <= S - T + i``; key blocks past a query block's last query are not loaded.
@@ -110,6 +136,15 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           "(pip install 'llminfra[gpu]'); use flash_attention on CPU")
     B, H, H_kv, T, S, d = check_qkv(q, k, v, dtypes=TRITON_DTYPES)
     causal = check_attention_call("flash_attention_triton", causal, q, k, v)
+    if block_m is None and block_n is None and q.is_cuda:
+        from llminfra.attention.flash_tuning import tuned_tiles
+        tile = tuned_tiles(q, causal, lambda t: flash_attention_triton(
+            q, k, v, causal, block_m=t[0], block_n=t[1], softmax_scale=softmax_scale,
+            num_warps=t[2], num_stages=t[3]))
+        block_m, block_n = tile[0], tile[1]
+        num_warps, num_stages = num_warps or tile[2], num_stages or tile[3]
+    block_m, block_n = block_m or 64, block_n or 64
+    num_stages = num_stages or 2
     for name, bs in (("block_m", block_m), ("block_n", block_n)):
         if check_block(name, bs) < 16 or bs & (bs - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {bs}")
@@ -126,7 +161,8 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             q, k, v, o, qk_scale, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             H, H // H_kv, T, S, d, S - T,
             CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-            PRECISION=precision, DOT_FP32=dot_fp32, num_warps=num_warps or (4 if block_d <= 64 else 8),
+            PRECISION=precision, DOT_FP32=dot_fp32, WHILE_LOOP=_interpreting(),
+            num_warps=num_warps or (4 if block_d <= 64 else 8),
             num_stages=num_stages)
     except (ValueError, RuntimeError) as e:
         if q.device.type == "cpu":

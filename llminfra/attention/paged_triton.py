@@ -32,9 +32,29 @@ except ImportError:  # pragma: no cover - triton is optional (the `gpu` extra)
 
 if triton is not None:
     @triton.jit
+    def _paged_block(j, q, m_i, l_i, acc, K, V, BT, n, ctx, scale, kv_h, s_kb, s_kt, s_kh,
+                     s_btn, offs_t, offs_d, d_mask, BLOCK_SIZE: tl.constexpr):
+        """One block of the online softmax: block j of sequence n's table."""
+        block = tl.load(BT + n * s_btn + j)                      # physical block id
+        t_mask = (j * BLOCK_SIZE + offs_t) < ctx
+        off = block * s_kb + offs_t[:, None] * s_kt + kv_h * s_kh + offs_d[None, :]
+        mask = t_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + off, mask=mask, other=0.0).to(tl.float32)   # (B, d)
+        v = tl.load(V + off, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sum(k * q[None, :], axis=1) * scale                   # (B,)
+        s = tl.where(t_mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _paged_decode_kernel(Q, K, V, O, BT, CTX, scale, group,
                              s_qn, s_qh, s_kb, s_kt, s_kh, s_btn, s_on, s_oh,
-                             HEAD_DIM, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+                             HEAD_DIM, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+                             WHILE_LOOP: tl.constexpr):
         n = tl.program_id(0)
         h = tl.program_id(1)
         kv_h = h // group                                        # grouped-query attention
@@ -46,21 +66,19 @@ if triton is not None:
         m_i = tl.max(tl.full([BLOCK_SIZE], float("-inf"), tl.float32), axis=0)
         l_i = tl.sum(tl.zeros([BLOCK_SIZE], tl.float32), axis=0)
         acc = tl.zeros([BLOCK_D], tl.float32)
-        for j in range(0, tl.cdiv(ctx, BLOCK_SIZE)):
-            block = tl.load(BT + n * s_btn + j)                  # physical block id
-            t_mask = (j * BLOCK_SIZE + offs_t) < ctx
-            off = block * s_kb + offs_t[:, None] * s_kt + kv_h * s_kh + offs_d[None, :]
-            mask = t_mask[:, None] & d_mask[None, :]
-            k = tl.load(K + off, mask=mask, other=0.0).to(tl.float32)   # (B, d)
-            v = tl.load(V + off, mask=mask, other=0.0).to(tl.float32)
-            s = tl.sum(k * q[None, :], axis=1) * scale               # (B,)
-            s = tl.where(t_mask, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            p = tl.exp(s - m_new)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-            m_i = m_new
+        n_blocks = tl.cdiv(ctx, BLOCK_SIZE)
+        if WHILE_LOOP:   # the interpreter (Triton 3.6 cannot take a tensor bound in range)
+            j = 0
+            while j < n_blocks:
+                m_i, l_i, acc = _paged_block(j, q, m_i, l_i, acc, K, V, BT, n, ctx, scale,
+                                             kv_h, s_kb, s_kt, s_kh, s_btn, offs_t, offs_d,
+                                             d_mask, BLOCK_SIZE)
+                j += 1
+        else:
+            for j in range(0, n_blocks):
+                m_i, l_i, acc = _paged_block(j, q, m_i, l_i, acc, K, V, BT, n, ctx, scale,
+                                             kv_h, s_kb, s_kt, s_kh, s_btn, offs_t, offs_d,
+                                             d_mask, BLOCK_SIZE)
         out = acc / l_i
         tl.store(O + n * s_on + h * s_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
 
@@ -120,5 +138,5 @@ def paged_decode_launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q, k_cache, v_cache, out, block_tables, context_lens, scale, H // H_kv,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        d, BLOCK_SIZE=B, BLOCK_D=triton.next_power_of_2(d))
+        d, BLOCK_SIZE=B, BLOCK_D=triton.next_power_of_2(d), WHILE_LOOP=_interpreting())
     return out

@@ -31,6 +31,8 @@ SUITES: dict[str, str] = {
     "disagg": "llminfra.bench.disagg",
     "router": "llminfra.bench.router",
     "distributed": "llminfra.bench.distributed",
+    "engine": "llminfra.bench.engine",
+    "memory": "llminfra.bench.memory",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 import traceback
 
 import torch
@@ -23,18 +24,21 @@ class NoGPUError(RuntimeError):
     """Raised by ``bench gpu`` when there is no CUDA device to run on."""
 
 
+#: the suites with a CUDA part (``run_gpu``), in the order ``bench gpu`` runs them; each must
+#: import on a bare GPU machine (torch, Triton, numpy, pandas, matplotlib, transformers and none
+#: of the course-only packages: tests/test_bench_gpu_imports.py checks)
+GPU_SUITES = ("attention", "kvcache", "parallel", "roofline", "memory", "engine")
+
+
 def gpu_suites() -> dict:
-    """Suite name -> its ``run_gpu`` function, for every built suite that has one."""
+    """Suite name -> its ``run_gpu``, or the exception that stopped it from importing (a suite
+    that cannot import is a failure of ``bench gpu``, never left out)."""
     found = {}
-    for name, module in SUITES.items():
-        if name == "gpu":
-            continue
+    for name in GPU_SUITES:
         try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError:
-            continue
-        if hasattr(mod, "run_gpu"):
-            found[name] = mod.run_gpu
+            found[name] = importlib.import_module(SUITES[name]).run_gpu
+        except Exception as err:  # noqa: BLE001 - reported in the result, not dropped
+            found[name] = err
     return found
 
 
@@ -46,8 +50,14 @@ def run(quick: bool = False) -> dict:
     result = {"environment": environment(), "suites": {}, "failed": []}
     for name, fn in gpu_suites().items():
         log.info("bench gpu: %s", name)
+        if isinstance(fn, Exception):
+            result["failed"].append(name)
+            result["suites"][name] = {"error": f"import failed: {type(fn).__name__}: {fn}"}
+            continue
+        start = time.perf_counter()
         try:
             result["suites"][name] = fn()
+            result["suites"][name]["wall_s"] = time.perf_counter() - start
         except Exception:  # one broken suite must not hide the others' numbers
             result["failed"].append(name)
             result["suites"][name] = {"error": traceback.format_exc()}
