@@ -421,29 +421,46 @@ def test_request_values_are_checked_at_the_boundary(server, body, param):
 # ------------------------------------------------------------------- §1 /health
 def test_health_is_503_while_the_engine_is_wedged(server, client):
     """A step that does not end (the gate holds it): 503 once it has lasted the stall
-    timeout, 200 again when it ends; the held request then finishes."""
+    timeout, and the request held in it fails then with a 503 saying why (issue 43: it used to
+    wait as long as the client did); a new one is refused while the engine is stalled; 200 again
+    when the step ends, and requests are served."""
     assert health(server) == 200
     Path(f"{server.gate}.entered").unlink(missing_ok=True)
     server.gate.touch()
     try:
         with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
                            max_retries=0, timeout=60) as c:
-            done = []
-            t = threading.Thread(target=lambda: done.append(c.completions.create(
-                model=MODEL, prompt="a", max_tokens=3, temperature=0)))
+            done, t0 = [], time.monotonic()
+
+            def held():
+                try:
+                    done.append(c.completions.create(model=MODEL, prompt="a", max_tokens=3,
+                                                     temperature=0))
+                except openai.APIStatusError as e:
+                    done.append(e)
+            t = threading.Thread(target=held)
             t.start()
             try:
                 wait_until(lambda: Path(f"{server.gate}.entered").exists(), "in a step")
                 wait_until(lambda: health(server) == 503, "503", timeout_s=STALL_S + 20)
                 body = httpx.get(f"{server.base_url}/health", timeout=10).json()
                 assert "no progress" in body["error"]["message"]
+                t.join(STALL_S + 20)
+                assert not t.is_alive(), "the held request was not failed"
+                assert time.monotonic() - t0 < STALL_S + 20
+                refused = httpx.post(f"{server.base_url}/v1/completions", timeout=30, json={
+                    "model": MODEL, "prompt": "a", "max_tokens": 1})
+                assert refused.status_code == 503 and "no progress" in refused.text
             finally:
                 server.gate.unlink()
                 t.join(60)
     finally:
         server.gate.unlink(missing_ok=True)
-    assert done and done[0].usage.completion_tokens == 3
+    assert done and isinstance(done[0], openai.APIStatusError), done
+    assert done[0].status_code == 503 and "no progress" in str(done[0])
     wait_until(lambda: health(server) == 200, "200 again")
+    again = client.completions.create(model=MODEL, prompt="a", max_tokens=3, temperature=0)
+    assert again.usage.completion_tokens == 3
 
 
 @pytest.mark.slow
@@ -455,10 +472,16 @@ def test_health_is_503_while_the_engine_process_is_stopped(server):
     pid = server.loop._proc.pid
     os.kill(pid, signal.SIGSTOP)
     try:
+        t0 = time.monotonic()
+        r = httpx.post(f"{server.base_url}/v1/completions", timeout=STALL_S + 30, json={
+            "model": MODEL, "prompt": "a", "max_tokens": 50, "ignore_eos": True})
+        assert r.status_code == 503 and "no progress" in r.text      # failed, not left hanging
+        assert time.monotonic() - t0 < STALL_S + 10
         wait_until(lambda: health(server) == 503, "503", timeout_s=STALL_S + 20)
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_until(lambda: health(server) == 200, "200 again")
+    assert not server.loop._streams and not server.loop._pending
 
 
 # --------------------------------------------------- §2 a non-streaming client leaves

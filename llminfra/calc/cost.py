@@ -53,6 +53,24 @@ def _check(name: str, value, *, positive: bool = False, allow_zero: bool = True)
     return x
 
 
+def _check_count(name: str, value) -> float:
+    """A whole number >= 1 (GPUs come whole: ``n_gpus = 0.5`` is refused), as a float."""
+    x = _check(name, value, positive=True)
+    if x < 1 or not x.is_integer():
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return x
+
+
+def _result(what: str, x: float, **inputs) -> float:
+    """``x`` if finite; else ``ValueError``: finite inputs whose result overflows (1e308
+    requests a day, 5e-324 tokens/s) are beyond any deployment, and ``inf`` is no answer."""
+    if not math.isfinite(x):
+        given = ", ".join(f"{k}={v!r}" for k, v in inputs.items())
+        raise ValueError(f"{what} overflows: it passes the largest float (about 1.8e308) for "
+                         f"{given}; the inputs are out of range")
+    return x
+
+
 def _check_utilization(value) -> float:
     u = _check("utilization", value)
     if not 0 < u <= 1:
@@ -98,6 +116,11 @@ def api_monthly_cost(requests_per_day, input_tokens, output_tokens, input_price_
     tin, tout = n * d * i, n * d * o
     cin, cout = tin * p_in / 1e6, tout * p_out / 1e6
     per_request = (i * p_in + o * p_out) / 1e6
+    given = dict(requests_per_day=requests_per_day, input_tokens=input_tokens,
+                 output_tokens=output_tokens, days=days)
+    for what, x in (("monthly_input_tokens", tin), ("monthly_output_tokens", tout),
+                    ("monthly_cost", cin + cout), ("cost_per_request", per_request)):
+        _result(what, x, **given)
     return APICost(n, d, tin, tout, cin, cout, cin + cout, per_request)
 
 
@@ -113,7 +136,8 @@ def blended_price_per_million(input_tokens, output_tokens, input_price_per_milli
         raise ValueError("input_tokens + output_tokens must be > 0, got 0")
     p_in = _check("input_price_per_million", input_price_per_million)
     p_out = _check("output_price_per_million", output_price_per_million)
-    return (i * p_in + o * p_out) / (i + o)
+    return _result("the blended price", (i * p_in + o * p_out) / (i + o),
+                   input_tokens=input_tokens, output_tokens=output_tokens)
 
 
 def selfhost_cost_per_million_tokens(gpu_hour_price_usd, tokens_per_s, utilization=1.0,
@@ -131,8 +155,10 @@ def selfhost_cost_per_million_tokens(gpu_hour_price_usd, tokens_per_s, utilizati
     p = _check("gpu_hour_price_usd", gpu_hour_price_usd)
     t = _check("tokens_per_s", tokens_per_s, positive=True)
     u = _check_utilization(utilization)
-    n = _check("n_gpus", n_gpus, positive=True)
-    return n * p / (t * u * 3600) * 1e6
+    n = _check_count("n_gpus", n_gpus)
+    return _result("cost_per_million_tokens", n * p / (t * u * 3600) * 1e6,
+                   gpu_hour_price_usd=gpu_hour_price_usd, tokens_per_s=tokens_per_s,
+                   utilization=utilization, n_gpus=n_gpus)
 
 
 def selfhost_monthly_tokens(tokens_per_s, utilization=1.0, days=DAYS_PER_MONTH) -> float:
@@ -143,7 +169,8 @@ def selfhost_monthly_tokens(tokens_per_s, utilization=1.0, days=DAYS_PER_MONTH) 
     t = _check("tokens_per_s", tokens_per_s, positive=True)
     u = _check_utilization(utilization)
     d = _check("days", days, positive=True)
-    return t * u * 3600 * HOURS_PER_DAY * d
+    return _result("the monthly tokens", t * u * 3600 * HOURS_PER_DAY * d,
+                   tokens_per_s=tokens_per_s, days=days)
 
 
 def gpu_rental_monthly_cost(gpu_hour_price_usd, n_gpus=1, days=DAYS_PER_MONTH) -> float:
@@ -152,9 +179,10 @@ def gpu_rental_monthly_cost(gpu_hour_price_usd, n_gpus=1, days=DAYS_PER_MONTH) -
     One GPU at 2 USD/h for 30 days: 2 · 720 = 1,440 USD.
     """
     p = _check("gpu_hour_price_usd", gpu_hour_price_usd)
-    n = _check("n_gpus", n_gpus, positive=True)
+    n = _check_count("n_gpus", n_gpus)
     d = _check("days", days, positive=True)
-    return n * p * HOURS_PER_DAY * d
+    return _result("the monthly rental", n * p * HOURS_PER_DAY * d,
+                   gpu_hour_price_usd=gpu_hour_price_usd, n_gpus=n_gpus, days=days)
 
 
 def break_even_tokens_per_month(monthly_fixed_cost_usd, api_price_per_million) -> float:
@@ -165,7 +193,9 @@ def break_even_tokens_per_month(monthly_fixed_cost_usd, api_price_per_million) -
     """
     f = _check("monthly_fixed_cost_usd", monthly_fixed_cost_usd)
     p = _check("api_price_per_million", api_price_per_million, positive=True)
-    return f / p * 1e6
+    return _result("the break-even volume", f / p * 1e6,
+                   monthly_fixed_cost_usd=monthly_fixed_cost_usd,
+                   api_price_per_million=api_price_per_million)
 
 
 def gpu_board_power_w(gpu) -> float:
@@ -196,7 +226,8 @@ def power_monthly_cost(power_w, pue, usd_per_kwh, days=DAYS_PER_MONTH) -> float:
         raise ValueError(f"pue must be >= 1 (facility power / IT power), got {pue!r}")
     c = _check("usd_per_kwh", usd_per_kwh)
     d = _check("days", days, positive=True)
-    return p * e * HOURS_PER_DAY * d * c / 1000
+    return _result("the monthly power cost", p * e * HOURS_PER_DAY * d * c / 1000,
+                   power_w=power_w, pue=pue, usd_per_kwh=usd_per_kwh, days=days)
 
 
 @dataclass(frozen=True)
@@ -230,12 +261,14 @@ def own_server_monthly_cost(purchase_usd, amortization_months, power_w, pue, usd
     """
     buy = _check("purchase_usd", purchase_usd)
     months = _check("amortization_months", amortization_months, positive=True)
-    n = _check("n_gpus", n_gpus, positive=True)
+    n = _check_count("n_gpus", n_gpus)
     ops = _check("operations_monthly_usd", operations_monthly_usd)
     d = _check("days", days, positive=True)
     amort = buy / months
     power = power_monthly_cost(power_w, pue, usd_per_kwh, d)
-    total = amort + power + ops
+    total = _result("the monthly cost", amort + power + ops, purchase_usd=purchase_usd,
+                    amortization_months=amortization_months,
+                    operations_monthly_usd=operations_monthly_usd)
     return OwnServerCost(amort, power, ops, total, total / (n * HOURS_PER_DAY * d))
 
 
@@ -250,4 +283,8 @@ def months_to_pay_back(purchase_usd, rental_monthly_usd, own_running_monthly_usd
     rent = _check("rental_monthly_usd", rental_monthly_usd)
     run = _check("own_running_monthly_usd", own_running_monthly_usd)
     saving = rent - run
-    return math.inf if saving <= 0 else buy / saving
+    if saving <= 0:
+        return math.inf                  # documented: renting is never dearer
+    return _result("the pay-back time", buy / saving, purchase_usd=purchase_usd,
+                   rental_monthly_usd=rental_monthly_usd,
+                   own_running_monthly_usd=own_running_monthly_usd)

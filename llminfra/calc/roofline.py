@@ -23,6 +23,7 @@ and the serving simulator's step time are :func:`step_time_s`. Taught in chapter
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -34,7 +35,7 @@ from llminfra.calc.step import step_bytes, step_flops, weight_bytes_read
 from llminfra.specs.formats import dtype_bytes
 from llminfra.specs.gpus import GPUSpec, get_gpu
 from llminfra.specs.models import ModelSpec, get_model
-from llminfra.validate import positive_int
+from llminfra.validate import non_negative_finite, positive_finite, positive_int
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,9 @@ class Roofline:
     source: str = ""
 
     def __post_init__(self):
-        if not (self.peak_flops_per_s > 0 and self.bytes_per_s > 0):
-            raise ValueError(f"Roofline {self.name!r}: peak_flops_per_s and bytes_per_s must be "
-                             f"> 0, got {self.peak_flops_per_s!r}, {self.bytes_per_s!r}")
+        for field in ("peak_flops_per_s", "bytes_per_s"):   # finite: an infinite peak makes
+            positive_finite(field, getattr(self, field),     # every step free
+                            where=f"Roofline {self.name!r}: ")
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -142,8 +143,8 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     spec = get_model(model)
     roof = device_roofline(device, dtype)
     n = positive_int("tensor_parallel", tensor_parallel)
-    if not overhead_s >= 0:
-        raise ValueError(f"overhead_s must be >= 0, got {overhead_s!r}")
+    non_negative_finite("overhead_s", overhead_s)
+    non_negative_finite("latency_s", latency_s)
     if kv_dtype is None:
         kv_dtype = _compute_dtype(dtype)
     flops = step_flops(spec, batch)
@@ -166,10 +167,15 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
         per_allreduce = tokens * spec.hidden_size * dtype_bytes(_compute_dtype(dtype))
         comm_s = 2 * spec.num_layers * ring_allreduce_time_s(per_allreduce, n, link.bytes_per_s,
                                                              latency_s)
+    time_s = max(compute_s, memory_s) + comm_s + overhead_s
+    if not math.isfinite(time_s):
+        raise ValueError(f"the step time overflows: it passes the largest float (about "
+                         f"1.8e308) for {spec.name} on {roof.name}; the batch or the device is "
+                         f"out of range")
     return {"flops": flops, "bytes": total, "bytes_per_rank": per_rank,
             "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s,
             "overhead_s": overhead_s, "bound": "compute" if compute_s > memory_s else "memory",
-            "time_s": max(compute_s, memory_s) + comm_s + overhead_s,
+            "time_s": time_s,
             "device": roof.name, "tensor_parallel": n}
 
 

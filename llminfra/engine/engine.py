@@ -138,12 +138,21 @@ class LLMEngine:
     # ---------------------------------------------------------------- requests
     def _encode(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, list(self.tokenizer.encode(prompt))
+            try:
+                return prompt, list(self.tokenizer.encode(prompt))
+            except UnicodeError as err:       # a lone surrogate such as "\ud800"
+                raise InvalidParameter("prompt", f"prompt is not valid Unicode text: "
+                                                 f"{err}") from None
         try:
-            ids = [int(t) for t in prompt]
+            items = list(prompt)
+            not_ids = [t for t in items if isinstance(t, bool) or not hasattr(t, "__index__")]
+            ids = [] if not_ids else [t.__index__() for t in items]
         except (TypeError, ValueError) as err:
             raise InvalidParameter("prompt", f"prompt must be a str or a list of token ids, "
                                              f"got {type(prompt).__name__}") from err
+        if not_ids:                           # 104.7 or '104' is not a token id
+            raise InvalidParameter("prompt", f"token ids must be integers, got "
+                                             f"{not_ids[:5]!r}")
         V = self.model.config.vocab_size
         bad = [t for t in ids if not 0 <= t < V]
         if bad:
@@ -181,6 +190,8 @@ class LLMEngine:
             raise InvalidParameter("arrival_time", f"arrival_time must be None or a finite "
                                                    f"number (seconds), got {arrival_time!r}")
         rid = str(next(self._ids)) if request_id is None else str(request_id)
+        while request_id is None and rid in self.requests:   # an explicit id took it
+            rid = str(next(self._ids))
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         now = self.clock() if arrival_time is None else float(arrival_time)

@@ -128,7 +128,11 @@ class BPETokenizer:
         server tokenizing a long prompt in a worker thread does not stop its other threads."""
         if not isinstance(text, str):
             raise ValueError(f"encode wants a str, got {type(text).__name__}")
-        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        try:
+            return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        except TypeError:
+            _utf8(text)                 # a lone surrogate: a UnicodeEncodeError naming it
+            raise
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of ``ids``; bytes that do not complete a UTF-8 character become U+FFFD (a
@@ -231,7 +235,12 @@ class BPETokenizer:
                 current, at = [], m.end()
             current.append(text[at:])
         runs.append("".join(current))
-        encoded = self._plain_backend().encode_batch(runs, add_special_tokens=False)
+        try:
+            encoded = self._plain_backend().encode_batch(runs, add_special_tokens=False)
+        except TypeError:
+            for run in runs:
+                _utf8(run)              # a lone surrogate: a UnicodeEncodeError naming it
+            raise
         ids = []
         for k, enc in enumerate(encoded):
             ids.extend(enc.ids)
@@ -244,6 +253,12 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer({self.name!r}, vocab_size={self.vocab_size})"
+
+
+def _utf8(text: str) -> None:
+    """``UnicodeEncodeError`` (a ``ValueError``) if ``text`` holds a lone surrogate such as
+    ``"\\ud800"``, which Python strings (and JSON) allow and no tokenizer can encode."""
+    text.encode("utf-8")
 
 
 def render_chat_template(template: str, messages: Sequence[dict], add_generation_prompt: bool,

@@ -210,6 +210,33 @@ class EngineLoop:
             if not cmd.accepted.done():
                 cmd.accepted.set_exception(err)
 
+    def fail_in_flight(self, err: BaseException) -> list[str]:
+        """Fail every request in flight now — open streams and requests still waiting to be
+        accepted — with ``err`` (the server does this once the engine is declared stalled, so
+        no client waits on an engine that may never move again); returns their ids. The
+        engine is asked to abort them by :meth:`abort_all` (which may block on a stopped
+        engine process: call it from a worker thread)."""
+        with self._lock:
+            streams, self._streams = self._streams, {}
+            pending, self._pending = list(self._pending.values()), {}
+        for loop, q in streams.values():
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, err)
+            except RuntimeError:         # the caller's event loop is closed
+                pass
+        for cmd in pending:
+            if not cmd.accepted.done():
+                cmd.accepted.set_exception(err)
+        return list(streams) + [cmd.request_id for cmd in pending]
+
+    def abort_all(self, request_ids) -> None:
+        """Send the engine an ``abort`` for each id (no-op for ids it no longer has)."""
+        for rid in request_ids:
+            try:
+                self._send(("abort", rid))
+            except EngineDeadError:
+                return                   # nothing left to abort
+
     def _forget(self, request_id: str) -> bool:
         with self._lock:
             return self._streams.pop(request_id, None) is not None

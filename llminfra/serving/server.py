@@ -41,7 +41,6 @@ from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLo
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
 from llminfra.engine.request_limits import max_tokens_for
 from llminfra.engine.sampling_params import InvalidParameter, clip, clip_repr
-from llminfra.engine.structured import check_json_schema, check_schema_shape
 from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics
 from llminfra.serving.streaming import sse_response, stable_delta  # noqa: F401 - re-exported
 
@@ -100,6 +99,8 @@ class _Service:
         self.tokenizer, self.model_name = tokenizer, model_name
         self.max_model_len, self.max_n = max_model_len, max_n
         self.SamplingParams = SamplingParams
+        #: no progress for this long (s) and the engine counts as stalled (set by create_app)
+        self.stall_timeout_s = float("inf")
         cache = None if isinstance(engine, EngineLoop) else getattr(engine, "cache", None)
         #: (num_blocks, block_size) of an engine in this process; an engine in a process of
         #: its own checks its pool itself, by the same rule (:mod:`~llminfra.engine.request_limits`)
@@ -193,8 +194,12 @@ class _Service:
         ``response_format`` schema is compiled here first, in a worker thread, within the
         limits of :mod:`llminfra.engine.structured`: one the engine could not serve is a 400
         before anything is queued."""
+        idle_s = self.loop.seconds_since_progress
+        if idle_s > self.stall_timeout_s:
+            raise APIError(503, stall_message(idle_s), type_="server_error")
         try:
-            if params.json_schema is not None:
+            if params.json_schema is not None:   # imported here: llguidance only when used
+                from llminfra.engine.structured import check_json_schema, check_schema_shape
                 try:                                      # cheap: refuse before a thread
                     check_schema_shape(params.json_schema)
                 except ValueError as e:
@@ -262,6 +267,12 @@ class _Service:
         return sse_response(self, stream, rid, n_prompt, chat, include_usage, prefix)
 
 
+def stall_message(idle_s: float) -> str:
+    """What ``/health`` and a failed request say of a stalled engine."""
+    return (f"the engine loop has made no progress for {idle_s:.1f} s (a step that does not "
+            f"end, or a stopped engine process)")
+
+
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
                max_model_len: int | None = None, max_n: int = 8,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
@@ -276,7 +287,8 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
     ``body_timeout_s`` bound request bodies (413 / 408, :mod:`~llminfra.serving.http_limits`);
     ``/health`` is 503 once the engine loop has made no progress for ``stall_timeout_s``
     seconds (more than an idle engine process' heartbeat,
-    :data:`~llminfra.serving.engine_process.HEARTBEAT_S`). The engine loop starts and stops
+    :data:`~llminfra.serving.engine_process.HEARTBEAT_S`); then every request in flight fails
+    with a 503 and new ones are refused until the engine moves again. The engine loop starts and stops
     with the app's lifespan (uvicorn start-up / shutdown).
     """
     from llminfra.engine import SamplingParams
@@ -288,12 +300,31 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
         max_model_len = engine.model.config.max_seq_len
     svc = _Service(engine, tokenizer, model_name, max_model_len, max_n, SamplingParams)
 
+    svc.stall_timeout_s = stall_timeout_s
+
+    async def watch_for_stalls():
+        """Once the engine has made no progress for ``stall_timeout_s`` (a step that does not
+        end, a stopped engine process), fail every request in flight with a 503 and ask the
+        engine to abort them; new requests are refused (:meth:`_Service.submit`) until it
+        moves again."""
+        while True:
+            await asyncio.sleep(min(1.0, stall_timeout_s / 4))
+            idle_s = svc.loop.seconds_since_progress
+            if idle_s > stall_timeout_s:
+                ids = svc.loop.fail_in_flight(EngineDeadError(stall_message(idle_s)))
+                if ids:
+                    log.warning("engine stalled for %.1f s: failed %d requests in flight",
+                                idle_s, len(ids))
+                    await asyncio.to_thread(svc.loop.abort_all, ids)
+
     @asynccontextmanager
     async def lifespan(app):
         await asyncio.to_thread(svc.loop.start)     # an engine process takes seconds to build
+        watchdog = asyncio.ensure_future(watch_for_stalls())
         try:
             yield
         finally:
+            watchdog.cancel()
             svc.loop.stop()
 
     app = FastAPI(title="llminfra OpenAI-compatible server", lifespan=lifespan)
@@ -323,9 +354,7 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
             raise APIError(503, "the engine loop is not running", type_="server_error")
         idle_s = svc.loop.seconds_since_progress
         if idle_s > stall_timeout_s:
-            raise APIError(503, f"the engine loop has made no progress for {idle_s:.1f} s "
-                                f"(a step that does not end, or a stopped engine process)",
-                           type_="server_error")
+            raise APIError(503, stall_message(idle_s), type_="server_error")
         return {"status": "ok"}
 
     @app.get("/metrics")
