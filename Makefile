@@ -16,9 +16,10 @@ PYTEST_WORKERS ?= 2
 KERNEL_NAME := python3
 KERNEL_DISPLAY_NAME := Python 3
 # What `make course` gives `jupyter lab`: serve the repository root (notebooks/, exercises/,
-# solutions/ all reachable) and open the start notebook (tests/test_browser.py starts its server
-# with these arguments).
-COURSE_LAB_ARGS := --ServerApp.root_dir=. notebooks/00_start_here.ipynb
+# solutions/ all reachable), the course's chapters read-only (reading one never rewrites it:
+# llminfra/course/lab_contents.py), the printed URL and the browser on the start notebook
+# (tests/test_browser.py starts its server with these arguments).
+COURSE_LAB_ARGS := --ServerApp.root_dir=. --ServerApp.contents_manager_class=llminfra.course.lab_contents.CourseContentsManager --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb notebooks/00_start_here.ipynb
 
 .PHONY: install course test test-fast check-stable notebooks exercises screenshots grade \
 	check-machines reset-exercises compare-engines compare-llamacpp clean

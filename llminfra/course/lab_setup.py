@@ -11,7 +11,14 @@
   state saved with the notebook (without it a saved chapter keeps the stored state of an earlier
   run and shows "model not found" for the widgets of the new one), and no news pop-up.
 
-``python -m llminfra.course.lab_setup [ROOT]`` does both (``make course``, Binder's
+* **Open the course's chapters read-only** (:mod:`llminfra.course.lab_contents`): reading a
+  chapter never rewrites it (restoring its saved widgets marks it changed, and autosave wrote it
+  back with an empty widget state). ``make course`` names the contents manager on JupyterLab's
+  command line; :func:`install_server_config` names it in the environment's Jupyter server
+  configuration too (``etc/jupyter/jupyter_server_config.d/llminfra-course.json``), for a
+  JupyterLab started otherwise (Binder).
+
+``python -m llminfra.course.lab_setup [ROOT]`` does all three (``make course``, Binder's
 ``postBuild``); ``tests/test_browser.py`` starts its JupyterLab with the same settings and trust.
 """
 
@@ -62,12 +69,29 @@ def install_overrides(prefix: str | Path = sys.prefix) -> Path:
     return path
 
 
+#: the Jupyter server configuration the course ships (chapters read-only)
+SERVER_CONFIG = {"ServerApp": {
+    "contents_manager_class": "llminfra.course.lab_contents.CourseContentsManager"}}
+
+
+def install_server_config(prefix: str | Path = sys.prefix) -> Path:
+    """Write :data:`SERVER_CONFIG` to
+    ``PREFIX/etc/jupyter/jupyter_server_config.d/llminfra-course.json`` (read by every Jupyter
+    server of that environment, as extensions' own configurations are)."""
+    path = Path(prefix) / "etc" / "jupyter" / "jupyter_server_config.d" / "llminfra-course.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(SERVER_CONFIG, indent=2) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     root = Path(argv[0]) if argv else ROOT
     n = trust_notebooks(course_notebooks(root))
     path = install_overrides()
-    print(f"trusted {n} course notebooks; JupyterLab settings in {path}")
+    server = install_server_config()
+    print(f"trusted {n} course notebooks; JupyterLab settings in {path}; chapters open "
+          f"read-only ({server})")
     return 0
 
 
