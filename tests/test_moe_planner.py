@@ -2,7 +2,8 @@
 
 import pytest
 
-from llminfra.calc.expert_parallel import expert_parallel_plan, routed_expert_params
+from llminfra.calc.expert_parallel import (expert_parallel_plan, routed_expert_params,
+                                          uniform_overflow_fraction)
 from llminfra.calc.params import expert_param_count, param_count
 from llminfra.specs import get_model
 from llminfra.widgets.moe_planner import MoEPlanner, ep_choices, moe_presets, plan_lines
@@ -59,3 +60,32 @@ def test_widget_follows_its_controls():
     assert w.plan["a2a_bytes_per_step"] > 0 and "MB sent per GPU" in w.label.value
     with pytest.raises(ValueError):
         MoEPlanner(ep=3)
+
+
+def test_dispatch_fp8_combine_bf16_by_hand():
+    """DeepSeek-V3 dispatches in FP8 and combines in BF16: 1 + 2 bytes per value, 1.5x the
+    traffic of FP8 both ways; Mixtral ep = 8, 1 token: 32·1·2·4096·(1 + 2)·7/8 = 688,128."""
+    p = expert_parallel_plan("mixtral-8x7b", 8, tokens=1, dispatch_dtype="fp8",
+                             combine_dtype="bf16")
+    assert p["a2a_bytes_per_step"] == pytest.approx(688_128)
+    fp8 = expert_parallel_plan("deepseek-v3", 64, tokens=64, activation_dtype="fp8")
+    mixed = expert_parallel_plan("deepseek-v3", 64, tokens=64, dispatch_dtype="fp8",
+                                 combine_dtype="bf16")
+    assert mixed["a2a_bytes_per_step"] == pytest.approx(1.5 * fp8["a2a_bytes_per_step"])
+
+
+def test_capacity_what_if_is_training_only_and_by_hand():
+    """Uniform routing of 2 assignments on 2 experts at cf = 0.5: C = 1, X ~ Bin(2, 1/2),
+    E[max(0, X - 1)] = 1/4 per expert -> 2 · 1/4 / 2 = 25 % dropped; nothing at a large cf;
+    the plan has no what-if unless asked, and its line says serving drops none."""
+    assert uniform_overflow_fraction(2, 2, 0.5) == pytest.approx(0.25)
+    assert uniform_overflow_fraction(1024, 8, 3.0) == pytest.approx(0.0, abs=1e-12)
+    assert uniform_overflow_fraction(1024, 8, 1.0) > uniform_overflow_fraction(1024, 8, 1.25)
+    plain = expert_parallel_plan("mixtral-8x7b", 8, tokens=64)
+    assert plain["overflow_fraction_training"] is None and len(plan_lines(plain)) == 3
+    w = MoEPlanner()
+    w.capacity.value = 1.0
+    assert w.plan["overflow_fraction_training"] > 0
+    assert "training-time what-if" in w.lines[-1] and "drop none" in w.lines[-1]
+    w.capacity.value = 0.0
+    assert w.plan["overflow_fraction_training"] is None

@@ -474,3 +474,43 @@ def test_ch09_cost_figures(monkeypatch):
     ax.set_title("One rented GPU (2.69 USD/h, example) at 1,000 tokens/s when busy")
     fig.tight_layout()
     assert_reads_well(fig, monkeypatch)
+
+
+@pytest.mark.parametrize("rows_sent, experts", [
+    ([[8, 9, 11, 4], [9, 7, 9, 7], [6, 13, 7, 6], [7, 8, 9, 8]], 2),   # the chapter's layer
+    ([[0, 30, 0, 1], [0, 0, 0, 0], [5, 5, 5, 5], [1, 1, 1, 40]], 16)])
+def test_ch11_all_to_all(monkeypatch, rows_sent, experts):
+    """The chapter's two all-to-alls (8 experts on 4 ranks), and a lopsided one with wide
+    expert ranges: boxes' labels neither overlap nor shrink."""
+    from llminfra.plots.beyond import plot_all_to_all
+    fig = offscreen_figure(7.5, 5.2)
+    axes = [fig.add_subplot(2, 1, i + 1) for i in range(2)]
+    plot_all_to_all(*axes, rows_sent, experts)
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+
+
+@pytest.mark.parametrize("ranks, causal", [(4, True), (4, False), (6, True)])
+def test_ch11_ring(monkeypatch, ranks, causal):
+    """Ring attention's ring and schedule, as the chapter draws them (4 ranks) and at 6."""
+    from llminfra.plots.beyond import plot_ring, ring_schedule
+    fig, axes = notebook_figure(8.5, 3.8, ncols=2)
+    plot_ring(*axes, ranks, causal=causal)
+    fig.tight_layout()
+    assert_reads_well(fig, monkeypatch)
+    sched = ring_schedule(ranks, causal)
+    # every rank meets every block once; causal: rank r computes r + 1 blocks
+    assert all(sorted(b for b, _ in (sched[s][r] for s in range(ranks))) == list(range(ranks))
+               for r in range(ranks))
+    assert [sum(sched[s][r][1] for s in range(ranks)) for r in range(ranks)] == \
+        ([r + 1 for r in range(ranks)] if causal else [ranks] * ranks)
+
+
+def test_rows_between_ranks_by_hand():
+    """4 tokens on 2 ranks (2 each), 4 experts (2 per rank), top-2."""
+    import torch
+    from llminfra.plots.beyond import rows_between_ranks
+    ids = torch.tensor([[0, 3], [1, 2], [2, 3], [3, 0]])
+    assert rows_between_ranks(ids, 2, 4) == [[2, 2], [1, 3]]
+    with pytest.raises(ValueError):
+        rows_between_ranks(ids, 3, 4)

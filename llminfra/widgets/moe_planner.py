@@ -1,6 +1,7 @@
 """The expert-parallel planner: a mixture-of-experts model, GPUs, experts per token and tokens
 per GPU -> weights per GPU and the all-to-all bytes (and time) of one step, beside tensor
-parallelism over the same GPUs.
+parallelism over the same GPUs; and, as a training-time what-if, the share of assignments a
+capacity factor would drop (serving engines drop none).
 
 Thin wiring over :func:`llminfra.calc.expert_parallel.expert_parallel_plan`; :func:`plan_lines`
 says its result in a few lines. :class:`MoEPlanner` connects the controls through ``observe``
@@ -46,7 +47,18 @@ def plan_lines(plan: dict) -> list[str]:
         f"tensor parallel over the same GPUs: {plan['tp_weight_bytes_per_gpu'] / gb:,.4g} GB "
         f"per GPU, all-reduces {plan['tp_allreduce_bytes_per_step'] / 1e6:,.4g} MB, "
         f"{plan['tp_allreduce_time_s'] * 1e6:,.4g} µs",
-    ]
+    ] + _capacity_lines(plan)
+
+
+def _capacity_lines(plan: dict) -> list[str]:
+    """The training-time what-if, only when a capacity factor is set."""
+    if plan.get("capacity_factor") is None:
+        return []
+    return [f"training-time what-if, capacity factor {plan['capacity_factor']:g}: "
+            f"{plan['overflow_fraction_training']:.2%} of the step's "
+            f"{plan['tokens'] * plan['ep'] * plan['top_k']:,} (token, expert) assignments "
+            f"would be dropped under uniform routing — serving engines drop none (they "
+            f"compute every routed token and balance load with redundant experts)"]
 
 
 def _table(plan: dict) -> str:
@@ -65,7 +77,8 @@ def _table(plan: dict) -> str:
 
 class MoEPlanner:
     """ipywidgets panel over :func:`expert_parallel_plan`: ``model``, ``gpus`` (a slider over
-    the GPU counts that divide E), ``top_k``, ``tokens``, ``gpu``, ``link``; ``table`` (HTML),
+    the GPU counts that divide E), ``top_k``, ``tokens``, ``gpu``, ``link``, ``capacity`` (a
+    training-time what-if: 0, the default, is none, as in serving); ``table`` (HTML),
     ``label``; ``widget`` (the panel to show); ``plan`` and ``lines`` (the last result)."""
 
     def __init__(self, model: str = "mixtral-8x7b", ep: int = 8, tokens: int = 64,
@@ -83,15 +96,23 @@ class MoEPlanner:
         self.gpu = widgets.Dropdown(options=gpu_names(), value=gpu, description="GPU")
         self.link = widgets.Dropdown(options=list(interconnects()), value=link,
                                      description="link")
+        self.capacity = widgets.FloatSlider(value=0.0, min=0.0, max=2.0, step=0.25,
+                                            description="capacity", continuous_update=False,
+                                            tooltip="training-time what-if: a capacity factor "
+                                                    "(0 = none, as in serving)")
+        self.capacity_note = widgets.HTML("capacity factor: a <b>training</b>-time what-if "
+                                          "(GShard, Switch); 0 = none, as every serving "
+                                          "engine runs")
         self.table, self.label = widgets.HTML(), widgets.HTML()
         self._quiet = False
         self.widget = Panel([widgets.HBox([self.model, self.gpu, self.link]),
                              widgets.HBox([self.gpus, self.top_k, self.tokens]),
+                             widgets.HBox([self.capacity, self.capacity_note]),
                              self.table, self.label], title="Expert-parallel planner",
                             how="pick a MoE model and move GPUs, top-k, tokens per GPU")
         self.widget.add_class("llminfra-moe-planner")
         self.model.observe(self._on_model, names="value")
-        for c in (self.gpus, self.top_k, self.tokens, self.gpu, self.link):
+        for c in (self.gpus, self.top_k, self.tokens, self.gpu, self.link, self.capacity):
             c.observe(self._on_change, names="value")
         self.update()
 
@@ -114,7 +135,8 @@ class MoEPlanner:
         """Recompute from the controls; refresh ``table`` and ``label``; return the plan."""
         self.plan = expert_parallel_plan(self.model.value, self.gpus.value,
                                          tokens=self.tokens.value, top_k=self.top_k.value,
-                                         gpu=self.gpu.value, interconnect=self.link.value)
+                                         gpu=self.gpu.value, interconnect=self.link.value,
+                                         capacity_factor=self.capacity.value or None)
         self.lines = plan_lines(self.plan)
         self.table.value = _table(self.plan)
         self.label.value = "<br>".join(html.escape(line) for line in self.lines)
