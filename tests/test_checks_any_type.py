@@ -264,3 +264,14 @@ def test_the_wrong_kind_is_named(value, told):
     with pytest.raises(CheckFailed) as e:
         ch01.check_activation_bytes(lambda *a: value, seed=3)
     assert told in str(e.value)
+
+
+def test_a_passing_checker_cell_shows_no_stray_out_n():
+    """A checker returns how many cases passed (tests compare it) but a notebook shows nothing
+    for it: its ✓ line already says it (four checker cells of solutions/ showed ``Out[n]: 8``
+    under that line)."""
+    from IPython.core.formatters import DisplayFormatter
+    n = ch04.check_slot_mapping(slot_mapping, seed=1)
+    assert n == 10 and isinstance(n, int)
+    assert DisplayFormatter().format(n) == ({}, {})
+    assert DisplayFormatter().format(int(n)) == ({"text/plain": "10"}, {})

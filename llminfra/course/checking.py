@@ -32,8 +32,9 @@ from llminfra.course.compare import as_like, compare, describe, first_matching, 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckFailed", "NotAttempted", "Case", "run_checks", "compare", "first_matching",
-           "as_like", "seeded", "fresh_rng", "torch_generator", "checker", "describe"]
+__all__ = ["CheckFailed", "NotAttempted", "CasesPassed", "Case", "run_checks", "compare",
+           "first_matching", "as_like", "seeded", "fresh_rng", "torch_generator", "checker",
+           "describe"]
 
 
 class CheckFailed(AssertionError):
@@ -47,6 +48,15 @@ class CheckFailed(AssertionError):
         """What IPython prints instead of the traceback (its hook for exceptions that format
         themselves; a plain ``python`` run still shows the whole traceback)."""
         return render_check_failure(self)
+
+
+class CasesPassed(int):
+    """The number of cases a checker passed: an ``int`` (``check_x(f) == 8``) that a notebook
+    does not display again under the checker's cell — its ``✓ name: 8 random cases passed``
+    line already says it, and a stray ``Out[n]: 8`` below it read as a second result."""
+
+    def _ipython_display_(self) -> None:
+        """Show nothing (IPython calls this instead of printing the value)."""
 
 
 class NotAttempted(CheckFailed):
@@ -318,7 +328,7 @@ def run_checks(name: str, learner: Callable, reference: Callable,
             msg += f"\n  hint: {extra}"
         raise CheckFailed(msg)
     print(f"✓ {name}: {n} random cases passed")
-    return n
+    return CasesPassed(n)
 
 
 def checker(fn: Callable) -> Callable:
