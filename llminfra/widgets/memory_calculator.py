@@ -52,7 +52,8 @@ def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | 
     ``max_sequences`` of :func:`llminfra.calc.memory.kv_budget`, which ``fits`` carries),
     ``max_context`` (the model's window, ``None`` if its config has none) and ``gpu_source``.
     ``sliding_window``: keep only the model's attention window per layer (Mistral-7B: 4096),
-    as :func:`llminfra.calc.memory.kv_bytes` does; no effect on models without one.
+    as :func:`llminfra.calc.memory.kv_bytes` does; no effect on models without one (the
+    summary then says so: ``window_only`` is the request, ``sliding_window`` the model's W).
 
     Example: OPT-13B in fp16, 2048 tokens, batch 1 on an A100-40GB (40,960 MiB, 10 % reserve):
     weights 12,853,473,280 · 2 = 25.71 GB, KV 2 · 40 · 5120 · 2 · 2048 = 1.678 GB.
@@ -64,7 +65,7 @@ def memory_breakdown(model: str, gpu: str, dtype: str = "bf16", kv_dtype: str | 
         reserve_bytes=est["gpu_memory_bytes"] - est["usable_bytes"],
         free_bytes=est["usable_bytes"] - est["total_bytes"],
         max_batch=est["max_sequences"],
-        max_context=spec.max_positions, gpu_source=g.source)
+        max_context=spec.max_positions, gpu_source=g.source, window_only=sliding_window)
     return est
 
 
@@ -84,6 +85,10 @@ def summary_lines(data: dict) -> list[str]:
         notes.append(f"KV cache    sliding window {data['sliding_window']:,}: "
                      f"{data['kv_tokens_per_sequence']:,} tokens kept per sequence and layer "
                      f"(every token kept: {_both(data['kv_bytes_full_attention'])})")
+    elif data.get("window_only"):
+        notes.append(f"KV cache    'window only' changes nothing here: {data['model']} has no "
+                     "sliding window (every layer attends to the whole context), so every "
+                     "token is kept")
     if data.get("active_params", data["params"]) != data["params"]:
         notes.append(f"experts     all experts stored; {data['active_params'] / 1e9:.4g} B of "
                      f"{data['params'] / 1e9:.4g} B params used per token")
