@@ -241,8 +241,23 @@ def summarize(records: list[RequestRecord], wall_s: float,
     return s
 
 
+def plain_number(v: float, digits: int = 4) -> str:
+    """``v`` to ``digits`` significant digits as a person writes it, never with an exponent:
+    ``38,240`` (not ``3.824e+04``), ``123.5``, ``4.4``, ``0.01235``; a missing value (NaN) "—"."""
+    if v is None or math.isnan(v):
+        return "—"
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    v = float(f"{v:.{digits}g}")        # rounded first: 999.96 is 1,000
+    if v == 0 or abs(v) >= 10 ** (digits - 1):
+        return f"{v:,.0f}"
+    decimals = digits - 1 - math.floor(math.log10(abs(v)))
+    return f"{v:.{decimals}f}".rstrip("0").rstrip(".")   # 4.4, not 4.400 (as :.4g)
+
+
 def format_summary(r: dict) -> str:
-    """Plain-text table of a load test's result; a sweep (``r["sweep"]``) one table a rate."""
+    """Plain-text table of a load test's result; a sweep (``r["sweep"]``) one table a rate.
+    Numbers to 4 significant digits without exponents (:func:`plain_number`)."""
     if "sweep" in r:
         return "\n\n".join(format_summary(run) for run in r["sweep"])
     s = r["settings"]
@@ -257,21 +272,22 @@ def format_summary(r: dict) -> str:
         mode += f", burstiness {s['burstiness']:g}"
     lines = [f"{r['num_requests']} requests to {s['base_url']} ({s['model']}), {mode}: "
              f"{r['num_ok']} ok, {r['num_errors']} errors, {r['wall_s']:.3g} s",
-             f"throughput: {r['output_tokens_per_s']:.4g} output tokens/s, "
-             f"{r['requests_per_s']:.4g} requests/s"]
+             f"throughput: {plain_number(r['output_tokens_per_s'])} output tokens/s, "
+             f"{plain_number(r['requests_per_s'])} requests/s"]
     if "peak_output_tokens_per_s" in r:
-        lines.append(f"peak: {r['peak_output_tokens_per_s']:.4g} output tokens/s (fullest "
-                     f"1-s bucket), {r['peak_concurrent_requests']} requests in flight")
+        lines.append(f"peak: {plain_number(r['peak_output_tokens_per_s'])} output tokens/s "
+                     f"(fullest 1-s bucket), {r['peak_concurrent_requests']} requests in flight")
     if r.get("goodput_slos_ms"):
         slos = " ".join(f"{k}:{v:g}" for k, v in r["goodput_slos_ms"].items())
-        lines.append(f"goodput: {r['goodput_requests_per_s']:.4g} requests/s within {slos} ms")
+        lines.append(f"goodput: {plain_number(r['goodput_requests_per_s'])} requests/s within "
+                     f"{slos} ms")
     cols = ("mean", "std", "p50", "p90", "p95", "p99")
     lines.append(f"{'':24}" + "".join(f"{c:>10}" for c in cols))
     for key, name in (("ttft_s", "TTFT (ms)"), ("tpot_s", "time/output token (ms)"),
                       ("itl_s", "inter-token (ms)"), ("e2e_s", "end-to-end (ms)")):
         v = r.get(key)
         if v is not None:
-            lines.append(f"{name:24}" + "".join(f"{1e3 * v.get(q, math.nan):10.4g}"
+            lines.append(f"{name:24}" + "".join(f"{plain_number(1e3 * v.get(q, math.nan)):>10}"
                                                  for q in cols))
     lines += [f"error: {e}" for e in r["errors"]]
     return "\n".join(lines)
