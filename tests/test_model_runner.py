@@ -199,3 +199,22 @@ print("ok", float((got - want).abs().max()))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_mixed_step_gives_the_readable_logits(small):
+    """One step of two prompt chunks (5 and 9 tokens, one after a cached beginning) and two
+    decodes: the fast runner's logits equal the readable runner's within float tolerance."""
+    model, tok = small
+    logits = {}
+    for runner in ("readable", "fast"):
+        engine = LLMEngine(model, tok, runner=runner, max_num_seqs=4,
+                           max_num_batched_tokens=64)
+        for p in ([3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]):
+            engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
+        engine.step()                                             # both prompts
+        for p in ([1] * 5, list(range(40, 49))):
+            engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
+        sched = engine.scheduler.schedule(engine.clock())
+        assert sorted(n for _, n in sched.scheduled) == [1, 1, 5, 9]
+        logits[runner] = engine.runner.forward(sched.scheduled, sched.padding)
+    torch.testing.assert_close(logits["fast"], logits["readable"], rtol=1e-4, atol=1e-4)

@@ -74,7 +74,7 @@ def _decode_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepM
     everyone = len(rows) == meta.num_seqs                     # a pure decode step
     tok = slice(None) if everyone else meta.query_start_loc[rows]   # their flat token index
     lens = [meta.context_lens[i] for i in rows]
-    ctx = torch.tensor(lens, device=q.device)
+    ctx = meta.context_lens_tensor if everyone else meta.context_lens_tensor[rows]
     if meta.kv_layout == "paged":
         tables = meta.block_tables if everyone else meta.block_tables[rows]
         if q.is_cuda:

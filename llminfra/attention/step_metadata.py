@@ -31,6 +31,7 @@ Taught in chapter 05 (serving and continuous batching).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,6 +130,12 @@ class StepMetadata:
         return dataclasses.replace(self, logits_indices=idx)
 
     # ------------------------------------------------------------------- queries
+    @functools.cached_property
+    def context_lens_tensor(self) -> torch.Tensor:
+        """``context_lens`` as a ``(n,)`` long tensor on the step's device, built once per step
+        (not once per layer)."""
+        return torch.tensor(self.context_lens, device=self.positions.device)
+
     @property
     def num_seqs(self) -> int:
         """n, sequences in the step."""
