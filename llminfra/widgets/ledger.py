@@ -21,6 +21,9 @@ from llminfra.ledger import VERDICTS, all_claims, ledger_frame
 ALL = "all"
 #: columns shown in the filtered table
 SHOWN = ["id", "says", "verdict", "figure", "reason"]
+#: a table cell's CSS; the id's cell never wraps
+CELL_STYLE = "text-align:left"
+ID_STYLE = "text-align:left; white-space:nowrap"
 
 
 def chapters() -> list[str]:
@@ -34,12 +37,15 @@ def _frame(verdict: str, chapter: str) -> pd.DataFrame:
 
 def ledger_html(frame: pd.DataFrame) -> str:
     """The rows of ``frame`` (columns :data:`SHOWN`) as an HTML table, each id an anchor
-    ``#claim-<id>`` that chapters link to."""
+    ``#claim-<id>`` that chapters link to; an id never wraps (``000-11``, not ``000-`` over
+    ``11``: the narrow id column broke at its hyphen)."""
     rows = []
     for _, r in frame.iterrows():
         cells = [f'<a id="claim-{r["id"]}"></a><b>{html.escape(r["id"])}</b>'] + [
             html.escape(str(r[k])) for k in SHOWN[1:]]
-        rows.append("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + "</tr>")
+        styles = [ID_STYLE] + [CELL_STYLE] * (len(cells) - 1)
+        rows.append("<tr>" + "".join(f"<td style='{st}'>{c}</td>"
+                                     for st, c in zip(styles, cells)) + "</tr>")
     head = "".join(f"<th style='text-align:left'>{h}</th>" for h in SHOWN)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
