@@ -34,6 +34,7 @@ def serve(args) -> int:
                speculative=args.speculative,
                num_speculative_tokens=args.num_speculative_tokens, matmul=args.matmul,
                runner=args.runner, cuda_graphs=args.cuda_graphs,
+               quantization=args.quantization,
                limit_concurrency=args.max_connections,
                timeout_keep_alive_s=args.keep_alive_timeout,
                **{k: v for k, v in (("max_body_bytes", args.max_body_bytes),
@@ -115,6 +116,10 @@ def add_serving_parsers(sub) -> None:
                    help="readable: the model as chapter 01 writes it, layer by layer; fast: "
                         "the same weights fused (25 torch calls a layer, CUDA graphs for "
                         "decode on a GPU); auto (default): fast wherever it takes the model")
+    s.add_argument("--quantization", default=None, choices=("w4a8",),
+                   help="w4a8: int4 weights (groups of 32, llama.cpp's Q4_1 layout) times int8 "
+                        "activations in the course's C kernel, on the fast runner (default: "
+                        "the model's own weights)")
     s.add_argument("--cuda-graphs", default=None, action=argparse.BooleanOptionalAction,
                    help="replay decode steps from CUDA graphs (fast runner; default: on "
                         "where the model is on CUDA)")

@@ -77,7 +77,8 @@ class LLMEngine:
     shared prompt prefixes; ``speculative`` (a :class:`~.spec_decode.SpeculativeConfig`) turns
     on speculative decoding. ``runner``: ``"readable"`` (the model as chapter 01 writes it,
     the default) or ``"fast"`` (fused weights, 25 torch calls a layer, CUDA graphs for decode
-    where ``cuda_graphs`` says: :mod:`.model_runner`). ``clock`` gives the timestamps (seconds); ``seed`` seeds the
+    where ``cuda_graphs`` says: :mod:`.model_runner`); ``quantization="w4a8"`` (fast runner)
+    multiplies int4 copies of its matrices with the w4a8 kernel. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
     sampling of requests that give no seed of their own. Not thread-safe: a server calls
     ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
@@ -89,7 +90,8 @@ class LLMEngine:
                  clock: Callable[[], float] = time.perf_counter,
                  max_prefill_chunk_tokens: int | None = None, dynamic_window_s: float = 0.05,
                  seed: int = 0, speculative: SpeculativeConfig | None = None,
-                 runner: str = "readable", cuda_graphs: bool | str | None = None):
+                 runner: str = "readable", cuda_graphs: bool | str | None = None,
+                 quantization: str | None = None):
         if not hasattr(model, "config") or not callable(model):
             raise ValueError("model must be a llminfra Transformer (with .config), got "
                              f"{type(model).__name__}")
@@ -121,7 +123,8 @@ class LLMEngine:
         #: runs each step on the device: the readable model, or the fused fast step
         #: (:mod:`.model_runner`; ``cuda_graphs`` replays its decode steps from CUDA graphs)
         self.runner = make_runner(runner, model, self.cache, self.device, self.speculator,
-                                  max_num_seqs=max_num_seqs, cuda_graphs=cuda_graphs)
+                                  max_num_seqs=max_num_seqs, cuda_graphs=cuda_graphs,
+                                  quantization=quantization)
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []
         self._ids = itertools.count()

@@ -333,15 +333,32 @@ class FastRunner(ReadableRunner):
         return len(self._graphs)
 
 
+#: ``quantization`` choices of :func:`make_runner`: the model's own weights, or int4 weights
+#: multiplied by the w4a8 kernel (:mod:`llminfra.quant.w4a8`, int8 activations)
+QUANTIZATIONS = (None, "w4a8")
+
+
 def make_runner(runner: str, model, cache, device, speculator=None, *, max_num_seqs: int = 64,
-                cuda_graphs=None):
-    """``"readable"`` or ``"fast"`` (:data:`RUNNERS`); ``ValueError`` for another name, or for
-    a model the fast runner cannot take (its message says why)."""
+                cuda_graphs=None, quantization: str | None = None):
+    """``"readable"`` or ``"fast"`` (:data:`RUNNERS`); ``quantization="w4a8"`` (fast runner
+    only) quantizes the fused matrices and the output matrix to int4 (groups of 32) and
+    multiplies them with the w4a8 kernel, for any batch. ``ValueError`` for another name, or
+    for a model the fast runner cannot take (its message says why); ``RuntimeError`` where the
+    w4a8 kernel cannot be built (no C compiler)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization {quantization!r}; allowed: {QUANTIZATIONS}")
     if runner == "readable":
         if cuda_graphs:
             raise ValueError("CUDA graphs need runner='fast'; the readable runner runs eagerly")
+        if quantization:
+            raise ValueError(f"quantization={quantization!r} needs runner='fast' (the fused "
+                             f"weights are what it quantizes)")
         return ReadableRunner(model, cache, device, speculator)
     if runner == "fast":
+        linear = None
+        if quantization == "w4a8":
+            from llminfra.quant.w4a8 import w4a8_linear
+            linear = w4a8_linear()
         return FastRunner(model, cache, device, speculator, max_num_seqs=max_num_seqs,
-                          cuda_graphs=cuda_graphs)
+                          cuda_graphs=cuda_graphs, linear=linear)
     raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")

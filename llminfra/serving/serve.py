@@ -42,7 +42,7 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
                  enable_prefix_caching: bool = False, num_threads: int | None = None,
                  speculative: str | None = None, num_speculative_tokens: int = 4,
                  matmul: str = "auto", runner: str = "auto",
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, quantization: str | None = None):
     """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
     ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
     threads in the process that calls it (the engine's). ``speculative``: None, ``"ngram"``
@@ -51,7 +51,8 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`)
     or ``"auto"`` (:func:`resolve_matmul`). ``runner``: ``"readable"``, ``"fast"`` or ``"auto"``
     (:func:`resolve_runner`); ``cuda_graphs``: None (on where the model is on CUDA), True or
-    False (:mod:`llminfra.engine.model_runner`)."""
+    False (:mod:`llminfra.engine.model_runner`); ``quantization``: None, or ``"w4a8"`` (int4
+    weights on the w4a8 kernel, the fast runner; ``runner="readable"`` is then refused)."""
     import torch
 
     from llminfra.engine import LLMEngine, SpeculativeConfig
@@ -67,7 +68,10 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     net, tokenizer = load_model(model)
-    if resolve_matmul(matmul, model) == "onednn":
+    if quantization is not None and runner == "readable":
+        raise ValueError(f"quantization={quantization!r} runs on the fast runner; "
+                         f"runner='readable' cannot take it")
+    if resolve_matmul(matmul, model) == "onednn" and quantization is None:
         from llminfra.model.prepacked import prepacked
         net = prepacked(net)
     spec = None
@@ -80,7 +84,8 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
                      enable_prefix_caching=enable_prefix_caching, speculative=spec,
-                     runner=resolve_runner(runner, net), cuda_graphs=cuda_graphs)
+                     runner="fast" if quantization else resolve_runner(runner, net),
+                     cuda_graphs=cuda_graphs, quantization=quantization)
 
 
 def resolve_runner(runner: str, net) -> str:
