@@ -85,13 +85,23 @@ def _format_memory(r: dict) -> str:
 
 def _models() -> list[dict]:
     from llminfra.calc.params import active_param_count, param_count
+    from llminfra.specs.models import published_params
     rows = []
     for name in model_names():
         s = get_model(name)
         d = s.to_dict()
         d.update(params=param_count(s), total_params=param_count(s),
                  active_params=active_param_count(s),
+                 active_params_with_input_embedding=active_param_count(s),
+                 active_params_without_input_embedding=active_param_count(
+                     s, include_input_embedding=False),
                  kv_bytes_per_token_bf16=mem.kv_bytes_per_token(s, "bf16"))
+        pub = published_params(s)
+        if pub is not None:
+            d["published_params"] = {
+                **pub, "active_convention": ("with the input embedding"
+                                             if pub.get("active_counts_input_embedding", True)
+                                             else "without the input embedding")}
         d["sources"] = list(d["sources"])
         rows.append(d)
     return rows
@@ -112,9 +122,11 @@ def _format_gpus(rows: list[dict]) -> str:
     def tf(r, sparse):
         v = (r["peak_tflops"].get("bf16") or {}).get("sparse" if sparse else "dense")
         return "-" if v is None else f"{v:g}"
-    out = [f"{'name':<17} {'memory GB':>9} {'GB/s':>6} {'bf16 dense':>10} {'bf16 sparse':>11}  confidence"]
+    out = [f"{'name':<17} {'memory (vendor unit)':>20} {'GB/s':>6} {'bf16 dense':>10} "
+           f"{'bf16 sparse':>11}  confidence"]
     for r in rows:
-        out.append(f"{r['name']:<17} {r['memory_gb']:>9g} {r['bandwidth_gb_per_s']:>6g} "
+        memory = f"{r['memory_gb']:g} {r['memory_unit']}"
+        out.append(f"{r['name']:<17} {memory:>20} {r['bandwidth_gb_per_s']:>6g} "
                    f"{tf(r, False):>10} {tf(r, True):>11}  {r['confidence']}")
     return "\n".join(out)
 
