@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llminfra.quant import quantize, w4a8
+from llminfra.quant import quantize, w4a8, w4a8_build
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler here to build the w4a8 kernel")
@@ -172,7 +172,7 @@ def test_another_library_with_a_matching_checksum_is_refused_by_its_symbols(tmp_
     import _ctypes
     path = w4a8.build(directory=tmp_path)                 # the native build, as library() asks
     shutil.copyfile(_ctypes.__file__, path)
-    (tmp_path / (path.name + ".sha256")).write_text(w4a8._sha256(path))
+    (tmp_path / (path.name + ".sha256")).write_text(w4a8_build._sha256(path))
     r = run_python("""
         from llminfra.quant import w4a8
         print(w4a8.available()); print(w4a8.unavailable_reason())
@@ -225,5 +225,6 @@ def test_a_build_killed_mid_compile_leaves_nothing_for_long(tmp_path):
 def test_the_build_key_is_unambiguous():
     """Flags joined with spaces made ``["-O3 -x"]`` and ``["-O3", "-x"]`` one build."""
     src = b"int x;"
-    assert w4a8._build_key(src, "cc", ["-O3 -x"]) != w4a8._build_key(src, "cc", ["-O3", "-x"])
-    assert w4a8._build_key(src, "c", ["c-O3"]) != w4a8._build_key(src, "cc", ["-O3"])
+    key = w4a8_build._build_key
+    assert key(src, "cc", ["-O3 -x"]) != key(src, "cc", ["-O3", "-x"])
+    assert key(src, "c", ["c-O3"]) != key(src, "cc", ["-O3"])

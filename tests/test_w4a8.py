@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from llminfra.model import FastDecoder, ModelConfig
 from llminfra.model.fast_decode import _plain_linear
 from llminfra.model.transformer import Transformer
-from llminfra.quant import quantize, w4a8
+from llminfra.quant import quantize, w4a8, w4a8_build
 
 pytestmark = pytest.mark.skipif(not w4a8.available(),
                                 reason="no C compiler here to build the w4a8 kernel")
@@ -186,7 +186,7 @@ def test_no_compiler_says_how_to_get_one(monkeypatch, tmp_path):
 def test_a_build_error_shows_the_compilers_message(monkeypatch, tmp_path):
     bad = tmp_path / "w4a8.c"
     bad.write_text("this is not C\n")
-    monkeypatch.setattr(w4a8, "SOURCE", bad)
+    monkeypatch.setattr(w4a8_build, "SOURCE", bad)
     with pytest.raises(RuntimeError, match="could not compile"):
         w4a8.build("portable", tmp_path)
     assert not list(tmp_path.glob("*.so"))               # no half-written library left

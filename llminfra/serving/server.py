@@ -42,6 +42,7 @@ from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, Request
 from llminfra.engine.request_limits import max_tokens_for
 from llminfra.engine.sampling_params import InvalidParameter, clip, clip_repr
 from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics
+from llminfra.serving.stall_watch import stall_message, watch_for_stalls
 from llminfra.serving.streaming import sse_response, stable_delta  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
@@ -267,12 +268,6 @@ class _Service:
         return sse_response(self, stream, rid, n_prompt, chat, include_usage, prefix)
 
 
-def stall_message(idle_s: float) -> str:
-    """What ``/health`` and a failed request say of a stalled engine."""
-    return (f"the engine loop has made no progress for {idle_s:.1f} s (a step that does not "
-            f"end, or a stopped engine process)")
-
-
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
                max_model_len: int | None = None, max_n: int = 8,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
@@ -288,8 +283,9 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
     ``/health`` is 503 once the engine loop has made no progress for ``stall_timeout_s``
     seconds (more than an idle engine process' heartbeat,
     :data:`~llminfra.serving.engine_process.HEARTBEAT_S`); then every request in flight fails
-    with a 503 and new ones are refused until the engine moves again. The engine loop starts and stops
-    with the app's lifespan (uvicorn start-up / shutdown).
+    with a 503 and new ones are refused until the engine moves again
+    (:mod:`~llminfra.serving.stall_watch`). The engine loop starts and stops with the app's
+    lifespan (uvicorn start-up / shutdown).
     """
     from llminfra.engine import SamplingParams
     if not stall_timeout_s > 0:
@@ -302,25 +298,10 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
 
     svc.stall_timeout_s = stall_timeout_s
 
-    async def watch_for_stalls():
-        """Once the engine has made no progress for ``stall_timeout_s`` (a step that does not
-        end, a stopped engine process), fail every request in flight with a 503 and ask the
-        engine to abort them; new requests are refused (:meth:`_Service.submit`) until it
-        moves again."""
-        while True:
-            await asyncio.sleep(min(1.0, stall_timeout_s / 4))
-            idle_s = svc.loop.seconds_since_progress
-            if idle_s > stall_timeout_s:
-                ids = svc.loop.fail_in_flight(EngineDeadError(stall_message(idle_s)))
-                if ids:
-                    log.warning("engine stalled for %.1f s: failed %d requests in flight",
-                                idle_s, len(ids))
-                    await asyncio.to_thread(svc.loop.abort_all, ids)
-
     @asynccontextmanager
     async def lifespan(app):
         await asyncio.to_thread(svc.loop.start)     # an engine process takes seconds to build
-        watchdog = asyncio.ensure_future(watch_for_stalls())
+        watchdog = asyncio.ensure_future(watch_for_stalls(svc.loop, stall_timeout_s))
         try:
             yield
         finally:
