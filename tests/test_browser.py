@@ -10,8 +10,11 @@ ArrowLeft, a text box gets a number) and checks that the widget then shows the t
 computes for the control's new value; with ``$LLMINFRA_SCREENSHOT_DIR`` set, a screenshot of
 each widget is saved there (``make screenshots`` refreshes ``docs/screenshots/``; without it none
 is taken, which saves the ~2 s per widget of letting the kernel settle). Further tests:
-``make course`` opens the start notebook with ``exercises/`` in the file browser; opening a
-chapter does not rewrite it (the installed kernel is the one the notebooks name); a copy of a
+``make course`` opens the start notebook with ``exercises/`` in the file browser (and prints
+its URL, not the Launcher's); opening a chapter does not rewrite it (the installed kernel is the
+one the notebooks name), and a widget chapter read with autosave on stays byte-identical (the
+chapters are read-only; a writable copy shows the check can fail); each chapter's widgets are
+run in a learner's copy (``notebooks/my_NN_….ipynb``, what *Save As* makes); a copy of a
 notebook whose callback is disconnected, and one with a raising cell, make the checks fail; an
 exercise set with a wrong answer, a stub and a bug shows the checkers' messages as one short
 block each, not a traceback through the package; a chapter's link to appendix A1 opens A1 at
@@ -269,6 +272,11 @@ def test_make_course_opens_the_start_notebook_with_exercises_reachable(lab, page
     browser at the repository root (exercises/ and solutions/ listed)."""
     start = lab.start_page_file()
     assert start.exists(), f"jupyter lab wrote no start page {start.name}: is a notebook named?"
+    # the URL the terminal prints (a learner without a browser opened for them copies it):
+    # the start notebook, not the Launcher
+    printed = [line for line in lab.log.read_text().splitlines() if "?token=" in line]
+    assert printed and all("/lab/tree/notebooks/00_start_here.ipynb?token=" in line
+                           for line in printed), printed
     with explained(page, "make course's start page"):
         page.goto(start.as_uri())
         page.locator(".lm-TabBar-tabLabel:text-is('00_start_here.ipynb')").wait_for(timeout=60_000)

@@ -118,3 +118,13 @@ def test_a_changed_checker_cell_beside_answers_is_stale(course):
     nbformat.write(nb, ex / NB02)
     (problem,) = generate(sol, ex, check=True)
     assert "holds your work" in problem
+
+
+def test_a_teachers_reset_writes_every_notebook_pristine(course):
+    """`make reset-exercises` (llminfra.course.teach) is the one command that discards a
+    learner's answers, on purpose, for a new class: no backup, no answers carried over."""
+    sol, ex = course
+    pristine = (ex / NB02).read_bytes()
+    _do_the_exercises(ex, sol)
+    assert generate(sol, ex, keep_work=False) == []
+    assert (ex / NB02).read_bytes() == pristine and not (ex / "backup").exists()

@@ -231,9 +231,11 @@ def _update(target: Path, current_text: str, wanted: nbformat.NotebookNode, text
     return []
 
 
-def generate(solutions: Path, exercises: Path, check: bool = False) -> list[str]:
+def generate(solutions: Path, exercises: Path, check: bool = False,
+             keep_work: bool = True) -> list[str]:
     """Write (or with ``check``, compare) every exercise; return the problems found. A
-    learner's work in ``exercises/`` is kept (module docstring)."""
+    learner's work in ``exercises/`` is kept (module docstring); ``keep_work=False`` writes
+    every notebook pristine, answers and all gone (a teacher's ``make reset-exercises``)."""
     problems = []
     wanted = {}
     for path in sorted(solutions.glob("*.ipynb")):
@@ -251,7 +253,7 @@ def generate(solutions: Path, exercises: Path, check: bool = False) -> list[str]
         current = target.read_text() if target.exists() else None
         if current == text:
             continue
-        if current is not None:
+        if current is not None and (check or keep_work):
             problems += _update(target, current, nb, text, check)
         elif check:
             problems.append(f"{target} is missing")

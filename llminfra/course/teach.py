@@ -81,7 +81,7 @@ def reset_exercises(solutions: Path, exercises: Path, yes: bool, out=sys.stdout)
             print(f"would keep (no solution twin): {', '.join(extra)}", file=out)
         print("run again with --yes to do it (learners' answers in exercises/ are lost)", file=out)
         return 0
-    generate(solutions, exercises)  # rewrites every notebook that differs from pristine
+    generate(solutions, exercises, keep_work=False)  # every notebook pristine, answers gone
     if checkpoints.exists():
         shutil.rmtree(checkpoints)
     print(f"restored {len(changed)} of {len(names)} exercise notebooks"
