@@ -216,30 +216,31 @@ def test_a_mixed_step_gives_the_readable_logits(small):
             engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
         sched = engine.scheduler.schedule(engine.clock())
         assert sorted(n for _, n in sched.scheduled) == [1, 1, 5, 9]
-        logits[runner] = engine.runner.forward(sched.scheduled, sched.padding)
+        logits[runner] = engine.runner.forward(sched.scheduled, sched.padding, sched.caught)
     torch.testing.assert_close(logits["fast"], logits["readable"], rtol=1e-4, atol=1e-4)
 
 
 def test_w4a8_serving_for_any_batch(small):
-    """``quantization="w4a8"``: the fast runner on int4 weights and the w4a8 kernel. A request
-    alone gives FastDecoder's w4a8 tokens (the same codes and kernel), and a batch of requests
-    gives each one's tokens alone (the kernel quantizes each row's activations by itself)."""
+    """``linear=w4a8_linear()`` (``serve --quantization w4a8``): the fast runner on int4
+    weights and the w4a8 kernel. A request alone gives FastDecoder's w4a8 tokens (the same
+    codes and kernel), and a batch of requests gives each one's tokens alone (the kernel
+    quantizes each row's activations by itself)."""
     from llminfra.quant import w4a8
     if not w4a8.available():
-        pytest.skip(f"no C compiler here to build the w4a8 kernel: {w4a8.available_reason()}"
-                    if hasattr(w4a8, "available_reason") else "the w4a8 kernel cannot be built")
+        pytest.skip(f"the w4a8 kernel cannot be built here: {w4a8.unavailable_reason()}")
     from llminfra.model import FastDecoder
+    from llminfra.serving.serve import quantized_linear
     model, tok = small
     ps = prompts(random.Random(7), 6)
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
-    alone = [tokens(LLMEngine(model, tok, runner="fast", quantization="w4a8"), [p], greedy)[0]
-             for p in ps]
-    batched = tokens(LLMEngine(model, tok, runner="fast", quantization="w4a8", max_num_seqs=6),
-                     ps, greedy)
+    alone = [tokens(LLMEngine(model, tok, runner="fast", linear=quantized_linear("w4a8")), [p],
+                    greedy)[0] for p in ps]
+    batched = tokens(LLMEngine(model, tok, runner="fast", linear=w4a8.w4a8_linear(),
+                               max_num_seqs=6), ps, greedy)
     assert batched == alone
     decoder = FastDecoder(model, linear=w4a8.w4a8_linear())
     assert [[decoder.generate(p, 10)] for p in ps[:3]] == alone[:3]
     with pytest.raises(ValueError, match="needs runner='fast'"):
-        LLMEngine(model, tok, quantization="w4a8")
+        LLMEngine(model, tok, linear=w4a8.w4a8_linear())
     with pytest.raises(ValueError, match="quantization 'int3'"):
-        LLMEngine(model, tok, runner="fast", quantization="int3")
+        quantized_linear("int3")

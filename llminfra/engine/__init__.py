@@ -10,7 +10,10 @@ carries the ragged batch through the model. Modules, one concept each:
 * :mod:`.sequence` — requests, sequences and their state machine;
 * :mod:`.scheduler` — continuous batching, chunked prefill, admission by free blocks,
   preemption, and ``update_from_output``, the one writer of a step's result;
+* :mod:`.stopping` — the stop rules (JSON complete, stop strings, stop tokens, length);
 * :mod:`.static_batch` — the static and dynamic baselines (padding rows, worst-case reservation);
+* :mod:`.model_runner` — the step on the device: step inputs, the readable or the fused forward
+  (CUDA graphs for decode), sampling;
 * :mod:`.spec_decode` — speculative decoding: proposers, exact verification, the adaptive γ;
 * :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators;
 * :mod:`.engine` — :class:`LLMEngine`;

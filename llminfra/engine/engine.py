@@ -77,8 +77,9 @@ class LLMEngine:
     shared prompt prefixes; ``speculative`` (a :class:`~.spec_decode.SpeculativeConfig`) turns
     on speculative decoding. ``runner``: ``"readable"`` (the model as chapter 01 writes it,
     the default) or ``"fast"`` (fused weights, 25 torch calls a layer, CUDA graphs for decode
-    where ``cuda_graphs`` says: :mod:`.model_runner`); ``quantization="w4a8"`` (fast runner)
-    multiplies int4 copies of its matrices with the w4a8 kernel. ``clock`` gives the timestamps (seconds); ``seed`` seeds the
+    where ``cuda_graphs`` says: :mod:`.model_runner`); ``linear`` (fast runner) applies each of
+    its matrices, e.g. :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights on the w4a8
+    kernel). ``clock`` gives the timestamps (seconds); ``seed`` seeds the
     sampling of requests that give no seed of their own. Not thread-safe: a server calls
     ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
@@ -91,7 +92,7 @@ class LLMEngine:
                  max_prefill_chunk_tokens: int | None = None, dynamic_window_s: float = 0.05,
                  seed: int = 0, speculative: SpeculativeConfig | None = None,
                  runner: str = "readable", cuda_graphs: bool | str | None = None,
-                 quantization: str | None = None):
+                 linear=None):
         if not hasattr(model, "config") or not callable(model):
             raise ValueError("model must be a llminfra Transformer (with .config), got "
                              f"{type(model).__name__}")
@@ -124,7 +125,7 @@ class LLMEngine:
         #: (:mod:`.model_runner`; ``cuda_graphs`` replays its decode steps from CUDA graphs)
         self.runner = make_runner(runner, model, self.cache, self.device, self.speculator,
                                   max_num_seqs=max_num_seqs, cuda_graphs=cuda_graphs,
-                                  quantization=quantization)
+                                  linear=linear)
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []
         self._ids = itertools.count()
@@ -262,8 +263,6 @@ class LLMEngine:
         """Run one scheduling step; one output per request that got tokens or finished."""
         touched: dict[str, Request] = {r.request_id: r for r in self._pending}
         self._pending = []
-        if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
         sched = self.last_scheduled = self.scheduler.schedule(self.clock())
         if sched.scheduled:
             try:
@@ -280,6 +279,8 @@ class LLMEngine:
                 if self.speculator is not None:
                     for seq in r.seqs:
                         self.speculator.free(seq)
+        if self.speculator is not None:     # drafts for the next step, of what still runs
+            self.speculator.propose(self.scheduler.running)
         return outputs
 
     def _run(self, sched: SchedulerOutput, touched: dict) -> None:

@@ -42,13 +42,6 @@ PAD_TOKEN_ID = 0
 RUNNERS = ("readable", "fast")
 
 
-def caught_up(scheduled) -> list[tuple[Sequence, int]]:
-    """``(sequence, drafts)`` of each scheduled sequence whose known tokens are all in the
-    cache after this step: it gets logits at its last token and at each of its drafts."""
-    return [(seq, seq.num_computed_tokens + n - seq.num_tokens)
-            for seq, n in scheduled if seq.num_computed_tokens + n >= seq.num_tokens]
-
-
 def step_tokens(seq: Sequence, n: int) -> list[int]:
     """The ``n`` tokens ``seq`` brings this step (its next known tokens, then drafts)."""
     c = seq.num_computed_tokens
@@ -99,21 +92,21 @@ class ReadableRunner:
 
     def execute(self, sched: SchedulerOutput) -> dict:
         """Sampled tokens (or an exception) per caught-up sequence of ``sched``."""
-        caught = caught_up(sched.scheduled)
-        return sample(caught, self.forward(sched.scheduled, sched.padding), self.speculator)
+        logits = self.forward(sched.scheduled, sched.padding, sched.caught)
+        return sample(list(sched.caught.items()), logits, self.speculator)
 
-    def forward(self, scheduled, padding) -> torch.Tensor:
+    def forward(self, scheduled, padding, caught: dict) -> torch.Tensor:
         """Reserve the step's slots and run the model on its flat batch: the scheduled tokens
         (drafts included), then one :data:`PAD_TOKEN_ID` per padding row at its next position.
-        Logits come out for each caught-up sequence's last token and drafts, then for every
-        padding row (a fixed-shape baseline computes them too; nothing is sampled from them)."""
+        Logits come out for each ``caught`` sequence's last token and drafts
+        (:attr:`SchedulerOutput.caught`), then for every padding row (a fixed-shape baseline
+        computes them too; nothing is sampled from them)."""
         seqs = [s for s, _ in scheduled] + padding
         flat, last = [], []
         for s, n in scheduled:
             flat += step_tokens(s, n)
-            if s.num_computed_tokens + n >= s.num_tokens:        # the last token and any drafts
-                last += range(len(flat) - (s.num_computed_tokens + n - s.num_tokens) - 1,
-                              len(flat))
+            if s in caught:                                      # the last token and any drafts
+                last += range(len(flat) - caught[s] - 1, len(flat))
         flat += [PAD_TOKEN_ID] * len(padding)
         last += range(len(flat) - len(padding), len(flat))
         meta = self.cache.prepare_step([s.cache_seq for s in seqs],
@@ -192,7 +185,7 @@ class FastRunner(ReadableRunner):
         return [v if p.ndim == 1 else v.view(p.shape) for v, p in zip(views, parts)]
 
     # ----------------------------------------------------------------- forward
-    def forward(self, scheduled, padding) -> torch.Tensor:
+    def forward(self, scheduled, padding, caught: dict) -> torch.Tensor:
         seqs = [s for s, _ in scheduled] + padding
         lens = [n for _, n in scheduled] + [1] * len(padding)
         cache_ids = [s.cache_seq for s in seqs]
@@ -200,13 +193,13 @@ class FastRunner(ReadableRunner):
         try:
             with torch.no_grad():
                 if max(lens) == 1:
-                    return self._decode(scheduled, padding, cache_ids, slots)
-                return self._mixed(scheduled, padding, cache_ids, slots, lens)
+                    return self._decode(scheduled, padding, cache_ids, slots, caught)
+                return self._mixed(scheduled, padding, cache_ids, slots, lens, caught)
         except BaseException:
             self.cache.rollback_last()            # a failed step leaves the cache as it was
             raise
 
-    def _decode(self, scheduled, padding, cache_ids, slots) -> torch.Tensor:
+    def _decode(self, scheduled, padding, cache_ids, slots, caught) -> torch.Tensor:
         """Every sequence brings one token: the graph bucket, or the eager step at the
         batch's exact width. Logits of the caught-up sequences, then of the padding rows."""
         tokens = [step_tokens(s, 1)[0] for s, _ in scheduled] + [PAD_TOKEN_ID] * len(padding)
@@ -220,13 +213,12 @@ class FastRunner(ReadableRunner):
             t, p, s, bt = self._upload(np.array(tokens), np.array(positions), np.array(slots),
                                        self._tables(cache_ids, width))
             logits = decode_step(self.weights, self.pools, t, p, s, bt)
-        keep = [i for i, (seq, _) in enumerate(scheduled)
-                if seq.num_computed_tokens + 1 >= seq.num_tokens]
+        keep = [i for i, (seq, _) in enumerate(scheduled) if seq in caught]
         if len(keep) < len(scheduled):             # a one-token prompt chunk: no logits wanted
             logits = logits[keep + list(range(len(scheduled), n))]
         return logits
 
-    def _mixed(self, scheduled, padding, cache_ids, slots, lens) -> torch.Tensor:
+    def _mixed(self, scheduled, padding, cache_ids, slots, lens, caught) -> torch.Tensor:
         """One-token sequences first, then the multi-token ones padded to the longest."""
         order = sorted(range(len(lens)), key=lambda i: lens[i] > 1)   # stable: decodes first
         start = np.cumsum([0] + [lens[i] for i in order])
@@ -254,9 +246,8 @@ class FastRunner(ReadableRunner):
         dec_ids = [cache_ids[i] for i in order[:nd]]
         logits_rows = []
         for i, (seq, n) in enumerate(scheduled):
-            drafts = seq.num_computed_tokens + n - seq.num_tokens
-            if drafts >= 0:
-                logits_rows += range(row_of[i] + n - drafts - 1, row_of[i] + n)
+            if seq in caught:
+                logits_rows += range(row_of[i] + n - caught[seq] - 1, row_of[i] + n)
         logits_rows += [row_of[i] for i in range(len(scheduled), len(sched_all))]
         parts = [np.array(tokens), np.array(positions), np.array(flat_slots),
                  np.array(pad_rows), np.array(pad_pos), np.array(unpad),
@@ -333,32 +324,22 @@ class FastRunner(ReadableRunner):
         return len(self._graphs)
 
 
-#: ``quantization`` choices of :func:`make_runner`: the model's own weights, or int4 weights
-#: multiplied by the w4a8 kernel (:mod:`llminfra.quant.w4a8`, int8 activations)
-QUANTIZATIONS = (None, "w4a8")
-
-
 def make_runner(runner: str, model, cache, device, speculator=None, *, max_num_seqs: int = 64,
-                cuda_graphs=None, quantization: str | None = None):
-    """``"readable"`` or ``"fast"`` (:data:`RUNNERS`); ``quantization="w4a8"`` (fast runner
-    only) quantizes the fused matrices and the output matrix to int4 (groups of 32) and
-    multiplies them with the w4a8 kernel, for any batch. ``ValueError`` for another name, or
-    for a model the fast runner cannot take (its message says why); ``RuntimeError`` where the
-    w4a8 kernel cannot be built (no C compiler)."""
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization {quantization!r}; allowed: {QUANTIZATIONS}")
+                cuda_graphs=None, linear=None):
+    """``"readable"`` or ``"fast"`` (:data:`RUNNERS`). ``linear`` (fast runner only): a
+    ``linear(W) -> f`` applied to each fused matrix and the output matrix — e.g.
+    :func:`llminfra.quant.w4a8.w4a8_linear`, int4 weights on the w4a8 kernel for any batch
+    (``llminfra serve --quantization w4a8``); None: the model's own kind of matmul.
+    ``ValueError`` for another name, or for a model the fast runner cannot take (its message
+    says why)."""
     if runner == "readable":
         if cuda_graphs:
             raise ValueError("CUDA graphs need runner='fast'; the readable runner runs eagerly")
-        if quantization:
-            raise ValueError(f"quantization={quantization!r} needs runner='fast' (the fused "
-                             f"weights are what it quantizes)")
+        if linear is not None:
+            raise ValueError("a linear for the fused matrices needs runner='fast' (the fused "
+                             "weights are what it applies to)")
         return ReadableRunner(model, cache, device, speculator)
     if runner == "fast":
-        linear = None
-        if quantization == "w4a8":
-            from llminfra.quant.w4a8 import w4a8_linear
-            linear = w4a8_linear()
         return FastRunner(model, cache, device, speculator, max_num_seqs=max_num_seqs,
                           cuda_graphs=cuda_graphs, linear=linear)
     raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 
 from collections.abc import Callable, Collection, Mapping
 
-from llminfra.engine.sampling_params import stop_at
 from llminfra.engine.sequence import Sequence, SequenceStatus
 from llminfra.engine.static_batch import StaticBatches
+from llminfra.engine.stopping import check_stop
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.kvcache.offload import swap_in, swap_out
 from llminfra.kvcache.paged_cache import PagedKVCache
@@ -102,6 +102,9 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     swapped_in: list[Sequence] = field(default_factory=list)
     padding: list[Sequence] = field(default_factory=list)
+    #: the scheduled sequences that catch up this step (logits at their last token and at each
+    #: draft), with their drafts to verify: computed once, here, for the runner and the update
+    caught: dict[Sequence, int] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -227,6 +230,8 @@ class Scheduler:
                 self._admit(budget, out)
         if self.padding and out.scheduled:
             self.batches.schedule_padding(budget, out)
+        out.caught = {s: s.num_computed_tokens + n - s.num_tokens for s, n in out.scheduled
+                      if s.num_computed_tokens + n >= s.num_tokens}
         return out
 
     def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
@@ -332,7 +337,7 @@ class Scheduler:
             if seq.status.is_finished:
                 continue
             tokens = sampled.get(seq)
-            drafts = max(0, seq.num_computed_tokens + n - seq.num_tokens)
+            drafts = out.caught.get(seq, 0)
             accepted = min(drafts, len(tokens) - 1) if isinstance(tokens, list) else 0
             before = seq.num_computed_tokens
             seq.num_computed_tokens += n - drafts + accepted
@@ -370,31 +375,11 @@ class Scheduler:
             seq.append_output(int(token), self.decode, int(token) in self.stop_token_ids
                               and not seq.params.ignore_eos)
             try:
-                status = self._check_stop(seq, int(token))
+                status = check_stop(seq, int(token), self.stop_token_ids, self.decode,
+                                    self.config.max_seq_len)
             except Exception as err:  # noqa: BLE001 - the caller fails this request
                 return err
             if status is not None:
                 self.finish(seq, status)
                 return k
         return len(tokens)
-
-    def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
-        if seq.grammar is not None:                # structured output: the JSON goes on
-            seq.grammar.advance(token)
-        if seq.grammar is not None and seq.grammar.finished():
-            return SequenceStatus.FINISHED_STOPPED
-        stops = seq.params.stop_strings
-        if stops:
-            if self.decode is None:
-                raise ValueError("stop strings need the scheduler's decode (token ids -> text)")
-            text = seq.detok.text if seq.detok is not None else ""
-            end = stop_at(text, stops)
-            if end is not None:
-                seq.stop_text = text[:end]
-                return SequenceStatus.FINISHED_STOPPED
-        if not seq.params.ignore_eos and token in self.stop_token_ids:
-            return SequenceStatus.FINISHED_STOPPED
-        if (len(seq.output_token_ids) >= seq.max_tokens
-                or seq.num_tokens > self.config.max_seq_len):
-            return SequenceStatus.FINISHED_LENGTH
-        return None

@@ -173,7 +173,7 @@ class Simulator:
         for seq, n in out.scheduled:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
-            if seq.num_computed_tokens + n >= seq.num_tokens:
+            if seq in out.caught:
                 sampled[seq] = [0]
         for seq, got in sched.update_from_output(out, sampled).items():
             for _ in range(got):

@@ -85,7 +85,19 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
                      enable_prefix_caching=enable_prefix_caching, speculative=spec,
                      runner="fast" if quantization else resolve_runner(runner, net),
-                     cuda_graphs=cuda_graphs, quantization=quantization)
+                     cuda_graphs=cuda_graphs, linear=quantized_linear(quantization))
+
+
+def quantized_linear(quantization: str | None):
+    """The fast runner's ``linear`` for ``--quantization``: None (the model's own weights), or
+    for ``"w4a8"`` :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights, int8 activations, the
+    course's C kernel; ``RuntimeError`` naming the reason where it cannot be built)."""
+    if quantization is None:
+        return None
+    if quantization != "w4a8":
+        raise ValueError(f"quantization {quantization!r}; allowed: None, 'w4a8'")
+    from llminfra.quant.w4a8 import w4a8_linear
+    return w4a8_linear()
 
 
 def resolve_runner(runner: str, net) -> str:
