@@ -63,3 +63,15 @@ def test_workload_is_seeded_and_fits(gen):
     assert [r.arrival_time_s for r in burst] == [0.0] * 3
     with pytest.raises(ValueError):
         serving_workload(3, gen, rate_per_s=0)
+
+
+def test_percentile_and_kv_budget_refuse_a_bool():
+    """Leftovers of the reliability issue: ``True`` is not a percentile nor a reserve."""
+    import numpy as np
+
+    from llminfra.calc.memory import kv_budget
+    with pytest.raises(ValueError, match="q must be a number"):
+        percentile([1.0, 2.0], True)
+    assert percentile([1.0, 2.0, 3.0, 4.0], np.int64(50)) == 2.5
+    with pytest.raises(ValueError, match="reserve_fraction must be a number"):
+        kv_budget("llama-2-7b", "a100-80gb", reserve_fraction=False)

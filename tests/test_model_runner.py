@@ -244,3 +244,4 @@ def test_w4a8_serving_for_any_batch(small):
         LLMEngine(model, tok, linear=w4a8.w4a8_linear())
     with pytest.raises(ValueError, match="quantization 'int3'"):
         quantized_linear("int3")
+

@@ -332,8 +332,8 @@ def kv_budget(model: str | ModelSpec, gpu, dtype: str = "bf16", kv_dtype: str | 
     Taught in chapters 02 and 04.
     """
     spec, g = get_model(model), get_gpu(gpu)
-    if not 0 <= reserve_fraction < 1:
-        raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    if isinstance(reserve_fraction, bool) or not 0 <= reserve_fraction < 1:
+        raise ValueError(f"reserve_fraction must be a number in [0, 1), got {reserve_fraction!r}")
     num_gpus = positive_int("num_gpus", num_gpus)
     one = inference_memory(spec, dtype, kv_dtype, context, batch=1, sliding_window=sliding_window)
     memory = g.memory_bytes * num_gpus

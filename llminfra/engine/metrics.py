@@ -16,6 +16,7 @@ arXiv:2403.02310, §2 define TTFT and TBT). Taught in chapter 05.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -86,8 +87,8 @@ def percentile(values: Sequence[float], q: float) -> float:
     """
     if not values:
         raise ValueError("percentile of an empty list; give at least one value")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must lie in [0, 100], got {q!r}")
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= q <= 100:
+        raise ValueError(f"q must be a number in [0, 100], got {q!r}")
     xs = sorted(values)
     r = q / 100 * (len(xs) - 1)
     lo, hi = math.floor(r), math.ceil(r)
