@@ -32,7 +32,7 @@ def test_form_reports_invalid_input_without_raising():
 def test_plan_html_escapes_and_marks():
     p = plan_deployment(ServiceRequirements(100, 100, 100, data_may_leave=False), "h100", PlanPrices(1, 1, 1))
     out = plan_html(p)
-    assert out.count("<tr>") == 8 + 1 + len(p.checklist)
+    assert out.count("<tr>") == 9 + 1 + len(p.checklist)
     assert "?" in out  # the load test is always still to be done
 
 
@@ -64,3 +64,20 @@ def _walk(w):
     yield w
     for child in getattr(w, "children", ()):
         yield from _walk(child)
+
+
+def test_the_budget_changes_what_the_plan_says():
+    """Issue 42: the budget field changed nothing visible. The plan now says whether its
+    recommendation fits the budget, in the summary, the table and the reasons — and moving
+    the budget across the recommendation's cost flips it."""
+    f = PlanForm(ServiceRequirements(50_000, 1500, 300, budget_usd_per_month=20_000), "h100",
+                 PlanPrices(3, 15, 2.69))
+    cost = f.plan.recommended_monthly_usd
+    assert f.plan.within_budget and "within the budget of 20,000" in f.summary.value
+    assert "the recommendation fits it" in f.html.value
+    f.budget.value = cost / 2
+    assert not f.plan.within_budget and "OVER the budget" in f.summary.value
+    assert "USD over it" in f.html.value
+    assert any("over the budget" in r for r in f.plan.reasons)
+    f.budget.value = cost
+    assert f.plan.within_budget

@@ -7,7 +7,8 @@
    :mod:`llminfra.calc.roofline`; chapter 05's simulator and load test refine them);
 3. **hardware** — GPUs per replica (tensor parallelism 1, 2, 4, 8) and replicas for the peak;
 4. **cost** — rented GPUs around the clock vs the hosted API at the same volume
-   (:mod:`llminfra.calc.cost`), utilisation;
+   (:mod:`llminfra.calc.cost`), utilisation, and whether the recommendation fits the budget
+   (``Plan.within_budget``, and a reason that says by how much);
 5. **load test** — left to a real run (chapter 05's ``loadtest``); the plan says what to measure.
 
 PlanPrices are inputs (:class:`PlanPrices`); the course's examples are labelled with their date.
@@ -34,14 +35,18 @@ TP_SIZES = (1, 2, 4, 8)
 
 
 #: example rental prices, USD per GPU hour, by GPU type: inputs, not current prices. RunPod's
-#: prices as tabulated by deploybase.ai, "RunPod GPU Pricing: 2026 Comprehensive Pricing Guide"
-#: (2026-03-10), its lower (spot) column; the same table lists on-demand at 1.4-1.8x these. Its
-#: H100 SXM price, 2.69, is chapter 09's example. GPUs it does not list have no example price.
+#: on-demand prices, March 2026, as deploybase.ai tabulates them in "Spot GPU Pricing"
+#: (on-demand column: A100 PCIe 1.19, A100 SXM 1.39, H100 PCIe 1.99, H100 SXM 2.69, H200 3.59,
+#: L40S 0.79, RTX 4090 0.34; spot 35-70 % lower). Its "RunPod GPU Pricing: 2026 Comprehensive
+#: Pricing Guide" (2026-03-10) prints the same figures under a "Spot" heading, but RunPod's
+#: Secure Cloud (RunPod's own, non-interruptible) H100 SXM is 2.69 in spheron.network's "RunPod
+#: H100 Pricing 2026" too, the source chapter 09 quotes: an on-demand price, here as there. The
+#: RTX 3090's 0.22 is from the pricing guide only. GPUs without a listed price have none here.
 EXAMPLE_GPU_HOUR_USD = MappingProxyType({
     "rtx-3090": 0.22, "rtx-4090": 0.34, "l40s": 0.79, "a100-80gb-pcie": 1.19, "a100-80gb": 1.39,
     "h100-pcie": 1.99, "h100": 2.69, "h200": 3.59})
-EXAMPLE_GPU_HOUR_LABEL = ("RunPod GPU-hour prices by GPU type, 2026-03 (deploybase.ai's table, "
-                          "spot column)")
+EXAMPLE_GPU_HOUR_LABEL = ("RunPod on-demand GPU-hour prices by GPU type, 2026-03 (deploybase.ai; "
+                          "the H100's 2.69 is chapter 09's example)")
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,16 @@ class Plan:
     recommendation: str
     reasons: tuple[str, ...]
     checklist: tuple[dict, ...] = field(default_factory=tuple)
+    budget_usd_per_month: float = math.inf
+    recommended_monthly_usd: float = 0.0
+
+    @property
+    def within_budget(self) -> bool:
+        """The recommended option's monthly cost is at most the requirements' budget."""
+        return self.recommended_monthly_usd <= self.budget_usd_per_month
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "within_budget": self.within_budget}
 
 
 #: share of the roofline bound a serving engine is assumed to reach (an assumption to replace
@@ -203,7 +215,13 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
         selfhost_usd_per_million=rented / monthly_tokens * 1e6,
         api_usd_per_million=api.monthly_cost / monthly_tokens * 1e6)
     rec, reasons = _recommend(req, plan, bool(meeting))
-    plan.update(recommendation=rec, reasons=tuple(reasons))
+    cost = plan["api_monthly_usd"] if rec == "hosted API" else plan["selfhost_monthly_usd"]
+    budget_usd = float(req.budget_usd_per_month)
+    reasons.append(f"the recommendation costs {cost:,.0f} USD a month: "
+                   + (f"within the budget of {budget_usd:,.0f} USD" if cost <= budget_usd else
+                      f"{cost - budget_usd:,.0f} USD over the budget of {budget_usd:,.0f} USD"))
+    plan.update(recommendation=rec, reasons=tuple(reasons), budget_usd_per_month=budget_usd,
+                recommended_monthly_usd=cost)
     plan["checklist"] = tuple(checklist(req, plan, best["budget"]))
     return Plan(**plan)
 
@@ -220,8 +238,6 @@ def _recommend(req: ServiceRequirements, p: dict, meets: bool) -> tuple[str, lis
     reasons.append(f"at this volume the API costs {p['api_monthly_usd']:,.0f} USD a month and "
                    f"{p['total_gpus']} rented {p['gpu']} cost {p['selfhost_monthly_usd']:,.0f} USD "
                    f"(utilisation {p['utilization']:.0%})")
-    if cheaper == "hosted API" and p["api_monthly_usd"] > req.budget_usd_per_month:
-        reasons.append(f"the API alone exceeds the budget of {req.budget_usd_per_month:,.0f} USD")
     return cheaper, reasons
 
 

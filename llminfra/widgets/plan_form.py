@@ -35,7 +35,11 @@ def plan_html(plan) -> str:
             ("utilisation", f"{plan.utilization:.0%}"),
             ("self-hosted, rented", f"{plan.selfhost_monthly_usd:,.0f} USD / month"),
             ("hosted API", f"{plan.api_monthly_usd:,.0f} USD / month"),
-            ("recommendation", plan.recommendation)]
+            ("recommendation", plan.recommendation),
+            ("budget", f"{plan.budget_usd_per_month:,.0f} USD / month: "
+                       + ("the recommendation fits it" if plan.within_budget else
+                          f"the recommendation is {plan.recommended_monthly_usd - plan.budget_usd_per_month:,.0f}"
+                          " USD over it"))]
     summary = "".join(f"<tr><td style='text-align:left'>{html.escape(k)}</td>"
                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
     checks = "".join(
@@ -121,7 +125,9 @@ class PlanForm:
         p = self.plan
         self.summary.value = (f"{p.recommendation}: {p.total_gpus} × {p.gpu}, TTFT ≈ "
                               f"{p.ttft_estimate_s * 1e3:.3g} ms, API {p.api_monthly_usd:,.0f} vs "
-                              f"rented {p.selfhost_monthly_usd:,.0f} USD / month")
+                              f"rented {p.selfhost_monthly_usd:,.0f} USD / month; "
+                              + ("within" if p.within_budget else "OVER") + " the budget of "
+                              f"{p.budget_usd_per_month:,.0f}")
         if self.gpu_hour.value == 0:
             self.summary.value += f" (no example price for {p.gpu}: type its USD per hour)"
         self.html.value = plan_html(p)
