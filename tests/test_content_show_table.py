@@ -17,6 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+#: tables this test found lost in chapters their owners have yet to fix: each is an expected
+#: failure that turns the test red (strict) once fixed, so the entry is removed then
+KNOWN_LOST = {
+    "notebooks/06_flash_attention": "cell dfa5bdec: the recorded H200 Triton/SDPA table is not "
+                                    "the cell's last expression (wrap it in display(...))",
+}
 
 
 def _code(cell: dict) -> str:
@@ -68,7 +74,10 @@ def test_the_rule_sees_a_table_in_the_middle_of_a_cell():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_every_show_table_is_displayed(path):
+def test_every_show_table_is_displayed(path, request):
+    known = KNOWN_LOST.get(f"{path.parent.name}/{path.stem}")
+    if known:
+        request.applymarker(pytest.mark.xfail(reason=known, strict=True))
     nb = json.loads(path.read_text())
     lost = []
     for i, cell in enumerate(nb["cells"]):
