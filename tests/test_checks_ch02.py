@@ -202,10 +202,9 @@ def _kv_in(kv_of):
 
 
 def _kv_by_hand_in_weight_bytes(model, gpu, context, dtype, kv_dtype, reserve_fraction):
-    """KV bytes written out with dtype_bytes(dtype): the weights' bytes per element."""
+    """KV bytes per token in the weights' dtype, times the context."""
     est = inference_memory(model, dtype, kv_dtype, context, batch=1)
-    spec = ch02.get_model(model)
-    kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * dtype_bytes(dtype) * context
+    kv = kv_bytes_per_token(model, dtype) * context      # MLA's latent cache too
     usable = get_gpu(gpu).memory_bytes * (1 - reserve_fraction)
     return max(0, math.floor((usable - est.weight_bytes - est.activation_bytes) / kv))
 
@@ -230,8 +229,8 @@ def test_largest_batch_ignoring_the_kv_dtype_fails_every_run_at_case_1(wrong, me
 
 @pytest.mark.parametrize("seed", range(4))
 def test_largest_batch_kv_in_weight_bytes_by_hand_fails_at_case_1(seed):
-    """dtype_bytes(dtype) for the cache, written out (with the weights in int4 the cache would
-    be half a byte per element): case 1 names the KV dtype."""
+    """kv_bytes_per_token(model, dtype) for the cache (with the weights in int4 it would be
+    half a byte per element): case 1 names the KV dtype."""
     with pytest.raises(CheckFailed, match=r"case 1 of 7: .*fp8 KV cache beside") as e:
         ch02.check_largest_batch(_kv_by_hand_in_weight_bytes, seed=seed)
     assert "own dtype" in str(e.value)
