@@ -302,3 +302,16 @@ def test_absmax_written_for_2d_only_fails_every_run_at_case_3(seed):
     with pytest.raises(CheckFailed, match="one scale for the whole tensor") as e:
         ch03.check_absmax_int8(two_d, seed=seed)
     assert "case 3 of 7" in str(e.value) and "3-D shape (2, 3, 4)" in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, seed, message", [
+    (_int4_max_not_abs, 7064, r"max\(w\), not max\(\|w\|\)"),       # median ratio near 7/8
+    (_int4_variant(fp16_scale=False), 12111, "float32 scale"),       # ties accepted elsewhere
+    (_int4_variant(fp16_scale=False), 18168, "float32 scale"),
+])
+def test_int4_hints_on_the_seeds_a_sweep_found(wrong, seed, message):
+    """A sweep over 1,000+ seeds found these three told "divide by 7" or "codes differ": the
+    scale checks now come before the median-ratio guess, and the float32-scale rounding is
+    recognised where the checker had accepted a tie for the reference's code."""
+    with pytest.raises(CheckFailed, match=message):
+        ch03.check_quantize_int4(wrong, seed=seed)
