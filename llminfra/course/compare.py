@@ -20,9 +20,12 @@ means:
   number (``12``, ``12.0``, ``np.float32(12)``, ``Decimal("12")``, ``Fraction(24, 2)``), or
   by a Python / float64 float within float64 rounding of it (a right formula computed through
   a division, ``s·b·h·(34 + 5·a·s/h)``, may land a few units in the last place off: 64 at most,
-  7e-15 relative); any other fraction is rejected, however close (half a byte on 10**10 bytes). float32 holds whole numbers exactly only up
-  to 2**24 (float16: 2**11, bfloat16: 2**8), so a larger count in those dtypes is not the right
-  value; the message says so.
+  7e-15 relative); any other fraction is rejected, however close (half a byte on 10**10
+  bytes). float32 holds whole numbers exactly only up to 2**24 (float16: 2**11, bfloat16:
+  2**8), so a larger count in those dtypes is not the right value; the message says so.
+* **Kinds.** An answer that is not even the expected kind of value (a dict, a string with
+  units, an array where one number is due, None) is told what to return
+  (:func:`kind_mismatch`), never handed to a checker's hint that would crash on it.
 :func:`as_like` converts an answer to the expected kind for a hint's arithmetic, and
 :func:`first_matching` names the known mistake an answer equals. Used by
 :mod:`llminfra.course.checking`; taught in chapter 00 (how exercises are checked).
