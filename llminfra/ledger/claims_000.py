@@ -61,11 +61,11 @@ def _paged_vs_contiguous() -> Finding:
     chapter 04's one pool and trace (its §5: 150 ShareGPT-like requests, seed 2023, in the KV
     budget of OPT-13B in fp16 on an A100-40GB), so the two print the same figures."""
     import torch
-    from llminfra.bench.kvcache import kv_budget_tokens
+    from llminfra.calc.memory import kv_budget
     from llminfra.kvcache.simulate import simulate_contiguous, simulate_paged
     from llminfra.kvcache.trace import request_trace
     trace = request_trace(150, torch.Generator().manual_seed(2023), "sharegpt")
-    pool = kv_budget_tokens("opt-13b", "a100-40gb", "fp16", 2048)
+    pool = kv_budget("opt-13b", "a100-40gb", "fp16", context=2048).kv_budget_tokens
     cont = simulate_contiguous(trace, pool, "max", 2048)["fractions"]["token"]
     paged = simulate_paged(trace, pool, 16)["fractions"]["token"]
     return Finding(f"chapter 04's pool (OPT-13B fp16 on an A100-40GB: {pool:,} tokens) and 150 "
