@@ -9,6 +9,7 @@ dependency from the top of the file, it does not remove it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,33 @@ def test_the_checks_can_fail():
     # and the real graph is read: the engine imports its sequences, the server FastAPI
     assert "llminfra.engine.sequence" in IMPORTS["llminfra.engine.engine"]
     assert "fastapi" in {d.split(".")[0] for d in IMPORTS["llminfra.serving.server"]}
+
+
+#: the cache's insides (its pool tensors, block tables, reference counts) and the scheduler's
+#: queues: read and written through their owners' verbs only (``read_kv`` / ``write_kv`` /
+#: ``gather_blocks``, ``block_table``, ``last_block_shared``; ``Scheduler.add`` / ``adopt`` /
+#: ``abort``) — no side doors from the rest of the engine
+CACHE_INSIDES = re.compile(r"\bcache\.(k|v|store|tables)\b|\.allocator\.ref_count\b")
+QUEUE_WRITES = re.compile(r"\bscheduler\.(waiting|running|swapped)\s*(\.(append|appendleft|"
+                          r"remove|pop|popleft|clear|extend|insert)\b|=[^=]|\[)")
+
+
+def test_no_side_doors_into_the_cache_or_the_scheduler_s_queues():
+    offenders = []
+    for name, path in MODULES.items():
+        if not name.startswith(("llminfra.engine", "llminfra.serving")):
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if CACHE_INSIDES.search(code) or QUEUE_WRITES.search(code):
+                offenders.append(f"{name}:{i}: {line.strip()}")
+    assert not offenders, "use the cache's and the scheduler's verbs:\n" + "\n".join(offenders)
+
+
+def test_the_side_door_rule_sees_a_side_door():
+    assert CACHE_INSIDES.search("k = engine.cache.k[:, blocks]")
+    assert CACHE_INSIDES.search("shared = s.cache.allocator.ref_count(b) > 1")
+    assert QUEUE_WRITES.search("engine.scheduler.running.append(seq)")
+    assert QUEUE_WRITES.search("engine.scheduler.waiting.remove(seq)")
+    assert not QUEUE_WRITES.search("n = len(engine.scheduler.running)")
+    assert not CACHE_INSIDES.search("kv = engine.cache.read_kv(seq, n)")

@@ -91,15 +91,10 @@ def export_kv(engine, request_id: str) -> KVHandoff:
         raise ValueError(f"export_kv: request {request_id!r} must be running with its first "
                          f"token sampled, it is {seq.status.name} with "
                          f"{len(seq.output_token_ids)} tokens")
-    cache, T = engine.cache, seq.num_computed_tokens
-    blocks = cache.tables[seq.cache_seq].blocks
-    L, _, B, H, d = cache.k.shape
-    # (L, nb, B, H_kv, d) -> (L, nb·B, H_kv, d) -> the first T token slots
-    k = cache.k[:, blocks].reshape(L, len(blocks) * B, H, d)[:, :T]
-    v = cache.v[:, blocks].reshape(L, len(blocks) * B, H, d)[:, :T]
+    kv = engine.cache.read_kv(seq.cache_seq, seq.num_computed_tokens)  # (2, L, T, H_kv, d)
     m = req.metrics
     return KVHandoff(req.request_id, req.prompt, list(req.prompt_token_ids),
-                     list(seq.output_token_ids), req.params, torch.stack([k, v]).contiguous(),
+                     list(seq.output_token_ids), req.params, kv,
                      m.arrival_time, m.first_scheduled_time, list(m.token_times),
                      None if seq.generator is None else seq.generator.get_state(),
                      list(seq.output_logprobs) if seq.params.logprobs is not None else None)
@@ -133,7 +128,7 @@ def can_import(engine, handoff: KVHandoff) -> bool:
 
 
 def _check_shape(engine, kv: torch.Tensor) -> None:
-    L, _, _, H, d = engine.cache.k.shape
+    L, H, d = engine.cache.token_kv_shape
     if kv.dim() != 5 or kv.shape[0] != 2 or (kv.shape[1], kv.shape[3], kv.shape[4]) != (L, H, d):
         raise ValueError(f"import_kv: kv has shape {tuple(kv.shape)}; this engine's pool needs "
                          f"(2, L={L}, T, H_kv={H}, d={d})")
@@ -153,7 +148,7 @@ def import_kv(engine, handoff: KVHandoff,
     _check_shape(engine, handoff.kv)
     if not handoff.kv.is_floating_point():
         raise ValueError(f"import_kv: K/V of dtype {handoff.kv.dtype}; a floating-point K/V is "
-                         f"needed (cast to the pool's {engine.cache.k.dtype}, integers would "
+                         f"needed (cast to the pool's {engine.cache.dtype}, integers would "
                          f"become wrong values)")
     T = handoff.num_tokens
     if T != len(handoff.prompt_token_ids) + len(handoff.output_token_ids) - 1:
@@ -168,18 +163,18 @@ def import_kv(engine, handoff: KVHandoff,
                              arrival_time=handoff.arrival_time)
     req = engine.requests[rid]
     seq = req.seqs[0]
-    engine.scheduler.waiting.remove(seq)
-    try:
-        _write(engine, seq, handoff)
+
+    def fill(cache_seq: int) -> None:
+        engine.cache.write_kv(cache_seq, handoff.kv)
+        _restore(engine, seq, handoff)
         if before_commit is not None:
             before_commit()
+    try:
+        engine.scheduler.adopt(seq, T, fill)
     except BaseException:
-        engine.scheduler.release(seq)
         engine.requests.pop(rid, None)
         raise
     req.prompt = handoff.prompt
-    seq.set_status(SequenceStatus.RUNNING)
-    engine.scheduler.running.append(seq)
     m = req.metrics
     m.first_scheduled_time = handoff.first_scheduled_time
     for t in handoff.token_times:
@@ -187,17 +182,9 @@ def import_kv(engine, handoff: KVHandoff,
     return rid
 
 
-def _write(engine, seq, handoff: KVHandoff) -> None:
-    """Blocks, K/V and sequence state of an adopted request (before it joins the queue)."""
-    cache, T = engine.cache, handoff.num_tokens
-    seq.cache_seq = cache.add_sequence()
-    slots = cache.reserve_slots([seq.cache_seq], [T])
-    L, NB, B, H, d = cache.k.shape
-    index = torch.tensor(slots, dtype=torch.long, device=cache.k.device)
-    kv = handoff.kv.to(device=cache.k.device, dtype=cache.k.dtype)
-    cache.k.view(L, NB * B, H, d)[:, index] = kv[0]          # (L, T, H_kv, d) into T slots
-    cache.v.view(L, NB * B, H, d)[:, index] = kv[1]
-    seq.num_computed_tokens = T
+def _restore(engine, seq, handoff: KVHandoff) -> None:
+    """The sequence state of an adopted request: its generated tokens, grammar, generator and
+    log-probabilities (before it joins the running queue)."""
     for token in handoff.output_token_ids:     # as the scheduler appends (text kept in step)
         seq.append_output(int(token), engine.scheduler.decode, False)
     if seq.grammar is not None:

@@ -186,6 +186,21 @@ class Scheduler:
         if not self.running and not self.swapped:
             self.batches.drop_padding()
 
+    def adopt(self, seq: Sequence, num_computed_tokens: int, fill: Callable[[int], None]) -> None:
+        """Run ``seq`` (just :meth:`add`-ed) from K/V computed elsewhere, a handed-off request:
+        ``fill(cache_seq)`` writes its first ``num_computed_tokens`` tokens into a new cache
+        sequence, then it runs (next step: a decode). If ``fill`` raises, nothing is kept."""
+        self.waiting.remove(seq)
+        seq.cache_seq = self.cache.add_sequence()
+        try:
+            fill(seq.cache_seq)
+        except BaseException:
+            self.release(seq)
+            raise
+        seq.num_computed_tokens = num_computed_tokens
+        seq.set_status(SequenceStatus.RUNNING)
+        self.running.append(seq)
+
     def release(self, seq: Sequence) -> None:
         """Give ``seq``'s blocks back to the pool (if it holds any)."""
         if seq.cache_seq is not None:

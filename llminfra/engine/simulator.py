@@ -155,7 +155,7 @@ class Simulator:
         has them: the scheduled sequences, then one token for each padding row of a static
         batch (computed, so it costs time, though its token is thrown away)."""
         return ([(n, s.num_computed_tokens + n) for s, n in out.scheduled]
-                + [(1, cache.tables[s.cache_seq].num_tokens + 1) for s in out.padding])
+                + [(1, cache.seq_len(s.cache_seq) + 1) for s in out.padding])
 
     def _add(self, sched: Scheduler, r: WorkloadRequest, k: int) -> RequestMetrics:
         metrics = RequestMetrics(arrival_time=r.arrival_time_s)

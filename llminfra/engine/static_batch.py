@@ -81,9 +81,8 @@ class StaticBatches:
         total = 0
         for seq in s.running:
             worst = blocks_needed(seq.reserve_tokens(L), B)
-            blocks = s.cache.tables[seq.cache_seq].blocks
-            shared = bool(blocks) and s.cache.allocator.ref_count(blocks[-1]) > 1
-            total += max(0, worst - len(blocks)) + int(shared)
+            held = len(s.cache.block_table(seq.cache_seq))
+            total += max(0, worst - held) + int(s.cache.last_block_shared(seq.cache_seq))
             if seq.index == 0:
                 total += worst * len(seq.request.forks_pending)
         return total + sum(blocks_needed(q.reserve_tokens(L), B) for q in s.swapped)

@@ -51,8 +51,8 @@ def swap_out(cache: PagedKVCache, seq: int, pin_memory: bool = False) -> Swapped
     table = cache.tables[seq] if seq in cache.tables else None
     if table is None:
         raise KeyError(f"no sequence {seq!r} in the cache; live: {sorted(cache.tables)}")
-    ids = torch.tensor(table.blocks, dtype=torch.long, device=cache.k.device)
-    k, v = cache.k[:, ids].to("cpu"), cache.v[:, ids].to("cpu")
+    kv = cache.gather_blocks(table.blocks).to("cpu")           # (L, 2, n, B, H_kv, d)
+    k, v = kv[:, 0], kv[:, 1]
     if pin_memory:
         k, v = k.pin_memory(), v.pin_memory()
     swapped = SwappedSequence(k, v, table.num_tokens)
@@ -73,9 +73,7 @@ def swap_in(cache: PagedKVCache, swapped: SwappedSequence) -> int:
     except Exception:
         cache.free(seq)
         raise
-    ids = torch.tensor(table.blocks, dtype=torch.long, device=cache.k.device)
-    cache.k[:, ids] = swapped.k.to(cache.k.device)
-    cache.v[:, ids] = swapped.v.to(cache.v.device)
+    cache.scatter_blocks(table.blocks, torch.stack((swapped.k, swapped.v), dim=1))
     return seq
 
 

@@ -1,7 +1,11 @@
 """A paged KV cache behind the model's ``cache.update(layer_idx, k, v, meta)`` protocol.
 
 Storage is one pool per layer, ``(num_blocks, B, H_kv, d)`` for K and for V, shared by all
-sequences; each sequence owns a :class:`~llminfra.kvcache.block_table.BlockTable`. Once per step,
+sequences (``cache.k`` / ``cache.v``, views of one tensor ``store`` ``(L, 2, num_blocks + 1,
+B, H_kv, d)`` whose last block is a scratch block no sequence gets: the padding lanes of a
+fixed-shape step use it); each sequence owns a :class:`~llminfra.kvcache.block_table.BlockTable`.
+The rest of the engine reads and writes K/V through the cache's verbs (``read_kv`` /
+``write_kv``, ``gather_blocks`` / ``scatter_blocks``, ``layer_blocks``), never its tensors. Once per step,
 before the forward pass, :meth:`PagedKVCache.prepare_step` reserves slots for the new tokens of
 every sequence of the step (allocating blocks, copying shared last blocks first: copy-on-write)
 and returns the step's :class:`~llminfra.attention.StepMetadata` (slot mapping, block tables,
@@ -73,6 +77,17 @@ class PagedKVCache:
         """A pool shaped for a :class:`llminfra.model.ModelConfig` (layers, K/V heads, head_dim)."""
         return cls(config.n_layers, config.n_kv_heads, config.head_dim, num_blocks, block_size,
                    dtype, device, allocator)
+
+    @property
+    def token_kv_shape(self) -> tuple[int, int, int]:
+        """``(L, H_kv, d)``: what one token's K (or V) is, over every layer."""
+        L, _, _, _, H, d = self.store.shape
+        return L, H, d
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The pool's dtype."""
+        return self.store.dtype
 
     @property
     def block_size(self) -> int:
@@ -250,6 +265,55 @@ class PagedKVCache:
     def block_table(self, seq: int) -> list[int]:
         """``seq``'s physical block ids, in token order."""
         return list(self._table(seq).blocks)
+
+    def last_block_shared(self, seq: int) -> bool:
+        """True when another sequence holds ``seq``'s last block too (its next token copies
+        it first: copy-on-write)."""
+        blocks = self._table(seq).blocks
+        return bool(blocks) and self.allocator.ref_count(blocks[-1]) > 1
+
+    # ------------------------------------------------- K/V in and out, by block and token
+    def gather_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """K and V of ``block_ids``, every layer: ``(L, 2, len(block_ids), B, H_kv, d)`` (a copy).
+        Swapping out to CPU memory (:mod:`.offload`) and handing a request off to another
+        engine both read the pool through it."""
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.store.device)
+        return self.store[:, :, ids]
+
+    def scatter_blocks(self, block_ids: list[int], kv: torch.Tensor) -> None:
+        """Write ``kv`` ``(L, 2, len(block_ids), B, H_kv, d)`` into ``block_ids``."""
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.store.device)
+        self.store[:, :, ids] = kv.to(device=self.store.device, dtype=self.store.dtype)
+
+    def read_kv(self, seq: int, num_tokens: int | None = None) -> torch.Tensor:
+        """K and V of ``seq``'s first ``num_tokens`` tokens (default all it holds):
+        ``(2, L, T, H_kv, d)``."""
+        table = self._table(seq)
+        T = table.num_tokens if num_tokens is None else num_tokens
+        if not 0 <= T <= table.num_tokens:
+            raise ValueError(f"read_kv: {T} tokens asked of a sequence holding "
+                             f"{table.num_tokens}")
+        kv = self.gather_blocks(table.blocks).flatten(2, 3)[:, :, :T]   # (L, 2, T, H_kv, d)
+        return kv.transpose(0, 1).contiguous()
+
+    def write_kv(self, seq: int, kv: torch.Tensor) -> list[int]:
+        """Append ``kv`` ``(2, L, T, H_kv, d)`` to ``seq``: reserve T slots (all or nothing,
+        :meth:`reserve_slots`) and write the K/V into them; returns the slots. ``ValueError``
+        for a shape that does not fit the pool or a K/V that is not floating point."""
+        L, _, _, B, H, d = self.store.shape
+        if kv.dim() != 5 or kv.shape[0] != 2 or (kv.shape[1], kv.shape[3], kv.shape[4]) != (L, H, d):
+            raise ValueError(f"write_kv: kv has shape {tuple(kv.shape)}; the pool needs "
+                             f"(2, L={L}, T, H_kv={H}, d={d})")
+        if not kv.is_floating_point():
+            raise ValueError(f"write_kv: K/V of dtype {kv.dtype}; a floating-point K/V is needed "
+                             f"(integers would become wrong values in the {self.store.dtype} "
+                             f"pool)")
+        slots = self.reserve_slots([seq], [kv.shape[2]])
+        index = torch.tensor(slots, dtype=torch.long, device=self.store.device)
+        rows = self.store.flatten(2, 3)                       # (L, 2, (num_blocks+1)·B, H_kv, d)
+        rows[:, :, index] = kv.transpose(0, 1).to(device=self.store.device,
+                                                  dtype=self.store.dtype)
+        return slots
 
     def rollback_last(self) -> None:
         """Undo the latest :meth:`reserve_slots` (a failed forward pass of the fast runner,
