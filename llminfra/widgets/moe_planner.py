@@ -17,6 +17,7 @@ import ipywidgets as widgets
 
 from llminfra.calc.communication import interconnects
 from llminfra.calc.expert_parallel import expert_parallel_plan
+from llminfra.plots.table import format_number
 from llminfra.specs import get_model, gpu_names, model_names
 from llminfra.widgets.panel import Panel
 
@@ -39,14 +40,14 @@ def plan_lines(plan: dict) -> list[str]:
     return [
         f"{plan['model']} over {plan['ep']} GPUs: {plan['experts_per_gpu']} of "
         f"{plan['num_experts']} experts per MoE layer on each, weights "
-        f"{plan['weight_bytes_per_gpu'] / gb:,.4g} GB per GPU ({fits} in one "
-        f"{plan['gpu']}'s {plan['gpu_memory_bytes'] / gb:,.4g} GB)",
+        f"{format_number(plan['weight_bytes_per_gpu'] / gb)} GB per GPU ({fits} in one "
+        f"{plan['gpu']}'s {format_number(plan['gpu_memory_bytes'] / gb)} GB)",
         f"all-to-all per step, {plan['tokens']} tokens per GPU, top-{plan['top_k']}: "
-        f"{plan['a2a_bytes_per_step'] / 1e6:,.4g} MB sent per GPU, "
-        f"{plan['a2a_time_s'] * 1e6:,.4g} µs over {plan['interconnect']}",
-        f"tensor parallel over the same GPUs: {plan['tp_weight_bytes_per_gpu'] / gb:,.4g} GB "
-        f"per GPU, all-reduces {plan['tp_allreduce_bytes_per_step'] / 1e6:,.4g} MB, "
-        f"{plan['tp_allreduce_time_s'] * 1e6:,.4g} µs",
+        f"{format_number(plan['a2a_bytes_per_step'] / 1e6)} MB sent per GPU, "
+        f"{format_number(plan['a2a_time_s'] * 1e6)} µs over {plan['interconnect']}",
+        f"tensor parallel over the same GPUs: {format_number(plan['tp_weight_bytes_per_gpu'] / gb)} GB "
+        f"per GPU, all-reduces {format_number(plan['tp_allreduce_bytes_per_step'] / 1e6)} MB, "
+        f"{format_number(plan['tp_allreduce_time_s'] * 1e6)} µs",
     ] + _capacity_lines(plan)
 
 
@@ -63,13 +64,13 @@ def _capacity_lines(plan: dict) -> list[str]:
 
 def _table(plan: dict) -> str:
     rows = [("experts per GPU (per MoE layer)", f"{plan['experts_per_gpu']}"),
-            ("weights per GPU, expert parallel (GB)", f"{plan['weight_bytes_per_gpu'] / 1e9:,.4g}"),
+            ("weights per GPU, expert parallel (GB)", f"{format_number(plan['weight_bytes_per_gpu'] / 1e9)}"),
             ("weights per GPU, tensor parallel (GB)",
-             f"{plan['tp_weight_bytes_per_gpu'] / 1e9:,.4g}"),
-            ("all-to-all sent per GPU per step (MB)", f"{plan['a2a_bytes_per_step'] / 1e6:,.4g}"),
-            ("TP all-reduce per step (MB)", f"{plan['tp_allreduce_bytes_per_step'] / 1e6:,.4g}"),
-            (f"all-to-all time (µs, {plan['interconnect']})", f"{plan['a2a_time_s'] * 1e6:,.4g}"),
-            ("TP all-reduce time (µs)", f"{plan['tp_allreduce_time_s'] * 1e6:,.4g}")]
+             f"{format_number(plan['tp_weight_bytes_per_gpu'] / 1e9)}"),
+            ("all-to-all sent per GPU per step (MB)", f"{format_number(plan['a2a_bytes_per_step'] / 1e6)}"),
+            ("TP all-reduce per step (MB)", f"{format_number(plan['tp_allreduce_bytes_per_step'] / 1e6)}"),
+            (f"all-to-all time (µs, {plan['interconnect']})", f"{format_number(plan['a2a_time_s'] * 1e6)}"),
+            ("TP all-reduce time (µs)", f"{format_number(plan['tp_allreduce_time_s'] * 1e6)}")]
     body = "".join(f"<tr><td style='text-align:left'>{html.escape(k)}</td>"
                    f"<td style='text-align:right'>{v}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
