@@ -107,8 +107,9 @@ def _flash_io() -> Finding:
     from llminfra.attention.io_accounting import theorem2_flash_elements, theorem2_naive_elements
     N, d, M = 4096, 64, 100_000
     naive, flash = theorem2_naive_elements(N, d), theorem2_flash_elements(N, d, M)
-    return Finding(f"N = {N}, d = {d}, SRAM {M:,} elements: naive {naive:.3g}, tiled {flash:.3g} "
-                   f"elements read/written ({naive / flash:.3g}× fewer)", naive > 5 * flash)
+    return Finding(f"N = {N:,}, d = {d}, SRAM {M:,} elements: naive {round(naive):,}, tiled "
+                   f"{round(flash):,} elements read/written ({naive / flash:.3g}× fewer)",
+                   naive > 5 * flash)
 
 
 def _tp_link() -> Finding:
