@@ -81,3 +81,15 @@ def test_the_budget_changes_what_the_plan_says():
     assert any("over the budget" in r for r in f.plan.reasons)
     f.budget.value = cost
     assert f.plan.within_budget
+
+
+def test_long_times_read_without_an_exponent():
+    """A TTFT of 12.3 s reads 12,300 ms in the plan's table and checklist, not 1.23e+04."""
+    import dataclasses
+    from llminfra.planning.plan import checklist
+    p = plan_deployment(ServiceRequirements(1000, 100, 100), "h100", PlanPrices(1, 1, 1))
+    slow = dataclasses.replace(p, ttft_estimate_s=12.3)
+    assert "12,300 ms" in plan_html(slow) and "e+0" not in plan_html(slow)
+    rows = checklist(ServiceRequirements(1000, 100, 100), {**p.to_dict(), "ttft_estimate_s": 12.3},
+                     type("B", (), {"weight_bytes": 16e9})())
+    assert any(r["number"].startswith("12,300 ms") for r in rows)

@@ -241,6 +241,13 @@ def _recommend(req: ServiceRequirements, p: dict, meets: bool) -> tuple[str, lis
     return cheaper, reasons
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds as a person writes them: 3 significant digits below 1,000 (49.9), whole
+    and grouped from there (12,340), never an exponent."""
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 1000 else f"{ms:,.0f}"
+
+
 def checklist(req: ServiceRequirements, p: dict, budget) -> list[dict]:
     """Source 000's pre-deployment checklist, evaluated for this plan: one row per check with
     ``group`` (memory / performance / cost and operations), ``check``, ``ok`` (True, False, or
@@ -256,9 +263,9 @@ def checklist(req: ServiceRequirements, p: dict, budget) -> list[dict]:
         ("memory", "quality evaluated after quantization", None if quantized else True,
          "run your own evaluation set" if quantized else "not quantized"),
         ("performance", "TTFT target set and met (estimate)", p["ttft_estimate_s"] <= req.ttft_target_s,
-         f"{p['ttft_estimate_s'] * 1e3:.3g} ms vs {req.ttft_target_s:g} s"),
+         f"{_ms(p['ttft_estimate_s'])} ms vs {req.ttft_target_s:g} s"),
         ("performance", "time per output token met (estimate)", p["tpot_estimate_s"] <= req.tpot_target_s,
-         f"{p['tpot_estimate_s'] * 1e3:.3g} ms vs {req.tpot_target_s * 1e3:g} ms"),
+         f"{_ms(p['tpot_estimate_s'])} ms vs {req.tpot_target_s * 1e3:g} ms"),
         ("performance", "throughput measured under real load", None,
          "run a load test (chapter 05's loadtest) before going live"),
         ("performance", "an engine with continuous batching", True, "assumed by the plan"),

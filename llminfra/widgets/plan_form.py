@@ -15,6 +15,7 @@ import html
 
 import ipywidgets as widgets
 
+from llminfra.plots.table import format_number
 from llminfra.widgets.panel import Panel
 from llminfra.planning import PlanPrices, ServiceRequirements, plan_deployment
 from llminfra.specs import gpu_names, model_names
@@ -30,8 +31,8 @@ def plan_html(plan) -> str:
                        f"= {plan.total_gpus} GPU(s)"),
             ("batch per replica (KV room)", f"{plan.batch_per_replica} of "
                                             f"{plan.max_sequences_per_replica} sequences"),
-            ("TTFT estimate", f"{plan.ttft_estimate_s * 1e3:.3g} ms"),
-            ("time per output token", f"{plan.tpot_estimate_s * 1e3:.3g} ms"),
+            ("TTFT estimate", f"{format_number(plan.ttft_estimate_s * 1e3, 3)} ms"),
+            ("time per output token", f"{format_number(plan.tpot_estimate_s * 1e3, 3)} ms"),
             ("utilisation", f"{plan.utilization:.0%}"),
             ("self-hosted, rented", f"{plan.selfhost_monthly_usd:,.0f} USD / month"),
             ("hosted API", f"{plan.api_monthly_usd:,.0f} USD / month"),
@@ -124,7 +125,7 @@ class PlanForm:
             return
         p = self.plan
         self.summary.value = (f"{p.recommendation}: {p.total_gpus} × {p.gpu}, TTFT ≈ "
-                              f"{p.ttft_estimate_s * 1e3:.3g} ms, API {p.api_monthly_usd:,.0f} vs "
+                              f"{format_number(p.ttft_estimate_s * 1e3, 3)} ms, API {p.api_monthly_usd:,.0f} vs "
                               f"rented {p.selfhost_monthly_usd:,.0f} USD / month; "
                               + ("within" if p.within_budget else "OVER") + " the budget of "
                               f"{p.budget_usd_per_month:,.0f}")
