@@ -18,7 +18,7 @@ another GPU, so two all-to-alls per MoE layer move
 
 with ``b_a`` the dispatch's bytes per value in one direction and the combine's in the other:
 DeepSeek-V3 quantizes the activations to FP8 before the dispatch and keeps the combine in BF16
-(arXiv:2412.19437, §3.3.2), so its all-to-alls move 1 + 2 = 3 bytes per value, 1.5× what FP8
+(arXiv:2412.19437, §3.3, on low-precision communication), so its all-to-alls move 1 + 2 = 3 bytes per value, 1.5× what FP8
 both ways would. They take ``a2a_bytes / B`` seconds at ``B`` bytes/s per direction of
 the GPU's link (no overlap with compute; latency ignored).
 
