@@ -75,3 +75,41 @@ def test_percentile_and_kv_budget_refuse_a_bool():
     assert percentile([1.0, 2.0, 3.0, 4.0], np.int64(50)) == 2.5
     with pytest.raises(ValueError, match="reserve_fraction must be a number"):
         kv_budget("llama-2-7b", "a100-80gb", reserve_fraction=False)
+
+
+def test_ttft_and_tpot_are_defined_once():
+    """Every timing consumer derives a measured TTFT and TPOT (from timestamps; calc's and
+    planning's are roofline predictions) from ``llminfra.engine.metrics``: a
+    property or function named ``ttft*`` / ``tpot*`` elsewhere calls ``ttft(...)`` /
+    ``tpot(...)`` (or another such property) instead of writing the formula again; and a
+    one-token answer has one TPOT everywhere: None."""
+    import ast
+    from pathlib import Path
+
+    import llminfra
+    from llminfra.engine.goodput import RequestTimes
+    from llminfra.engine.metrics import tpot, ttft
+    from llminfra.engine.scheduling_rules import ttft_tpot
+    from llminfra.serving.loadtest_stats import RequestRecord
+    root = Path(llminfra.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if (path.name == "metrics.py" and path.parent.name == "engine") \
+                or path.parent.name in ("calc", "planning"):   # predictions, not timestamps
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith(("ttft", "tpot")):
+                continue
+            calls = {getattr(c.func, "id", getattr(c.func, "attr", None))
+                     for c in ast.walk(node) if isinstance(c, ast.Call)}
+            reads = {getattr(a, "attr", None) for a in ast.walk(node)
+                     if isinstance(a, ast.Attribute)}
+            if not calls & {"ttft", "tpot", "ttft_s", "tpot_s", "ttft_tpot"} and \
+                    not reads & {"ttft_s", "tpot_s"}:
+                offenders.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    assert not offenders, offenders
+    assert ttft(1.0, 1.5) == 0.5 and tpot(0.5, 0.8, 3) == pytest.approx(0.15)
+    one = [tpot(2.0, 2.0, 1), RequestTimes(0.0, 1.0, 1.0, 1).tpot_s, ttft_tpot(0.0, [1.0])[1],
+           RequestRecord(0, 4, 1, sent_s=0.0, first_token_s=1.0, done_s=1.0,
+                         output_tokens=1).tpot_s]
+    assert one == [None] * 4

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from llminfra.calc.communication import Interconnect, get_interconnect
 from llminfra.calc.memory import kv_bytes_per_token
 from llminfra.engine.goodput import within_slo
-from llminfra.engine.metrics import percentile
+from llminfra.engine.metrics import percentile, tpot, ttft
 from llminfra.engine.simulator import Simulator, kv_blocks_for, roofline_step_time
 from llminfra.engine.workload import WorkloadRequest
 from llminfra.validate import positive_int
@@ -172,8 +172,8 @@ def simulate_disaggregated(model, gpu, requests: Seq[WorkloadRequest], *, num_pr
     for k, r in enumerate(requests):
         t1 = first[k].first_token_time
         end = last[k].finished_time if k in last else t1
-        tpot = (end - t1) / (r.output_len - 1) if r.output_len > 1 else None
-        out.append(RequestTiming(r.arrival_time_s, t1 - r.arrival_time_s, tpot,
+        out.append(RequestTiming(r.arrival_time_s, ttft(r.arrival_time_s, t1),
+                                 tpot(t1, end, r.output_len),
                                  end - r.arrival_time_s, transfer[k]))
     return out
 

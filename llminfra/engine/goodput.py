@@ -21,6 +21,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from llminfra.engine.metrics import tpot, ttft
 from llminfra.validate import positive_int
 
 
@@ -45,14 +46,13 @@ class RequestTimes:
 
     @property
     def ttft_s(self) -> float:
-        return self.first_token_s - self.arrival_s
+        """:func:`llminfra.engine.metrics.ttft`."""
+        return ttft(self.arrival_s, self.first_token_s)
 
     @property
-    def tpot_s(self) -> float:
-        """Mean gap between output tokens after the first (0 for a one-token answer)."""
-        if self.output_tokens == 1:
-            return 0.0
-        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+    def tpot_s(self) -> float | None:
+        """:func:`llminfra.engine.metrics.tpot`: None for a one-token answer."""
+        return tpot(self.first_token_s, self.finish_s, self.output_tokens)
 
 
 def _times(requests: Iterable) -> list[RequestTimes]:

@@ -23,6 +23,8 @@ Taught in chapter 05.
 
 from __future__ import annotations
 
+from llminfra.engine.metrics import tpot, ttft
+
 from llminfra.kvcache.block_table import blocks_needed  # ⌈tokens / block_size⌉
 
 
@@ -52,10 +54,8 @@ def ttft_tpot(arrival_s: float, token_times_s: list[float]) -> tuple[float, floa
     """
     if not token_times_s:
         raise ValueError("a request with no tokens has no TTFT")
-    ttft = token_times_s[0] - arrival_s
-    n = len(token_times_s)
-    tpot = (token_times_s[-1] - token_times_s[0]) / (n - 1) if n >= 2 else None
-    return ttft, tpot
+    return (ttft(arrival_s, token_times_s[0]),
+            tpot(token_times_s[0], token_times_s[-1], len(token_times_s)))
 
 
 def chunked_prefill_plan(prompt_lens: list[int], max_num_batched_tokens: int,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from llminfra.engine.metrics import ttft
+
 
 class StepClock:
     """A clock that reads ``now`` (the driver sets it to the step index); pass it as
@@ -54,7 +56,8 @@ class TimelineRow:
 
     @property
     def ttft(self) -> float:
-        return self.first_token_out - self.arrival
+        """:func:`llminfra.engine.metrics.ttft` of the first token's way out."""
+        return ttft(self.arrival, self.first_token_out)
 
     @property
     def e2e(self) -> float:

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field
 
 from llminfra.engine.goodput import within_slo
-from llminfra.engine.metrics import percentile
+from llminfra.engine.metrics import percentile, tpot, ttft
 
 #: the SLO names of ``--goodput`` (vLLM's), each a limit in milliseconds
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
@@ -61,13 +61,13 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float:
-        return self.first_token_s - self.sent_s
+        """:func:`llminfra.engine.metrics.ttft` from the moment the request was sent."""
+        return ttft(self.sent_s, self.first_token_s)
 
     @property
-    def tpot_s(self) -> float:
-        if self.output_tokens < 2:
-            return math.nan
-        return (self.done_s - self.first_token_s) / (self.output_tokens - 1)
+    def tpot_s(self) -> float | None:
+        """:func:`llminfra.engine.metrics.tpot`: None for a one-token answer."""
+        return tpot(self.first_token_s, self.done_s, self.output_tokens)
 
     @property
     def itl_s(self) -> list[float]:
@@ -81,10 +81,11 @@ class RequestRecord:
 
 
 def percentiles(values: list[float], qs=QUANTILES) -> dict:
-    """``{"mean", "std", "p50", "p90", "p95", "p99"}`` of the finite values (NaN when there are
+    """``{"mean", "std", "p50", "p90", "p95", "p99"}`` of the finite values (None and NaN left
+    out; NaN when there are
     none): std the population standard deviation √(Σ(x − mean)²/n), percentiles by the
     engine's :func:`~llminfra.engine.metrics.percentile` (linear interpolation)."""
-    v = [x for x in values if math.isfinite(x)]
+    v = [x for x in values if x is not None and math.isfinite(x)]
     if not v:
         return {"mean": math.nan, "std": math.nan, **{f"p{q}": math.nan for q in qs}}
     mean = sum(v) / len(v)
@@ -132,9 +133,8 @@ def parse_goodput(slos) -> dict[str, float]:
 def meets_slos(rec: RequestRecord, slos_ms: dict[str, float]) -> bool:
     """True when a completed request meets every SLO of ``slos_ms`` (:func:`parse_goodput`):
     TTFT and TPOT by :func:`~llminfra.engine.goodput.within_slo`, then ``e2e ≤ e2el``."""
-    tpot = rec.tpot_s
-    if not within_slo(rec.ttft_s, None if math.isnan(tpot) else tpot,
-                      slos_ms.get("ttft", math.inf) / 1e3, slos_ms.get("tpot", math.inf) / 1e3):
+    if not within_slo(rec.ttft_s, rec.tpot_s, slos_ms.get("ttft", math.inf) / 1e3,
+                      slos_ms.get("tpot", math.inf) / 1e3):
         return False
     return rec.e2e_s <= slos_ms.get("e2el", math.inf) / 1e3
 
