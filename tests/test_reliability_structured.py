@@ -10,6 +10,7 @@ Schemas are refused by the rules of :mod:`llminfra.engine.structured`: at most
 ``MAX_PATTERN_REPEATS`` repeats in a pattern, and llguidance's parser limits."""
 
 import json
+import sys
 import time
 from functools import partial
 
@@ -170,10 +171,19 @@ def test_a_request_that_cannot_be_sent_leaves_no_bookkeeping(one_thread):
 
 
 def _post(srv, schema, timeout=60.0):
-    return httpx.post(f"{srv.base_url}/v1/completions", timeout=timeout, json={
-        "model": MODEL, "prompt": "a", "max_tokens": 8,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                                                                   "schema": schema}}})
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                       "schema": schema}}}
+    # the client's own json.dumps recurses once per level: a 470-deep schema needs more than
+    # the default limit where the test already runs deep in a stack (a pytest-xdist worker)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        content = json.dumps(body)
+    finally:
+        sys.setrecursionlimit(limit)
+    return httpx.post(f"{srv.base_url}/v1/completions", timeout=timeout, content=content,
+                      headers={"content-type": "application/json"})
 
 
 def _engine():
