@@ -19,10 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
 #: tables this test found lost in chapters their owners have yet to fix: each is an expected
 #: failure that turns the test red (strict) once fixed, so the entry is removed then
-KNOWN_LOST = {
-    "notebooks/06_flash_attention": "cell dfa5bdec: the recorded H200 Triton/SDPA table is not "
-                                    "the cell's last expression (wrap it in display(...))",
-}
+KNOWN_LOST: dict[str, str] = {}
 
 
 def _code(cell: dict) -> str:
