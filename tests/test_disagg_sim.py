@@ -75,6 +75,7 @@ def test_slow_link_costs_tpot(long_prompts):
     assert [x.ttft_s for x in slow] == [x.ttft_s for x in fast]     # the link is after TTFT
 
 
+@pytest.mark.slow
 def test_decode_heavy_load_leaves_prefill_gpus_idle():
     work = _work(150, 40, 200, 1000)
     r = compare_designs(MODEL, GPU, work, num_prefill=3, num_decode=1, ttft_slo_s=0.5,

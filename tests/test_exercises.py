@@ -50,8 +50,20 @@ def test_check_mode_reports_stale_and_missing(tmp_path):
     meta = nbformat.read(sol / "01_a.ipynb", as_version=4).cells[0].metadata["nbgrader"]
     assert meta["solution"] and meta["grade_id"] == "01-answer-answer"
     assert generate(sol, ex, check=True) == []
-    (ex / "01_a.ipynb").write_text((ex / "01_a.ipynb").read_text().replace("NotImpl", "Impl"))
+    # the course's own cells changing makes the exercise stale
+    nb = nbformat.read(sol / "01_a.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("new prose"))
+    nbformat.write(nb, sol / "01_a.ipynb")
     assert generate(sol, ex, check=True) == [f"{ex / '01_a.ipynb'} is stale"]
+    assert generate(sol, ex) == [] and generate(sol, ex, check=True) == []
+    # a learner's answer in the exercise is their work, not staleness
+    (ex / "01_a.ipynb").write_text((ex / "01_a.ipynb").read_text().replace("NotImpl", "Impl"))
+    assert generate(sol, ex, check=True) == []
+    # and a course change beside it is reported as such, the work named
+    nb.cells.append(nbformat.v4.new_markdown_cell("more prose"))
+    nbformat.write(nb, sol / "01_a.ipynb")
+    (msg,) = generate(sol, ex, check=True)
+    assert msg.startswith(f"{ex / '01_a.ipynb'} holds your work"), msg
 
 
 def test_exercises_are_in_sync_with_solutions():

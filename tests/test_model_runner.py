@@ -69,7 +69,8 @@ def test_fast_runner_sampling_forks_and_speculation(small):
         assert got == want, kw
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 13, 16, 20])
+@pytest.mark.parametrize("batch", [1, 5] + [pytest.param(b, marks=pytest.mark.slow)
+                                           for b in (2, 3, 8, 13, 16, 20)])
 def test_graph_path_matches_the_eager_step_on_every_bucket(small, batch):
     """The graph path pads the batch to its bucket (padding lanes on the scratch block) and
     gathers every sequence's blocks up to the model's context; its tokens are the eager
@@ -107,6 +108,7 @@ def test_padding_lanes_touch_no_sequence(small):
     assert runner.graph_replays == 1
 
 
+@pytest.mark.slow
 def test_torch_calls_of_a_decode_step_of_bench_100m():
     """One decode step of bench-100m at batch 1 and 16, counted with ``bench roofline``'s
     counter: within 25 calls a layer + 40 on the fast runner (the readable one makes about
@@ -162,6 +164,7 @@ def test_runner_choices_are_checked(small):
     assert isinstance(LLMEngine(model, tok, runner="fast").runner, FastRunner)
 
 
+@pytest.mark.slow
 def test_decode_step_through_the_triton_kernel_under_the_interpreter():
     """The CUDA attention of ``decode_step`` (the Triton paged kernel, read in place) gives
     the gather + SDPA logits, run by Triton's interpreter on the CPU in a fresh process."""

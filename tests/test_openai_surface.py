@@ -208,6 +208,7 @@ def test_json_object_and_bad_schemas(api):
     assert e.value.body["param"] == "response_format"
 
 
+@pytest.mark.slow
 def test_json_schema_on_the_real_model(smollm2):
     """SmolLM2 asked for a person: the engine's output parses and matches the schema, greedy
     and sampled; the unconstrained answer to the same question is not JSON."""

@@ -14,6 +14,9 @@ from llminfra.model import load_tiny
 PROMPTS = ["def add(a, b):", "The KV cache holds", "import numpy as np", "class Stack:",
            "Return the sum of", "for i in range(10):", "while True:"]
 
+#: process-heavy (servers, builds, workers): in `make test`, not `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 def test_import_kv_refuses_integer_kv_and_holds_nothing():
     model, tok = load_tiny()

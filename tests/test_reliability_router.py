@@ -16,6 +16,9 @@ from llminfra.serving.router import (LeastLoaded, NoReplicaAvailable, PrefixAwar
                                      RouteRequest, make_policy)
 from llminfra.serving.router_workload import shared_prompt_workload
 
+#: process-heavy (servers, builds, workers): in `make test`, not `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 def req(tokens, rid="x", max_tokens=4):
     return RouteRequest(rid, tuple(tokens), max_tokens)

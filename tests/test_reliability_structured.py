@@ -204,6 +204,7 @@ def server(request, one_thread):
         yield srv
 
 
+@pytest.mark.slow
 def test_the_server_answers_400_with_the_reason_and_stays_alive(server):
     for name, (schema, reason) in BAD.items():
         t0 = time.perf_counter()
@@ -220,6 +221,7 @@ def test_the_server_answers_400_with_the_reason_and_stays_alive(server):
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
 
 
+@pytest.mark.slow
 def test_refused_requests_leave_no_bookkeeping(server):
     for _ in range(100):
         assert _post(server, BAD["nested 470"][0]).status_code == 400

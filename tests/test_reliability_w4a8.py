@@ -20,8 +20,8 @@ import torch
 
 from llminfra.quant import quantize, w4a8, w4a8_build
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                                reason="no C compiler here to build the w4a8 kernel")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler here to build the w4a8 kernel")]
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ARCHES = ["portable"] + (["x86-64-v3", "native"] if X86 else ["native"])

@@ -219,6 +219,7 @@ def test_disconnect_mid_stream_frees_blocks(server):
     assert idle["llminfra_generation_tokens_total"] < busy["llminfra_generation_tokens_total"] + 200
 
 
+@pytest.mark.slow
 def test_sigterm_stops_serve_cleanly():
     """uvicorn turns SIGTERM into a graceful shutdown (the app's shutdown stops the engine
     loop), then re-raises the signal so the parent sees why it ended (uvicorn >= 0.29):
