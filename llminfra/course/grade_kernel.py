@@ -158,6 +158,9 @@ def run_notebook(nb, cwd: Path, timeout_s: int, kernel: str = "python3"):
     client = NotebookClient(
         nb, timeout=timeout_s, kernel_name=kernel, allow_errors=True, interrupt_on_timeout=True,
         error_on_timeout=error, on_cell_executed=on_cell_executed,
+        # a kernel that starts slowly on a loaded machine (a class graded at once) is no
+        # learner's fault: wait for it as long as for a cell (nbclient's default is 60 s)
+        startup_timeout=max(60, timeout_s),
         extra_arguments=list(KERNEL_ARGUMENTS), resources={"metadata": {"path": str(cwd)}})
     try:
         client.execute(env={**os.environ, **KERNEL_ENV})
