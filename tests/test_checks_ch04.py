@@ -198,15 +198,8 @@ class FreeToFront(ReturnsNone):
             self.free_ids.appendleft(b)
 
 
-class SortedPopLast(BlockAllocator):
+class SortedPopLast(LifoAllocator):
     """Wrong: keeps the free list sorted (bisect.insort) and pops its end, the highest id."""
-
-    def allocate(self):
-        if not self._free:
-            raise BlockPoolExhausted("empty")
-        b = self._free.pop()
-        self._ref[b] = 1
-        return b
 
     def _release(self, block_id):
         import bisect
