@@ -29,7 +29,8 @@ import time
 import torch
 
 from llminfra.bench.roofline import count_torch_calls
-from llminfra.bench.timing import environment, synchronize
+from llminfra.bench.timing import copy_bandwidth_bytes_per_s, environment, synchronize
+from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
 
@@ -39,25 +40,6 @@ ONE_B = ModelConfig(vocab_size=256, dim=2048, n_layers=16, n_heads=32, n_kv_head
                     ffn_dim=8192, max_seq_len=2048)
 #: runner name -> (LLMEngine runner, cuda_graphs) for a device type
 LADDER = {"readable": ("readable", None), "fast": ("fast", False), "graphs": ("fast", True)}
-
-
-def copy_bandwidth(device: torch.device, nbytes: int = 2**28, repeats: int = 5) -> float:
-    """Bytes moved per second by ``dst.copy_(src)`` (read + write), best of ``repeats``."""
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        synchronize(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best
-
-
-def weight_bytes(model) -> int:
-    """Bytes of the weights a decode step reads (every parameter; the tied output once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _engine(model, name: str, device: torch.device, **kw) -> LLMEngine:
@@ -108,13 +90,12 @@ def throughput(model, name: str, device, prompts, new: int) -> tuple[float, list
 
 
 def hf_llama(model: Transformer):
-    """``transformers``' ``LlamaForCausalLM`` holding ``model``'s weights (q/k rows back to
-    rotate-half, :func:`llminfra.model.hf_export.interleaved_to_rotate_half`), on its device and
-    dtype. ``ImportError`` without transformers."""
+    """``transformers``' ``LlamaForCausalLM`` holding ``model``'s weights, on its device and
+    dtype (:func:`llminfra.model.hf_export.hf_state_dict`: q/k rows back to rotate-half).
+    ``ImportError`` without transformers."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llminfra.model.hf_export import interleaved_to_rotate_half
-    from llminfra.model.pretrained import hf_name
+    from llminfra.model.hf_export import hf_state_dict
     c = model.config
     w = next(model.parameters())
     conf = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
@@ -126,13 +107,7 @@ def hf_llama(model: Transformer):
                        eos_token_id=None, pad_token_id=0)
     with torch.device(w.device):
         hf = LlamaForCausalLM(conf).to(w.dtype).eval()
-    state = {}
-    for name, t in model.state_dict().items():
-        kind = name.split(".")[-2] if name.startswith("layers.") else ""
-        if kind in ("wq", "wk"):
-            t = interleaved_to_rotate_half(t, c.n_heads if kind == "wq" else c.n_kv_heads)
-        state[hf_name(name)] = t
-    hf.load_state_dict(state, strict=False)
+    hf.load_state_dict(hf_state_dict(model), strict=False)
     return hf
 
 
@@ -165,9 +140,9 @@ def hf_decode_ms(hf, cache: str, short: int = 16, long: int = 80) -> float:
 def measure_shape(model, device, requests: int, prompt: int, new: int,
                   ladder=("readable", "fast", "graphs")) -> dict:
     """Every number of the module docstring for one model."""
-    bw = copy_bandwidth(device)
-    floor_ms = weight_bytes(model) / bw * 1e3
-    out = {"weight_bytes": weight_bytes(model), "copy_bytes_per_s": bw, "floor_ms": floor_ms,
+    bw = copy_bandwidth_bytes_per_s(repeats=5, device=device)
+    floor_ms = parameter_bytes(model) / bw * 1e3
+    out = {"weight_bytes": parameter_bytes(model), "copy_bytes_per_s": bw, "floor_ms": floor_ms,
            "decode_b1": {}, "throughput": {}}
     for name in ladder:
         ms, calls = decode_ms(model, name, device)

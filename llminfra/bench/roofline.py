@@ -30,7 +30,8 @@ import time
 
 import torch
 
-from llminfra.bench.timing import best_time_s, environment, synchronize, torch_threads
+from llminfra.bench.timing import (best_time_s, copy_bandwidth_bytes_per_s, environment,
+                                   synchronize, torch_threads)
 from llminfra.calc.memory import kv_bytes_per_token
 from llminfra.calc.step import step_flops
 from llminfra.calc.roofline import Roofline, step_breakdown
@@ -46,10 +47,9 @@ SEED = 8
 
 
 def measure_copy_bytes_per_s(n_bytes: int = 128 * 2**20, repeats: int = 5) -> float:
-    """STREAM-copy bandwidth: ``2 · n_bytes / t`` of ``dst.copy_(src)`` (fp32 buffers)."""
-    src = torch.ones(n_bytes // 4)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / best_time_s(lambda: dst.copy_(src), repeats=repeats)
+    """STREAM-copy bandwidth: ``2 · n_bytes / t`` of ``dst.copy_(src)`` (fp32 buffers,
+    :func:`llminfra.bench.timing.copy_bandwidth_bytes_per_s`)."""
+    return copy_bandwidth_bytes_per_s(n_bytes, repeats)
 
 
 def measure_matmul_flops_per_s(n: int = 1024, dtype: torch.dtype = torch.float32,
@@ -80,9 +80,7 @@ def measure_device_roofline(device: str | torch.device = "cuda", n_bytes: int = 
     ``dst.copy_(src)``) and ``2 · n³ / t`` of an ``n × n`` matmul in ``dtype``, each the best of
     ``repeats`` with the device synchronised around the timing."""
     device = torch.device(device)
-    src = torch.ones(n_bytes // 4, device=device)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() * 4 / best_time_s(lambda: dst.copy_(src), repeats=repeats, device=device)
+    bw = copy_bandwidth_bytes_per_s(n_bytes, repeats, device)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)

@@ -42,7 +42,8 @@ import torch
 
 from llminfra.bench.roofline import count_torch_calls
 from llminfra.bench.serving_http import run_http_vs_engine
-from llminfra.bench.timing import best_time_s, environment, torch_threads
+from llminfra.bench.timing import (best_time_s, copy_bandwidth_bytes_per_s, environment,
+                                   torch_threads)
 from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import (LLMEngine, SamplingParams, default_num_blocks, percentile,
                              summarize)
@@ -65,13 +66,6 @@ RATE_PER_S = 400.0
 #: engine settings of the policy comparison (tiny model, 256-token context)
 ENGINE = MappingProxyType(dict(block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
                                dynamic_window_s=0.05))
-
-
-def copy_bandwidth_bytes_per_s(nbytes: int = 2**28, repeats: int = 3) -> float:
-    """(bytes read + bytes written) / s of ``dst.copy_(src)`` on ``nbytes`` float32s."""
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / best_time_s(lambda: dst.copy_(src), repeats)
 
 
 def read_bandwidth_bytes_per_s(nbytes: int = 2**28, repeats: int = 3) -> float:

@@ -47,6 +47,15 @@ def best_time_s(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
     return best
 
 
+def copy_bandwidth_bytes_per_s(nbytes: int = 2**28, repeats: int = 3,
+                               device: torch.device | str | None = None) -> float:
+    """(bytes read + bytes written) / s of ``dst.copy_(src)`` on ``nbytes`` float32s on
+    ``device`` (default the CPU): STREAM's "Copy", the bandwidth a decode floor divides by."""
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / best_time_s(lambda: dst.copy_(src), repeats, device=device)
+
+
 def cpu_name() -> str:
     """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``"AMD EPYC 7B13"``), else the
     architecture: two 2-core machines of the course differed ~3x in fp32 matmul speed."""

@@ -36,6 +36,22 @@ def interleaved_to_rotate_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
              .transpose(1, 2).reshape(w.shape))
 
 
+def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """``model``'s weights under Hugging Face's Llama names, q/k rows in rotate-half order
+    (:func:`interleaved_to_rotate_half`); a tied output matrix is left out (``lm_head`` is the
+    embedding). The tensors are the model's own where no reordering was needed."""
+    c = model.config
+    out = {}
+    for name, w in model.state_dict().items():
+        if name == "output.weight" and c.tie_embeddings:
+            continue
+        kind = name.split(".")[-2] if name.startswith("layers.") else ""
+        if kind in ("wq", "wk"):
+            w = interleaved_to_rotate_half(w, c.n_heads if kind == "wq" else c.n_kv_heads)
+        out[hf_name(name)] = w
+    return out
+
+
 def hf_config(model: Transformer, tokenizer: BPETokenizer, dtype: torch.dtype) -> dict:
     """The ``config.json`` of ``model`` (Llama field names; Qwen2 for q/k/v biases)."""
     c = model.config
@@ -74,14 +90,8 @@ def export_hf_folder(model: Transformer, tokenizer: BPETokenizer, folder: str | 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     c = model.config
-    tensors = {}
-    for name, w in model.state_dict().items():
-        if name == "output.weight" and c.tie_embeddings:
-            continue  # tied: lm_head is the embedding
-        kind = name.split(".")[-2] if name.startswith("layers.") else ""
-        if kind in ("wq", "wk"):
-            w = interleaved_to_rotate_half(w, c.n_heads if kind == "wq" else c.n_kv_heads)
-        tensors[hf_name(name)] = w.detach().to("cpu", dtype).contiguous().clone()
+    tensors = {name: w.detach().to("cpu", dtype).contiguous().clone()
+               for name, w in hf_state_dict(model).items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     tokenizer.backend.save(str(folder / "tokenizer.json"))
