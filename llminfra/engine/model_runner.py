@@ -43,9 +43,17 @@ RUNNERS = ("readable", "fast")
 
 
 def step_tokens(seq: Sequence, n: int) -> list[int]:
-    """The ``n`` tokens ``seq`` brings this step (its next known tokens, then drafts)."""
-    c = seq.num_computed_tokens
-    return (seq.token_ids() + seq.spec_token_ids)[c:c + n]
+    """The ``n`` tokens ``seq`` brings this step (its next known tokens, then drafts): tokens
+    ``num_computed_tokens`` .. + n of prompt + output + drafts, sliced without joining them
+    (a decode step takes one token; the lists hold the whole context)."""
+    out, i = [], seq.num_computed_tokens
+    for part in (seq.prompt_token_ids, seq.output_token_ids, seq.spec_token_ids):
+        if i < len(part):
+            out += part[i:i + n - len(out)]
+        i = max(0, i - len(part))
+        if len(out) == n:
+            break
+    return out
 
 
 def sample(caught: list[tuple[Sequence, int]], logits: torch.Tensor, speculator) -> dict:
@@ -165,10 +173,10 @@ class FastRunner(ReadableRunner):
         self.graph_replays = 0
 
     # ------------------------------------------------------------------ inputs
-    def _tables(self, seqs, width: int) -> np.ndarray:
-        """``(len(seqs), width)`` block tables, past each sequence's blocks the scratch
-        block (read under a mask, never used)."""
-        out = np.full((len(seqs), width), self.cache.scratch_block, dtype=np.int64)
+    def _tables(self, seqs, width: int, pad: int = 0) -> np.ndarray:
+        """``(len(seqs) + pad, width)`` block tables, past each sequence's blocks — and in the
+        ``pad`` padding lanes' rows — the scratch block (read under a mask, never used)."""
+        out = np.full((len(seqs) + pad, width), self.cache.scratch_block, dtype=np.int64)
         for i, s in enumerate(seqs):
             blocks = self.cache.block_table(s)
             out[i, :len(blocks)] = blocks
@@ -279,8 +287,7 @@ class FastRunner(ReadableRunner):
         host = np.concatenate([
             np.array(tokens + [PAD_TOKEN_ID] * pad), np.array(positions + [0] * pad),
             np.array(list(slots) + [self.scratch_slot] * pad),
-            self._tables(cache_ids, self.max_blocks).ravel(),
-            np.full(pad * self.max_blocks, self.cache.scratch_block, dtype=np.int64)])
+            self._tables(cache_ids, self.max_blocks, pad).ravel()])
         self.graph_buffer[:host.size].copy_(torch.from_numpy(host))
         self.graph_replays += 1
         if self.cuda_graphs == "emulate":

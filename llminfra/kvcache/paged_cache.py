@@ -213,10 +213,8 @@ class PagedKVCache:
     def rollback_step(self, meta: StepMetadata) -> None:
         """Undo the reservation of the step ``meta`` belongs to (if it is the latest): its new
         blocks go back, tables return to their lengths before, copy-on-write is reverted."""
-        if meta.step_id == self._step and self._undo is not None:
-            self._undo_appends(self._undo)
-            self._undo = None
-            self._step += 1
+        if meta.step_id == self._step:
+            self.rollback_last()
 
     def _undo_appends(self, done: list) -> None:
         """Give back what the sequences appended (:meth:`BlockTable.restore`)."""

@@ -123,7 +123,7 @@ def decode_attention(q: torch.Tensor, pool: Pool, rows: torch.Tensor,
     return out.reshape(n, c.n_heads * c.head_dim)
 
 
-def _page_pool(w: FusedWeights, pools: list[Pool]) -> tuple[int, int]:
+def _page_pool(pools: list[Pool]) -> tuple[int, int]:
     blocks = pools[0][1]
     return blocks.shape[0] // 2 - 1, blocks.shape[1]         # num_blocks, block size
 
@@ -136,7 +136,7 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     is the gather + SDPA above, or on CUDA (``triton_kernel=None``: where the weights are on
     CUDA; True forces it, as the tests do under ``TRITON_INTERPRET=1``) the Triton paged
     kernel, which reads each sequence's blocks in place up to its length (1 call a layer)."""
-    num_blocks, B = _page_pool(w, pools)
+    num_blocks, B = _page_pool(pools)
     n, W, c = len(tokens), block_tables.size(1), w.config
     rot = w.head_rotation(positions)
     rows = write_rows(slots, num_blocks, B)
@@ -177,7 +177,7 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     """Logits of ``logits_rows`` for a step whose first ``num_decodes`` flat tokens are one-token
     sequences (``decode_tables`` ``(num_decodes, W)``) and the rest multi-token sequences
     (``pre``). Queries see their own sequence's keys up to their position."""
-    num_blocks, B = _page_pool(w, pools)
+    num_blocks, B = _page_pool(pools)
     nd, N = num_decodes, len(tokens)
     rot = w.head_rotation(positions)
     rows = write_rows(slots, num_blocks, B)
