@@ -160,6 +160,11 @@ def test_runner_choices_are_checked(small):
     with pytest.raises(ValueError, match="QuantLinear"):
         make_runner("fast", quantize_model(copy.deepcopy(model), "int8-absmax"), None,
                     torch.device("cpu"))
+    from llminfra.serving.serve import resolve_runner
+    assert resolve_runner("auto", model) == "fast"
+    assert resolve_runner("auto", tiny_moe_model()) == "readable"
+    assert resolve_runner("auto", quantize_model(copy.deepcopy(model), "int8-absmax")) \
+        == "readable"
     assert graph_buckets(1) == [1] and graph_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
     assert isinstance(LLMEngine(model, tok, runner="fast").runner, FastRunner)
 

@@ -121,6 +121,20 @@ def matmul_kind(model: Transformer) -> str:
                      f"{', '.join(odd)}: run this model on the readable path")
 
 
+def unsupported(model: Transformer) -> str | None:
+    """Why the fused weights cannot take ``model`` (a mixture of experts; layers that are
+    neither ``nn.Linear`` nor prepacked, e.g. quantized), or None when they can."""
+    c = model.config
+    if getattr(c, "num_experts", 1) > 1:
+        return (f"the fused weights support dense models only; this one has "
+                f"num_experts={c.num_experts} (run it on the readable path)")
+    try:
+        matmul_kind(model)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 @dataclass
 class FusedLayer:
     """One block's weights as the fast paths use them."""
@@ -145,9 +159,9 @@ class FusedWeights:
 
     def __init__(self, model: Transformer, linear: Callable | None = None):
         c = model.config
-        if getattr(c, "num_experts", 1) > 1:
-            raise ValueError(f"the fused weights support dense models only; this one has "
-                             f"num_experts={c.num_experts} (run it on the readable path)")
+        reason = unsupported(model)
+        if reason is not None and (linear is None or c.num_experts > 1):
+            raise ValueError(reason)
         self.config = c
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
