@@ -55,10 +55,19 @@ def tune_tiles(run: Callable[[tuple], object], candidates=TILES,
     return {"best": min(times, key=times.get), "times_s": times, "errors": errors}
 
 
+def _key(q: torch.Tensor, causal: bool) -> tuple:
+    return torch.cuda.get_device_name(q.device), q.shape[-1], bool(causal), q.dtype
+
+
 def tuned_tiles(q: torch.Tensor, causal: bool, run: Callable[[tuple], object]) -> tuple:
     """The tile for q's device, head dim, dtype and ``causal``: timed once with ``run`` (on
     these inputs), then remembered."""
-    key = (torch.cuda.get_device_name(q.device), q.shape[-1], bool(causal), q.dtype)
+    key = _key(q, causal)
     if key not in _CHOSEN:
         _CHOSEN[key] = tune_tiles(run)["best"]
     return _CHOSEN[key]
+
+
+def chosen_tile(q: torch.Tensor, causal: bool) -> tuple | None:
+    """The tile :func:`tuned_tiles` chose for inputs like ``q``, or None before it ran."""
+    return _CHOSEN.get(_key(q, causal))

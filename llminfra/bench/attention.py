@@ -235,8 +235,8 @@ def _gpu_row(N: int, d: int, causal: bool, device: torch.device) -> dict:
         t = sdpa_backend_s(q, k, v, causal, name, device)
         backends[name] = (attention_tflops(B, H, N, N, d, causal, t) if isinstance(t, float)
                           else t)
-    from llminfra.attention.flash_tuning import _CHOSEN
-    tile = _CHOSEN.get((torch.cuda.get_device_name(device), d, causal, torch.bfloat16))
+    from llminfra.attention.flash_tuning import chosen_tile
+    tile = chosen_tile(q, causal)
     tflops = attention_tflops(B, H, N, N, d, causal, t_tri)
     flash = backends.get("FLASH_ATTENTION")
     return {"N": N, "d": d, "causal": causal, "batch": B, "heads": H, "dtype": "bfloat16",
