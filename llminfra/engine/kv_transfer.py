@@ -127,13 +127,6 @@ def can_import(engine, handoff: KVHandoff) -> bool:
             and running + 1 <= engine.config.max_num_seqs)
 
 
-def _check_shape(engine, kv: torch.Tensor) -> None:
-    L, H, d = engine.cache.token_kv_shape
-    if kv.dim() != 5 or kv.shape[0] != 2 or (kv.shape[1], kv.shape[3], kv.shape[4]) != (L, H, d):
-        raise ValueError(f"import_kv: kv has shape {tuple(kv.shape)}; this engine's pool needs "
-                         f"(2, L={L}, T, H_kv={H}, d={d})")
-
-
 def import_kv(engine, handoff: KVHandoff,
               before_commit: Callable[[], None] | None = None) -> str:
     """Adopt a handed-off request into ``engine``: allocate blocks for its T tokens, write the
@@ -145,11 +138,10 @@ def import_kv(engine, handoff: KVHandoff,
     for tests, called once the K/V are written) raising — the blocks go back and the engine
     holds nothing of the request; the exception propagates.
     """
-    _check_shape(engine, handoff.kv)
-    if not handoff.kv.is_floating_point():
-        raise ValueError(f"import_kv: K/V of dtype {handoff.kv.dtype}; a floating-point K/V is "
-                         f"needed (cast to the pool's {engine.cache.dtype}, integers would "
-                         f"become wrong values)")
+    try:
+        engine.cache.check_kv(handoff.kv)            # before the request is registered
+    except ValueError as err:
+        raise ValueError(f"import_kv: {err}") from None
     T = handoff.num_tokens
     if T != len(handoff.prompt_token_ids) + len(handoff.output_token_ids) - 1:
         raise ValueError(f"import_kv: {T} tokens of K/V for {len(handoff.prompt_token_ids)} "

@@ -294,18 +294,22 @@ class PagedKVCache:
         kv = self.gather_blocks(table.blocks).flatten(2, 3)[:, :, :T]   # (L, 2, T, H_kv, d)
         return kv.transpose(0, 1).contiguous()
 
+    def check_kv(self, kv: torch.Tensor) -> None:
+        """``ValueError`` unless ``kv`` is ``(2, L, T, H_kv, d)`` for this pool and floating
+        point (integers would become wrong values in the pool)."""
+        L, H, d = self.token_kv_shape
+        if kv.dim() != 5 or kv.shape[0] != 2 or (kv.shape[1], kv.shape[3], kv.shape[4]) != (L, H, d):
+            raise ValueError(f"kv has shape {tuple(kv.shape)}; the pool needs "
+                             f"(2, L={L}, T, H_kv={H}, d={d})")
+        if not kv.is_floating_point():
+            raise ValueError(f"K/V of dtype {kv.dtype}; a floating-point K/V is needed (cast to "
+                             f"the pool's {self.dtype}, integers would become wrong values)")
+
     def write_kv(self, seq: int, kv: torch.Tensor) -> list[int]:
         """Append ``kv`` ``(2, L, T, H_kv, d)`` to ``seq``: reserve T slots (all or nothing,
         :meth:`reserve_slots`) and write the K/V into them; returns the slots. ``ValueError``
         for a shape that does not fit the pool or a K/V that is not floating point."""
-        L, _, _, B, H, d = self.store.shape
-        if kv.dim() != 5 or kv.shape[0] != 2 or (kv.shape[1], kv.shape[3], kv.shape[4]) != (L, H, d):
-            raise ValueError(f"write_kv: kv has shape {tuple(kv.shape)}; the pool needs "
-                             f"(2, L={L}, T, H_kv={H}, d={d})")
-        if not kv.is_floating_point():
-            raise ValueError(f"write_kv: K/V of dtype {kv.dtype}; a floating-point K/V is needed "
-                             f"(integers would become wrong values in the {self.store.dtype} "
-                             f"pool)")
+        self.check_kv(kv)
         slots = self.reserve_slots([seq], [kv.shape[2]])
         index = torch.tensor(slots, dtype=torch.long, device=self.store.device)
         rows = self.store.flatten(2, 3)                       # (L, 2, (num_blocks+1)·B, H_kv, d)
