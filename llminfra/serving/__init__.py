@@ -3,7 +3,10 @@
 Modules, one concept each:
 
 * :mod:`.openai_protocol` — the API's request / response bodies (pydantic);
-* :mod:`.server` — FastAPI routes, streaming by server-sent events;
+* :mod:`.server` — the OpenAI routes, methods of one service, on a FastAPI app;
+* :mod:`.relay` — what the routes share: prompt checks, sampling parameters, queueing, relaying;
+* :mod:`.streaming` — server-sent events and the one rule for text deltas;
+* :mod:`.api_errors` — OpenAI's error body for every refusal;
 * :mod:`.server_metrics` — ``/metrics`` in Prometheus' text format;
 * :mod:`.engine_core` — the one engine-core loop and its message format (commands, events);
 * :mod:`.async_engine` — the caller side, and the loop in a thread of this process;
@@ -11,11 +14,10 @@ Modules, one concept each:
 * :mod:`.http_limits` — what one client can make the server hold;
 * :mod:`.serve` — ``python -m llminfra serve``;
 * :mod:`.background` — start and stop a server from a notebook or a test;
-* :mod:`.loadtest` — ``python -m llminfra loadtest``, for any OpenAI-compatible endpoint;
-* :mod:`.router`, :mod:`.router_run`, :mod:`.router_workload` — data-parallel replicas behind
-  a router (round robin, least loaded, prefix-cache aware; chapter 11);
-* :mod:`.disagg`, :mod:`.disagg_process` — prefill/decode disaggregation: two engines, the KV
-  blocks moved between them (chapter 11).
+* :mod:`.loadtest` — ``python -m llminfra loadtest``, for any OpenAI-compatible endpoint.
+
+Routers over replicas and prefill/decode disaggregation (more than one engine) live in
+:mod:`llminfra.cluster`, which builds on this loop; nothing here imports it.
 
 Nothing is imported here: ``llminfra.serving.loadtest`` must not load FastAPI, nor the server
 torch.

@@ -18,7 +18,7 @@ is written) is bounded by the limit: the largest useful body is a prompt as long
 far below 1 MiB. Measured on a shared 2-core CPU: a 1 MiB list of token ids parses and
 validates in about 50 ms; a 1 MiB text prompt tokenizes in 13 ms (the byte tokenizer) or about
 1 s (SmolLM2's BPE), which is why the server tokenizes long prompts in a worker thread
-(:data:`~llminfra.serving.server.THREAD_TOKENIZE_CHARS`).
+(:data:`~llminfra.serving.relay.THREAD_TOKENIZE_CHARS`).
 
 What this stack cannot bound: a client that sends its request *head* byte by byte holds a
 connection until ``limit_concurrency`` is reached (uvicorn has no header timeout). A public

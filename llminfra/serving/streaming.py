@@ -27,6 +27,19 @@ def stable_delta(text: str, sent: str, finished: bool) -> tuple[str, str]:
     return stable[len(sent):], stable
 
 
+def _chunk(svc, rid: str, chat: bool, index: int, text: str, finish_reason: str | None,
+           logprobs: dict | None = None, first: bool = False) -> str:
+    """One event's JSON: a completion chunk holding ``text``, or a chat chunk whose delta
+    holds it (the ``first`` chat chunk names the role, with empty content)."""
+    if not chat:
+        return json.dumps(api.completion_chunk(rid, svc.model_name, index, text,
+                                               finish_reason, logprobs))
+    delta = ({"role": "assistant", "content": ""} if first
+             else {"content": text} if text else {})
+    return json.dumps(api.chat_chunk(rid, svc.model_name, index, delta, finish_reason,
+                                     logprobs))
+
+
 def sse_response(svc, stream, rid, n_prompt, chat: bool, include_usage: bool,
                  prefix: str = "") -> StreamingResponse:
     """Streaming: one SSE event per new text of one choice (with its tokens' logprobs when
@@ -47,12 +60,8 @@ def sse_response(svc, stream, rid, n_prompt, chat: bool, include_usage: bool,
                 for c in out.outputs:
                     if c.index not in sent:
                         sent[c.index] = ""
-                        first = ({"role": "assistant", "content": ""} if chat else prefix)
                         if chat or prefix:
-                            yield json.dumps(
-                                api.chat_chunk(rid, svc.model_name, c.index, first, None)
-                                if chat else api.completion_chunk(
-                                    rid, svc.model_name, c.index, prefix, None))
+                            yield _chunk(svc, rid, chat, c.index, prefix, None, first=True)
                     delta, sent[c.index] = stable_delta(c.text, sent[c.index],
                                                         c.finish_reason is not None)
                     before = n_tokens.get(c.index, 0)
@@ -64,12 +73,7 @@ def sse_response(svc, stream, rid, n_prompt, chat: bool, include_usage: bool,
                     new_tokens = lps is not None and len(c.token_ids) > before
                     if not delta and c.finish_reason is None and not new_tokens:
                         continue
-                    yield json.dumps(
-                        api.chat_chunk(rid, svc.model_name, c.index,
-                                       {"content": delta} if delta else {}, c.finish_reason,
-                                       lps)
-                        if chat else api.completion_chunk(rid, svc.model_name, c.index,
-                                                          delta, c.finish_reason, lps))
+                    yield _chunk(svc, rid, chat, c.index, delta, c.finish_reason, lps)
             if include_usage:
                 yield json.dumps(api.usage_chunk(rid, svc.model_name, obj,
                                                  api.usage(n_prompt, sum(n_tokens.values()))))
