@@ -87,6 +87,12 @@ def loadtest(args) -> int:
 
 
 def add_serving_parsers(sub) -> None:
+    """Add ``serve`` and ``loadtest`` to the command line's subparsers ``sub``."""
+    _add_serve_parser(sub)
+    _add_loadtest_parser(sub)
+
+
+def _add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="the OpenAI-compatible server on a model")
     s.add_argument("--model", default="tiny",
                    help="tiny (default: the trained byte-level model, starts in a second), "
@@ -140,6 +146,8 @@ def add_serving_parsers(sub) -> None:
     s.add_argument("--keep-alive-timeout", type=number(0, 3600, low_open=True, unit="seconds"),
                    default=None, help="seconds an idle connection is kept (default 5)")
 
+
+def _add_loadtest_parser(sub) -> None:
     t = sub.add_parser("loadtest", help="load-test an OpenAI-compatible endpoint")
     t.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
     mode = t.add_mutually_exclusive_group(required=True)

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from llminfra.attention.flash_tuning import tuned_tiles
 from llminfra.attention.shapes import check_attention_call, check_block, check_qkv, default_scale
 
 try:
@@ -108,6 +109,23 @@ def _interpreting() -> bool:
     return triton is not None and type(_flash_fwd_kernel).__name__ == "InterpretedFunction"
 
 
+def _tile(q, k, v, causal: bool, softmax_scale, block_m, block_n, num_warps, num_stages):
+    """``(block_m, block_n, num_warps, num_stages)`` for one call: on CUDA with no tile given,
+    the autotuned one (:func:`~llminfra.attention.flash_tuning.tuned_tiles`); else what was
+    given, 64 × 64 and 2 stages by default. ``num_warps`` may stay None (chosen by d)."""
+    if block_m is None and block_n is None and q.is_cuda:
+        tile = tuned_tiles(q, causal, lambda t: flash_attention_triton(
+            q, k, v, causal, block_m=t[0], block_n=t[1], softmax_scale=softmax_scale,
+            num_warps=t[2], num_stages=t[3]))
+        block_m, block_n = tile[0], tile[1]
+        num_warps, num_stages = num_warps or tile[2], num_stages or tile[3]
+    block_m, block_n = block_m or 64, block_n or 64
+    for name, bs in (("block_m", block_m), ("block_n", block_n)):
+        if check_block(name, bs) < 16 or bs & (bs - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {bs}")
+    return block_m, block_n, num_warps, num_stages or 2
+
+
 def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            causal: bool = False, *, block_m: int | None = None,
                            block_n: int | None = None, softmax_scale: float | None = None,
@@ -136,18 +154,8 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           "(pip install 'llminfra[gpu]'); use flash_attention on CPU")
     B, H, H_kv, T, S, d = check_qkv(q, k, v, dtypes=TRITON_DTYPES)
     causal = check_attention_call("flash_attention_triton", causal, q, k, v)
-    if block_m is None and block_n is None and q.is_cuda:
-        from llminfra.attention.flash_tuning import tuned_tiles
-        tile = tuned_tiles(q, causal, lambda t: flash_attention_triton(
-            q, k, v, causal, block_m=t[0], block_n=t[1], softmax_scale=softmax_scale,
-            num_warps=t[2], num_stages=t[3]))
-        block_m, block_n = tile[0], tile[1]
-        num_warps, num_stages = num_warps or tile[2], num_stages or tile[3]
-    block_m, block_n = block_m or 64, block_n or 64
-    num_stages = num_stages or 2
-    for name, bs in (("block_m", block_m), ("block_n", block_n)):
-        if check_block(name, bs) < 16 or bs & (bs - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {bs}")
+    block_m, block_n, num_warps, num_stages = _tile(q, k, v, causal, softmax_scale, block_m,
+                                                    block_n, num_warps, num_stages)
     o = torch.empty_like(q)
     qk_scale = default_scale(d, softmax_scale) * _LOG2_E
     block_d = max(16, triton.next_power_of_2(d))

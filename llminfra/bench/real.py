@@ -180,6 +180,21 @@ def _compare(transformers, model, tok, hf, work, prompts, repeats: int, notes: l
     return {"best": best, "runs": runs}
 
 
+def _workload_record(work: list, size: dict, max_output: int | None) -> dict:
+    """What the result says of its workload: the trace, its scale and mean lengths."""
+    n = len(work)
+    return {
+        "num_requests": n, "arrivals": "all at t = 0 (offline)",
+        "trace": f"sharegpt x {size['scale']}, prompt + output <= {size['max_seq_len']}"
+                 + (f", outputs <= {max_output}" if max_output else ""),
+        "scaled_down": "at the trace's lengths (mean 161 in, 338 out) the sequential "
+                       "baseline alone would take over an hour on a 2-core CPU",
+        "prompt_tokens_mean": sum(r.prompt_len for r in work) / n,
+        "output_tokens_mean": sum(r.output_len for r in work) / n,
+        "output_tokens_total": sum(r.output_len for r in work),
+        "repeats": size["repeats"], "engine": dict(ENGINE)}
+
+
 def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
          models) -> dict:
     t_start = time.perf_counter()
@@ -210,17 +225,7 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
         "environment": {**environment(), "cpu_name": cpu_name(),
                         "transformers": transformers.__version__},
         "quick": quick, "seed": SEED, "threads": 1, "model": MODEL, "dtype": "fp32",
-        "matmul": matmul_kernel(),
-        "workload": {
-            "num_requests": n, "arrivals": "all at t = 0 (offline)",
-            "trace": f"sharegpt x {size['scale']}, prompt + output <= {size['max_seq_len']}"
-                     + (f", outputs <= {max_output}" if max_output else ""),
-            "scaled_down": "at the trace's lengths (mean 161 in, 338 out) the sequential "
-                           "baseline alone would take over an hour on a 2-core CPU",
-            "prompt_tokens_mean": sum(r.prompt_len for r in work) / n,
-            "output_tokens_mean": sum(r.output_len for r in work) / n,
-            "output_tokens_total": sum(r.output_len for r in work),
-            "repeats": size["repeats"], "engine": dict(ENGINE)},
+        "matmul": matmul_kernel(), "workload": _workload_record(work, size, max_output),
         "copy_bandwidth_bytes_per_s": bw,
         "throughput_tokens_per_s": {k: v["throughput_tokens_per_s"] for k, v in best.items()},
         "throughput_tokens_per_s_runs": cmp["runs"],
