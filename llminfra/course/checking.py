@@ -268,6 +268,22 @@ def _as_case(c) -> Case:
                 tuple(args), dict(kwargs))
 
 
+def _mismatch_hint(hint, case: Case, expected, got) -> str:
+    """What the learner reads under a mismatch: the checker's ``hint`` names the bug; on an
+    answer of the wrong kind (a dict, "12 GB", an array for one number …) that its arithmetic
+    cannot take, or where it has nothing to say, what kind of value to return instead."""
+    if isinstance(got, bool) and not isinstance(expected, bool):
+        return kind_mismatch(expected, got) or ""  # True is not the number 1 here
+    extra = ""
+    if hint is not None:
+        try:
+            extra = hint(case.args, case.kwargs, expected, as_like(expected, got))
+        except Exception as e:  # noqa: BLE001 - a broken hint must not hide the mismatch
+            extra = kind_mismatch(expected, got) or (
+                f"(no hint: the checker's hint failed with {type(e).__name__}: {e})")
+    return extra or kind_mismatch(expected, got) or ""
+
+
 def run_checks(name: str, learner: Callable, reference: Callable,
                cases: Iterable[Case | tuple[tuple, dict]], rel: float = 1e-9, abs_: float = 0.0,
                hint: Callable[[tuple, dict, Any, Any], str] | None = None,
@@ -310,23 +326,9 @@ def run_checks(name: str, learner: Callable, reference: Callable,
         if problem is None:
             n += 1
             continue
-        msg = f"{name}: {problem}\n  {where}"
-        # the checker's hint names the bug; on an answer of the wrong kind (a dict, "12 GB",
-        # an array for one number …) that its arithmetic cannot take, or where it has nothing
-        # to say, the learner is told what kind of value to return instead
-        extra = ""
-        if isinstance(got, bool) and not isinstance(expected, bool):
-            extra = kind_mismatch(expected, got) or ""  # True is not the number 1 here
-        elif hint is not None:
-            try:
-                extra = hint(case.args, case.kwargs, expected, as_like(expected, got))
-            except Exception as e:  # noqa: BLE001 - a broken hint must not hide the mismatch
-                extra = kind_mismatch(expected, got) or (
-                    f"(no hint: the checker's hint failed with {type(e).__name__}: {e})")
-        extra = extra or kind_mismatch(expected, got) or ""
-        if extra:
-            msg += f"\n  hint: {extra}"
-        raise CheckFailed(msg)
+        extra = _mismatch_hint(hint, case, expected, got)
+        raise CheckFailed(f"{name}: {problem}\n  {where}"
+                          + (f"\n  hint: {extra}" if extra else ""))
     print(f"✓ {name}: {n} random cases passed")
     return CasesPassed(n)
 
