@@ -57,7 +57,7 @@ def test_the_recorded_run_has_the_keys_and_meets_the_targets():
     assert ratio >= 2 and t["prefix_aware_hit_rate_at_least_2x_round_robin"], ratio
     # no router beats the ceiling, which the recorded workload settings and seed determine
     from llminfra.bench.router import SEED
-    from llminfra.serving.router_workload import (prefix_hit_rate_ceiling,
+    from llminfra.cluster.router_workload import (prefix_hit_rate_ceiling,
                                                   shared_prompt_workload, with_cache_salt)
     w = rec["router"]["workload"]
     work = shared_prompt_workload(generator=torch.Generator().manual_seed(SEED),

@@ -6,8 +6,8 @@ import torch
 
 from llminfra.bench import SUITES, load_suite
 from llminfra.bench import serving
-from llminfra.engine.workload import WorkloadRequest
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
+from llminfra.sim.workload import WorkloadRequest
 
 CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
                   max_seq_len=64)

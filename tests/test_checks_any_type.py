@@ -25,8 +25,6 @@ from llminfra.calc.params import param_count
 from llminfra.calc.step import decode_arithmetic_intensity
 from llminfra.course.checking import CheckFailed
 from llminfra.course.checks import ch01, ch02, ch03, ch04, ch05, ch07, ch08, ch09, ch10, ch11
-from llminfra.engine.goodput import goodput
-from llminfra.engine.scheduling_rules import admit_fcfs, chunked_prefill_plan, ttft_tpot
 from llminfra.engine.spec_decode import accept_greedy, expected_tokens_per_step
 from llminfra.kvcache.block_table import slot_mapping
 from llminfra.kvcache.contiguous import contiguous_waste
@@ -34,6 +32,8 @@ from llminfra.parallel.expert_parallel import dispatch_counts
 from llminfra.parallel.pipeline import bubble_fraction
 from llminfra.planning import gpus_for_memory
 from llminfra.quant.rtn import absmax_quantize
+from llminfra.sim.goodput import goodput
+from llminfra.sim.scheduling_rules import admit_fcfs, chunked_prefill_plan, ttft_tpot
 from llminfra.specs import get_gpu, get_model
 from llminfra.specs.formats import dtype_bytes
 

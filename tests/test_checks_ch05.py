@@ -8,9 +8,9 @@ import pytest
 
 from llminfra.course.checking import CheckFailed, NotAttempted
 from llminfra.course.checks import ch05
-from llminfra.engine.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
-                                              ttft_tpot)
 from llminfra.engine.spec_decode import accept_greedy, expected_tokens_per_step
+from llminfra.sim.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
+                                           ttft_tpot)
 
 
 def test_rules_by_hand():

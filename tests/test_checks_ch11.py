@@ -11,9 +11,9 @@ import torch
 
 from llminfra.course.checking import CheckFailed, NotAttempted
 from llminfra.course.checks import ch11
-from llminfra.engine.goodput import goodput
 from llminfra.parallel.expert_parallel import (ExpertParallelMoE, MoECase, dispatch_counts)
 from llminfra.parallel.world import run_simulated
+from llminfra.sim.goodput import goodput
 
 SEEDS = [1, 2, 3]
 

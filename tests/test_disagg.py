@@ -8,11 +8,11 @@ prefill worker, and the real model."""
 import pytest
 import torch
 
+from llminfra.cluster.disagg import DecodeWorker, PrefillWorker, run_local
+from llminfra.cluster.kv_transfer import can_import, export_kv, hand_off, import_kv, release
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.kv_transfer import can_import, export_kv, hand_off, import_kv, release
 from llminfra.kvcache.block_allocator import BlockPoolExhausted
 from llminfra.model import load_tiny
-from llminfra.serving.disagg import DecodeWorker, PrefillWorker, run_local
 
 PROMPTS = ["def foo(x):", "Return the sum of", "The quick brown fox " * 6, "a",
            "import os\nimport sys\n", "class Cache:\n    def __init__(self"]
@@ -169,7 +169,7 @@ def test_bad_input(tiny64):
 # ------------------------------------------------------------------ processes (gloo)
 @pytest.fixture(scope="module")
 def tiny_run():
-    from llminfra.serving.disagg_process import TimedRequest, serve_disaggregated
+    from llminfra.cluster.disagg_process import TimedRequest, serve_disaggregated
     sp = SamplingParams(max_tokens=16)
     reqs = [TimedRequest(p, sp, 0.01 * i) for i, p in enumerate(PROMPTS)]
     return serve_disaggregated(reqs, engine_kwargs={"num_blocks": 64},
@@ -193,7 +193,7 @@ def test_processes_equal_colocated_and_survive_import_faults(tiny_run):
 
 @pytest.mark.slow
 def test_processes_prefill_death_loses_no_request():
-    from llminfra.serving.disagg_process import TimedRequest, serve_disaggregated
+    from llminfra.cluster.disagg_process import TimedRequest, serve_disaggregated
     sp = SamplingParams(max_tokens=12)
     reqs = [TimedRequest(p, sp, 0.05 * i) for i, p in enumerate(PROMPTS)]
     r = serve_disaggregated(reqs, engine_kwargs={"num_blocks": 64}, prefill_exit_after=2,
@@ -211,7 +211,7 @@ def test_processes_prefill_death_loses_no_request():
 @pytest.mark.slow
 def test_processes_real_model_equal_colocated():
     from llminfra.model import load_pretrained
-    from llminfra.serving.disagg_process import TimedRequest, serve_disaggregated
+    from llminfra.cluster.disagg_process import TimedRequest, serve_disaggregated
     prompts = ["The capital of France is", "def fibonacci(n):",
                "Write one sentence about the sea."]
     sp = SamplingParams(max_tokens=8)

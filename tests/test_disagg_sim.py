@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from llminfra.calc.communication import Interconnect
-from llminfra.engine.disagg_sim import (RequestTiming, compare_designs, kv_transfer_s,
-                                        simulate_colocated, simulate_disaggregated,
-                                        slo_goodput)
-from llminfra.engine.workload import WorkloadRequest, poisson_arrivals
+from llminfra.sim.disagg import (RequestTiming, compare_designs, kv_transfer_s,
+                                 simulate_colocated, simulate_disaggregated,
+                                 slo_goodput)
+from llminfra.sim.workload import WorkloadRequest, poisson_arrivals
 
 MODEL, GPU = "llama-3-8b", "h100"
 UNCHUNKED = dict(enable_chunked_prefill=False, max_num_batched_tokens=8192)

@@ -6,7 +6,7 @@ import torch
 
 from llminfra.engine import RequestMetrics, SamplingParams, percentile, summarize
 from llminfra.engine.sampler import filter_logits, sample_tokens
-from llminfra.engine.workload import serving_workload
+from llminfra.sim.workload import serving_workload
 
 
 def test_percentile_worked_by_hand():
@@ -87,9 +87,9 @@ def test_ttft_and_tpot_are_defined_once():
     from pathlib import Path
 
     import llminfra
-    from llminfra.engine.goodput import RequestTimes
+    from llminfra.sim.goodput import RequestTimes
     from llminfra.engine.metrics import tpot, ttft
-    from llminfra.engine.scheduling_rules import ttft_tpot
+    from llminfra.sim.scheduling_rules import ttft_tpot
     from llminfra.serving.loadtest_stats import RequestRecord
     root = Path(llminfra.__file__).parent
     offenders = []

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.simulator import (Simulator, fit_overhead_s, kv_blocks_for,
-                                       roofline_step_time)
-from llminfra.engine.workload import WorkloadRequest, serving_workload
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
+from llminfra.sim.simulator import (Simulator, fit_overhead_s, kv_blocks_for,
+                                    roofline_step_time)
+from llminfra.sim.workload import WorkloadRequest, serving_workload
 
 CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
                   max_seq_len=64)

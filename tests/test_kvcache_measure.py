@@ -106,7 +106,8 @@ def test_offload_costs_by_hand():
 
 
 def test_bench_quick_has_the_keys_and_meets_the_targets():
-    from llminfra.bench.kvcache import format_table, kv_budget_tokens, run
+    from llminfra.bench.kvcache import format_table, run
+    from llminfra.kvcache.simulate import kv_budget_tokens
     # (38,654,705,664 - 25,706,946,560 - 293,802,368) // 819,200: calc.memory.kv_budget's answer
     assert kv_budget_tokens() == 15_446
     r = run(quick=True)
@@ -124,7 +125,7 @@ def test_bench_quick_has_the_keys_and_meets_the_targets():
 def test_plots_draw_the_numbers():
     from matplotlib.figure import Figure
 
-    from llminfra.bench.kvcache import PAPER
+    from llminfra.kvcache.simulate import PAPER
     from llminfra.plots.kvcache import plot_memory_split, plot_sharing
     split = {"a": {"token": 0.2, "reserved": 0.1, "internal": 0.6, "external": 0.05,
                    "free": 0.05},

@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from llminfra.cli import main
-from llminfra.engine.goodput import goodput as engine_goodput
-from llminfra.engine.workload import poisson_arrivals
 from llminfra.serving.loadtest import (RequestRecord, check_request_settings,
                                       loadtest_requests, parse_goodput, percentiles,
                                       prompt_texts, run_loadtest, summarize)
@@ -21,6 +19,8 @@ from llminfra.serving.loadtest_stats import (GOODPUT_METRICS, format_summary, me
                                              peak_concurrent_requests, peak_output_tokens_per_s,
                                              vllm_fields)
 from llminfra.serving.loadtest_workload import gamma_arrivals, shared_prefix_ids
+from llminfra.sim.goodput import goodput as engine_goodput
+from llminfra.sim.workload import poisson_arrivals
 
 #: the keys of vLLM's result JSON (vllm/benchmarks/serve.py, benchmark())
 VLLM_KEYS = ["duration", "completed", "failed", "total_input_tokens", "total_output_tokens",

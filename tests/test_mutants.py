@@ -70,7 +70,7 @@ def test_running_batch_reaches_max_num_seqs_and_never_passes_it(model, policy, n
 def test_admit_fcfs_stops_at_max_num_seqs():
     """The closed form of the same bound: 3 running of at most 4, plenty of blocks and budget:
     exactly one more is admitted (``>=`` → ``>`` would admit 2)."""
-    from llminfra.engine.scheduling_rules import admit_fcfs
+    from llminfra.sim.scheduling_rules import admit_fcfs
     kw = dict(free_blocks=100, block_size=16, max_num_seqs=4, max_num_batched_tokens=10_000)
     assert admit_fcfs([5, 5, 5], num_running=3, **kw) == 1
     assert admit_fcfs([5, 5, 5], num_running=4, **kw) == 0

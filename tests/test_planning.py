@@ -137,7 +137,7 @@ def test_mistake_edges():
 def test_workload_from_means_matches_the_means_and_the_rate():
     import statistics
     import torch
-    from llminfra.engine.workload import workload_from_means
+    from llminfra.sim.workload import workload_from_means
     w = workload_from_means(4000, torch.Generator().manual_seed(1), mean_prompt=800,
                             mean_output=200, rate_per_s=4.0)
     assert statistics.mean(r.prompt_len for r in w) == pytest.approx(800, rel=0.05)

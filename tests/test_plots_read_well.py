@@ -33,7 +33,6 @@ from matplotlib.transforms import Bbox  # noqa: E402
 import llminfra  # noqa: E402
 from llminfra.calc.roofline import (Roofline, decode_batch, device_roofline,  # noqa: E402
                                     prefill_batch, step_breakdown)
-from llminfra.engine.timeline import TimelineRow  # noqa: E402
 from llminfra.plots.attention import (io_figure, memory_vs_n_figure,  # noqa: E402
                                       tile_grid_figure, time_vs_n_figure)
 from llminfra.plots.cost import (cost_per_million_vs_utilization,  # noqa: E402
@@ -51,6 +50,7 @@ from llminfra.plots.quant import (error_histogram_figure, plot_bytes_vs_error,  
 from llminfra.plots.roofline import plot_roofline, roofline_figure  # noqa: E402
 from llminfra.plots.serving import gantt_figure, plot_latency_throughput  # noqa: E402
 from llminfra.plots.spec_decode import spec_speedup_figure  # noqa: E402
+from llminfra.sim.timeline import TimelineRow  # noqa: E402
 from llminfra.specs import gpu_names  # noqa: E402
 from llminfra.widgets.block_table import replay  # noqa: E402
 from llminfra.widgets.gpu_roofline import roofline_points, serving_estimate  # noqa: E402
@@ -238,7 +238,7 @@ def test_ch04_memory_split_and_sharing(monkeypatch):
     fig, (ax,) = notebook_figure(8, 3.2)
     plot_memory_split({d: dict(zip(parts, v)) for d, v in designs.items()}, ax)
     assert_reads_well(fig, monkeypatch)
-    from llminfra.bench.kvcache import PAPER
+    from llminfra.kvcache.simulate import PAPER
     result = {"parallel_sampling_saving": {"2": 0.025, "4": 0.06, "6": 0.075},
               "beam_search_saving": {"2": 0.39, "4": 0.59, "6": 0.66}}
     fig, (ax,) = notebook_figure(6, 3)

@@ -7,8 +7,8 @@ rest."""
 import pytest
 import torch
 
+from llminfra.cluster.kv_transfer import hand_off, import_kv
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.kv_transfer import hand_off, import_kv
 from llminfra.model import load_tiny
 
 PROMPTS = ["def add(a, b):", "The KV cache holds", "import numpy as np", "class Stack:",
@@ -36,7 +36,7 @@ def test_import_kv_refuses_integer_kv_and_holds_nothing():
 
 @pytest.fixture(scope="module")
 def run():
-    from llminfra.serving.disagg_process import TimedRequest, serve_disaggregated
+    from llminfra.cluster.disagg_process import TimedRequest, serve_disaggregated
     sp = SamplingParams(max_tokens=10)
     prompts = list(PROMPTS)
     prompts.insert(1, "x" * 5000)                            # far past the tiny context

@@ -12,9 +12,9 @@ from functools import partial
 import pytest
 import torch
 
-from llminfra.serving.router import (LeastLoaded, NoReplicaAvailable, PrefixAware, RoundRobin,
+from llminfra.cluster.router import (LeastLoaded, NoReplicaAvailable, PrefixAware, RoundRobin,
                                      RouteRequest, make_policy)
-from llminfra.serving.router_workload import shared_prompt_workload
+from llminfra.cluster.router_workload import shared_prompt_workload
 
 #: process-heavy (servers, builds, workers): in `make test`, not `make test-fast`
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ ENGINE = dict(num_threads=1, num_blocks=64, block_size=16, max_num_seqs=8,
 
 @pytest.fixture
 def replicas():
-    from llminfra.serving.router_run import Replicas, replica_engine
+    from llminfra.cluster.router_run import Replicas, replica_engine
     reps = Replicas(2, partial(replica_engine, "tiny", **ENGINE)).start()
     try:
         yield reps
@@ -90,7 +90,7 @@ def _workload():
 
 
 def _run_with(replicas, policy_name, sig, at_s, **run_options):
-    from llminfra.serving.router_run import run_policy
+    from llminfra.cluster.router_run import run_policy
     victim = replicas.loops[1]._proc.pid
     hit = {}
 

@@ -1,4 +1,4 @@
-"""Routing over data-parallel replicas (:mod:`llminfra.serving.router`, ``router_run``,
+"""Routing over data-parallel replicas (:mod:`llminfra.cluster.router`, ``router_run``,
 ``router_workload``): the policies as pure objects, then 2 real engine processes on the tiny
 model (one spawn for the file) — every request finishes, greedy outputs equal one engine's, and
 prefix-aware routing hits the cache at least as often as round robin."""
@@ -8,10 +8,10 @@ from functools import partial
 import pytest
 import torch
 
-from llminfra.kvcache.prefix_cache import prefix_block_hashes
-from llminfra.serving.router import (POLICIES, LeastLoaded, PrefixAware, RoundRobin,
+from llminfra.cluster.router import (POLICIES, LeastLoaded, PrefixAware, RoundRobin,
                                      RouteRequest, make_policy)
-from llminfra.serving.router_workload import shared_prompt_workload, with_cache_salt
+from llminfra.cluster.router_workload import shared_prompt_workload, with_cache_salt
+from llminfra.kvcache.prefix_cache import prefix_block_hashes
 
 
 def req(tokens, rid="x", max_tokens=4):
@@ -167,7 +167,7 @@ ENGINE = dict(num_threads=1, num_blocks=32, block_size=16, max_num_seqs=8,
 
 @pytest.fixture(scope="module")
 def replicas():
-    from llminfra.serving.router_run import Replicas, replica_engine
+    from llminfra.cluster.router_run import Replicas, replica_engine
     with Replicas(2, partial(replica_engine, "tiny", **ENGINE)) as reps:
         yield reps
 
@@ -176,7 +176,7 @@ def replicas():
 def test_two_replica_processes_route_finish_and_match_one_engine(replicas):
     from llminfra.engine import LLMEngine, SamplingParams
     from llminfra.model import load_tiny
-    from llminfra.serving.router_run import compare_policies
+    from llminfra.cluster.router_run import compare_policies
 
     workload = shared_prompt_workload(16, torch.Generator().manual_seed(11),
                                       num_system_prompts=4, system_prompt_tokens=64,
@@ -201,7 +201,7 @@ def test_two_replica_processes_route_finish_and_match_one_engine(replicas):
 def test_hit_rate_ceiling_counts_each_prompts_first_request_as_a_miss():
     """The ceiling no router beats: each system prompt's first request computes it, every later
     one finds its whole blocks cached (at least one prompt token is always computed)."""
-    from llminfra.serving.router_workload import prefix_hit_rate_ceiling
+    from llminfra.cluster.router_workload import prefix_hit_rate_ceiling
     work = with_cache_salt(shared_prompt_workload(
         40, torch.Generator().manual_seed(0), num_system_prompts=3, system_prompt_tokens=47,
         user_tokens=(5, 9)), 7)

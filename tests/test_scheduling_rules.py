@@ -3,8 +3,8 @@
 import pytest
 
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.scheduling_rules import admit_fcfs, chunked_prefill_plan
 from llminfra.model import load_tiny
+from llminfra.sim.scheduling_rules import admit_fcfs, chunked_prefill_plan
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.simulator import Simulator
-from llminfra.engine.workload import WorkloadRequest
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.model import ByteTokenizer, DenseKVCache, ModelConfig, Transformer, generate
+from llminfra.sim.simulator import Simulator
+from llminfra.sim.workload import WorkloadRequest
 
 CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
                   max_seq_len=64)
@@ -184,7 +184,7 @@ def test_simulator_pays_for_padding_and_returns_every_block(monkeypatch):
     """Step time = rows in the batch. A (prompt 4, 1 token) and B (prompt 4, 3 tokens), budget
     8: step 1 reads both prompts (2 rows, 2 s); steps 2 and 3 decode B and pad A (2 rows each),
     so B finishes at 6 s, not at 4 s as a shrinking batch would. Every block comes back."""
-    import llminfra.engine.simulator as simulator
+    import llminfra.sim.simulator as simulator
     caches = []
 
     class Recorded(simulator.PagedKVCache):

@@ -5,10 +5,10 @@ import matplotlib
 import pytest
 from matplotlib.figure import Figure
 
-from llminfra.engine.timeline import (WorkItem, demo_workload, step_timeline,
-                                      timeline_summary)
 from llminfra.model import load_tiny
 from llminfra.plots.serving import gantt_png, plot_gantt, plot_latency_throughput
+from llminfra.sim.timeline import (WorkItem, demo_workload, step_timeline,
+                                   timeline_summary)
 from llminfra.widgets.batching_timeline import BatchingTimeline
 
 matplotlib.use("Agg")
@@ -74,7 +74,7 @@ def test_continuous_beats_static_on_ttft_and_makespan(timelines):
 def test_summary_by_hand():
     """Two rows: queued 1 and 0, TTFT 2 and 1, e2e 5 and 3, makespan 6 - 0; row 0 is padded
     in step 5 while row 1 decodes its last token: 1 padding row-step."""
-    from llminfra.engine.timeline import TimelineRow
+    from llminfra.sim.timeline import TimelineRow
     rows = [TimelineRow("0", 4, 3, 0.0, 1.0, 2.0, 5.0, (1.0, 3.0, 4.0), (5.0,)),
             TimelineRow("1", 4, 2, 3.0, 3.0, 4.0, 6.0, (3.0, 5.0))]
     s = timeline_summary(rows)

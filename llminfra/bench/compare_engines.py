@@ -219,7 +219,7 @@ def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -
     from llminfra.bench.roofline import measure_copy_bytes_per_s
     from llminfra.calc.measured import parameter_bytes
     from llminfra.bench.timing import torch_threads
-    from llminfra.engine.workload import WorkloadRequest
+    from llminfra.sim.workload import WorkloadRequest
     from llminfra.model import pretrained_path
 
     src = pretrained_path(model_name) if not model_name.endswith(".gguf") else Path(model_name)

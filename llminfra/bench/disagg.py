@@ -7,12 +7,12 @@ prompts, Poisson arrivals — served by SmolLM2-135M twice, in real time:
   threads (and once more on one thread, ``colocated_1_thread``, for reference: on a 2-core
   machine that other processes share, two OpenMP threads can stall each other, so the
   two-thread run may be the slower one);
-* **disaggregated**: a prefill and a decode process (:mod:`llminfra.serving.disagg_process`),
+* **disaggregated**: a prefill and a decode process (:mod:`llminfra.cluster.disagg_process`),
   **one** thread each, the K/V sent over gloo — the same two cores in total.
 
 Reported: TTFT and TPOT p50 / p90 / p99, SLO attainment and **goodput** (requests per second
 that meet the TTFT SLO and the TPOT SLO together: Zhong et al. 2024, DistServe,
-arXiv:2401.09670, §2; :func:`llminfra.engine.disagg_sim.slo_goodput`), the KV moved per
+arXiv:2401.09670, §2; :func:`llminfra.sim.disagg.slo_goodput`), the KV moved per
 request and the gloo link's MB/s, and whether greedy outputs agree. The SLOs are set from this
 machine, as DistServe scales its SLOs from the model's own latency: TTFT SLO = 2 × a long
 prompt's TTFT alone, TPOT SLO = 2 × a short request's TPOT alone, both on the colocated engine.
@@ -29,11 +29,11 @@ import torch
 
 from llminfra.bench.serving import serve
 from llminfra.bench.timing import environment, torch_threads
+from llminfra.cluster.disagg_process import TimedRequest, serve_disaggregated
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.disagg_sim import RequestTiming, slo_goodput
-from llminfra.engine.workload import WorkloadRequest, poisson_arrivals
 from llminfra.model import heldout_tokens, load_pretrained
-from llminfra.serving.disagg_process import TimedRequest, serve_disaggregated
+from llminfra.sim.disagg import RequestTiming, slo_goodput
+from llminfra.sim.workload import WorkloadRequest, poisson_arrivals
 
 SEED = 2026
 MODEL = "smollm2-135m"

@@ -18,38 +18,17 @@ import time
 import torch
 
 from llminfra.bench.timing import best_time_s, environment
-from llminfra.calc.memory import kv_budget
 from llminfra.kvcache.sharing import (beam_search_blocks, parallel_sampling_blocks,
                                       prefix_cache_run, sharing_saving)
-from llminfra.kvcache.simulate import simulate_contiguous, simulate_paged
+from llminfra.kvcache.simulate import (PAPER, kv_budget_tokens, simulate_contiguous,
+                                       simulate_paged)
 from llminfra.kvcache.trace import DEFAULT_MAX_SEQ_LEN, request_trace, trace_summary
-
-#: the vLLM paper's figures (Kwon et al., 2023, arXiv:2309.06180)
-PAPER = {
-    "token_share_earlier_systems": [0.204, 0.382],   # Fig. 2: Orca Max .. Orca Oracle
-    "token_share_vllm": 0.963,                        # Fig. 2 (under 4 % waste, §1)
-    "parallel_sampling_saving_alpaca": [0.061, 0.098],   # §6.3, Fig. 15
-    "beam_search_saving_alpaca": [0.376, 0.552],          # §6.3, Fig. 15 ("up to 55 %")
-    "parallel_sampling_saving_sharegpt": [0.162, 0.305],  # §6.3 text
-    "beam_search_saving_sharegpt": [0.443, 0.663],        # §6.3 text
-}
 
 BLOCK_SIZES = (8, 16, 32)
 WIDTHS = (2, 4, 6)
 #: shared prefix length: the 5-shot prefix of the paper's §6.4 experiment (341 tokens)
 SYSTEM_PROMPT_LEN = 341
 SEED = 2023
-
-
-def kv_budget_tokens(model: str = "opt-13b", gpu: str = "a100-40gb", dtype: str = "fp16",
-                     context: int = DEFAULT_MAX_SEQ_LEN) -> int:
-    """KV tokens that fit beside the weights: :func:`llminfra.calc.memory.kv_budget`'s
-    ``kv_budget_tokens`` (the same answer chapter 02 gives).
-
-    OPT-13B fp16 on an A100-40GB (42,949,672,960 bytes), context 2048:
-    (38,654,705,664 - 25,706,946,560 - 293,802,368) // 819,200 = 15,446 tokens.
-    """
-    return kv_budget(model, gpu, dtype, context=context).kv_budget_tokens
 
 
 def _utilisation(trace, budget: int) -> dict:

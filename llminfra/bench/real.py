@@ -2,7 +2,7 @@
 Face transformers on the real model, SmolLM2-135M-Instruct, fp32, on one CPU thread.
 
 One seeded offline workload (every request arrives at t = 0; prompt and output lengths from the
-chapter-04 ShareGPT trace, :func:`llminfra.engine.workload.serving_workload`, scaled down by
+chapter-04 ShareGPT trace, :func:`llminfra.sim.workload.serving_workload`, scaled down by
 :data:`SIZES` so that a 2-core CPU serves it in minutes; prompts are windows of the shipped
 validation corpus in the real tokenizer) is served, greedily and with fixed output lengths, by:
 
@@ -71,7 +71,7 @@ from llminfra.calc.measured import parameter_bytes
 from llminfra.bench.real_hf import (ENGINE, hf_kv_blocks, import_transformers, load_hf_model,
                                     run_hf_continuous, run_hf_static, run_record)
 from llminfra.engine import LLMEngine, SamplingParams, percentile
-from llminfra.engine.workload import WorkloadRequest, serving_workload
+from llminfra.sim.workload import WorkloadRequest, serving_workload
 from llminfra.model import load_pretrained, pretrained_path
 from llminfra.model import prepacked as onednn
 from llminfra.model.corpus import corpus_path

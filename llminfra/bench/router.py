@@ -1,10 +1,10 @@
 """``python -m llminfra bench router``: round robin vs least loaded vs prefix-aware routing over
 4 data-parallel replicas, on real engine processes serving SmolLM2-135M.
 
-One seeded shared-system-prompt workload (:func:`llminfra.serving.router_workload.
+One seeded shared-system-prompt workload (:func:`llminfra.cluster.router_workload.
 shared_prompt_workload`: a few long system prompts, each shared by many short user turns,
 Poisson arrivals) is served under each policy by the same four replica processes
-(:class:`llminfra.serving.router_run.Replicas`, one torch thread each; on the project's 2-core
+(:class:`llminfra.cluster.router_run.Replicas`, one torch thread each; on the project's 2-core
 machine they share the cores, which slows every policy alike), each run with its own cache salt so no run inherits another's cached blocks; the
 full run does two rounds (round robin, least loaded, prefix aware, then the reverse order) and
 pools each policy's requests, ``--quick`` one round of 24 requests. Each replica's KV
@@ -17,7 +17,7 @@ caches each hold 1/N of the prompts, a router blind to prefixes finds a prompt c
 (this bench until 2026-12-04) cap the gain near 2×, and it measured 1.95×.
 
 Also reported: ``prefix_hit_rate_ceiling``, the hit rate no router can beat on this workload
-(:func:`llminfra.serving.router_workload.prefix_hit_rate_ceiling`: each system prompt's first
+(:func:`llminfra.cluster.router_workload.prefix_hit_rate_ceiling`: each system prompt's first
 request misses, every later one hits its whole blocks). Reported per policy: prefix-cache hit rate (prompt tokens served from the replicas' caches /
 prompt tokens, measured in the engines), TTFT p50 / p90 on the router's clock, output
 tokens/s, requests and computed prompt tokens per replica, and ``load_imbalance`` (max / mean
@@ -37,9 +37,9 @@ import pandas as pd
 import torch
 
 from llminfra.bench.timing import environment
-from llminfra.serving.router import POLICIES
-from llminfra.serving.router_run import Replicas, compare_policies, replica_engine
-from llminfra.serving.router_workload import (prefix_hit_rate_ceiling, shared_prompt_workload,
+from llminfra.cluster.router import POLICIES
+from llminfra.cluster.router_run import Replicas, compare_policies, replica_engine
+from llminfra.cluster.router_workload import (prefix_hit_rate_ceiling, shared_prompt_workload,
                                               with_cache_salt)
 
 SEED = 2026

@@ -1,6 +1,6 @@
 """``python -m llminfra bench serving``: the engine's batching policies side by side, on one run.
 
-One seeded workload (:func:`llminfra.engine.workload.serving_workload`: chapter-04 trace lengths,
+One seeded workload (:func:`llminfra.sim.workload.serving_workload`: chapter-04 trace lengths,
 ShareGPT-like, scaled to the tiny model's 256-token context, Poisson arrivals) is served by the
 real :class:`~llminfra.engine.LLMEngine` on the trained tiny model under each policy (static,
 dynamic, continuous): throughput in output tokens/s and TTFT percentiles. Then:
@@ -47,9 +47,9 @@ from llminfra.bench.timing import (best_time_s, copy_bandwidth_bytes_per_s, envi
 from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import (LLMEngine, SamplingParams, default_num_blocks, percentile,
                              summarize)
-from llminfra.engine.simulator import Simulator, fit_overhead_s, roofline_step_time
-from llminfra.engine.workload import WorkloadRequest, serving_workload
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer, heldout_tokens, load_tiny
+from llminfra.sim.simulator import Simulator, fit_overhead_s, roofline_step_time
+from llminfra.sim.workload import WorkloadRequest, serving_workload
 
 SEED = 2024
 POLICIES = ("static", "dynamic", "continuous")

@@ -11,12 +11,12 @@ phase its own engine (its own GPUs, in production)::
                  (chunked, batched)                                    (never interrupted)
 
 A request's first token comes out of the prefill engine (its time to first token, TTFT, is
-queueing + prefill there); its K/V then move (:mod:`llminfra.engine.kv_transfer`) and the
+queueing + prefill there); its K/V then move (:mod:`llminfra.cluster.kv_transfer`) and the
 decode engine continues it to the end. Each phase can then meet its own latency target with
 its own resources: DistServe's goodput argument (Zhong et al. 2024, arXiv:2401.09670, §2-3),
 Splitwise's "phase splitting" (Patel et al. 2024, arXiv:2311.18677, §4). The price: the KV
 transfer, and two pools that each sit idle when the load leans to the other phase
-(:mod:`llminfra.engine.disagg_sim` shows both at scale).
+(:mod:`llminfra.sim.disagg` shows both at scale).
 
 This module holds the two workers and an in-process driver (:func:`run_local`: both engines
 stepped in turn, the handoff passed by reference) — what the fast tests and chapter 11's first
@@ -33,8 +33,8 @@ import logging
 from collections import deque
 from collections.abc import Mapping, Sequence as Seq
 
+from llminfra.cluster.kv_transfer import KVHandoff, can_import, hand_off, import_kv
 from llminfra.engine.engine import LLMEngine
-from llminfra.engine.kv_transfer import KVHandoff, can_import, hand_off, import_kv
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams, pair_with_params

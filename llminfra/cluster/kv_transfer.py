@@ -18,10 +18,10 @@ is that request's first decode step. Nothing is recomputed::
 
 This is the KV-cache transfer of DistServe (Zhong et al. 2024, arXiv:2401.09670, §4) and
 Splitwise (Patel et al. 2024, arXiv:2311.18677, §4.2), in our engine's accounting: a sequence
-is just tokens plus a count of computed tokens (:mod:`.scheduler`), so "adopting" one whose
-K/V came from elsewhere is setting that count. The sampler's generator state travels too, so
-seeded sampling continues exactly as one engine would have gone on. One completion per request
-(``n = 1``) and no speculative decoding. Taught in chapter 11.
+is just tokens plus a count of computed tokens (:mod:`~llminfra.engine.scheduler`), so
+"adopting" one whose K/V came from elsewhere is setting that count. The sampler's generator
+state travels too, so seeded sampling continues exactly as one engine would have gone on. One
+completion per request (``n = 1``) and no speculative decoding. Taught in chapter 11.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each replica is an :class:`~llminfra.serving.engine_process.EngineProcess`: a whole engine
 (model, scheduler, paged KV cache with prefix caching) in a process of its own, started with
 ``spawn``. The router runs an ``asyncio`` loop here: at each request's arrival time it asks the
-policy (:mod:`llminfra.serving.router`) for a replica, sends the request there, and reads the
+policy (:mod:`llminfra.cluster.router`) for a replica, sends the request there, and reads the
 replica's outputs as they stream back::
 
     router (this process)                      replica processes
@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from llminfra.cluster.router import POLICIES, NoReplicaAvailable, RoutePolicy, make_policy
+from llminfra.cluster.router_workload import SharedPromptRequest, with_cache_salt
 from llminfra.engine.metrics import percentile
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.serving.async_engine import EngineDeadError
 from llminfra.serving.engine_process import EngineProcess
-from llminfra.serving.router import POLICIES, NoReplicaAvailable, RoutePolicy, make_policy
-from llminfra.serving.router_workload import SharedPromptRequest, with_cache_salt
 from llminfra.serving.serve import build_engine
 from llminfra.validate import positive_finite
 

@@ -8,7 +8,7 @@ a handful of long system prompts (or few-shot templates) and end with a short us
 Token ids are drawn uniformly from ``token_range`` (default 32 … 126: printable bytes in the
 tiny byte model, ordinary tokens — no special ones — in SmolLM2's vocabulary), so the prompts
 mean nothing and the same workload drives either model. Arrivals are a Poisson process
-(:func:`llminfra.engine.workload.poisson_arrivals`). The optional ``cache_salt`` token goes in
+(:func:`llminfra.sim.workload.poisson_arrivals`). The optional ``cache_salt`` token goes in
 front of every prompt: two runs with different salts share no cached block (each block's hash
 covers the whole prefix before it), so one set of warm replicas can serve several runs of the
 same workload without one run's cache helping the next — vLLM's per-request ``cache_salt``
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llminfra.engine.workload import poisson_arrivals
+from llminfra.cluster.router import RouteRequest
 from llminfra.kvcache.prefix_cache import prefix_block_hashes
-from llminfra.serving.router import RouteRequest
+from llminfra.sim.workload import poisson_arrivals
 from llminfra.validate import positive_int
 
 

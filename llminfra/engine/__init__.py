@@ -1,4 +1,4 @@
-"""The serving engine of chapter 05: requests, sampling, scheduler, engine, metrics, simulator.
+"""The serving engine of chapter 05: requests, sampling, scheduler, engine, metrics.
 
 ``LLMEngine(model, tokenizer, ...)`` runs continuous (or static / dynamic) batching on the paged
 KV cache of :mod:`llminfra.kvcache`; one :class:`~llminfra.attention.StepMetadata` per step
@@ -19,11 +19,11 @@ carries the ragged batch through the model. Modules, one concept each:
 * :mod:`.engine` — :class:`LLMEngine`;
 * :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
 * :mod:`.detokenizer` — incremental detokenization (a few tokens decoded per step);
-* :mod:`.metrics` — timestamps, TTFT / TPOT / latency percentiles, throughput;
-* :mod:`.simulator` — the same scheduler against a step-time model (no GPU needed);
-* :mod:`.goodput` — requests per second within a TTFT and a TPOT target (chapter 11);
-* :mod:`.kv_transfer` — export a request's KV blocks from one engine, import them into another;
-* :mod:`.disagg_sim` — colocated vs prefill/decode-disaggregated serving at scale (chapter 11).
+* :mod:`.metrics` — timestamps, TTFT / TPOT / latency percentiles, throughput.
+
+The same scheduler against a step-time model (no GPU needed) is :mod:`llminfra.sim`; more than
+one engine (the KV handoff, disaggregated prefill/decode, routers) is :mod:`llminfra.cluster`.
+Neither is imported here: the engine knows nothing above it.
 """
 
 from llminfra.engine.engine import LLMEngine, default_num_blocks

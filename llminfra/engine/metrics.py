@@ -31,7 +31,7 @@ def ttft(arrival_s: float, first_token_s: float) -> float:
 def tpot(first_token_s: float, last_token_s: float, num_tokens: int) -> float | None:
     """Time per output token: ``(last_token_s − first_token_s) / (num_tokens − 1)``, the mean
     gap after the first token. A one-token answer has no gap: its TPOT is **None** (never 0, never
-    NaN), and it meets any TPOT target (:func:`llminfra.engine.goodput.within_slo`).
+    NaN), and it meets any TPOT target (:func:`llminfra.sim.goodput.within_slo`).
 
     Worked by hand: first token at 0.5 s, last at 0.8 s, 3 tokens -> 0.3 / 2 = 0.15 s."""
     if num_tokens < 2:

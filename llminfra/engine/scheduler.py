@@ -34,7 +34,7 @@ After the model has run, :meth:`Scheduler.update_from_output` is the one place a
 is written: computed tokens advance (rejected drafts' slots go back to the pool), full blocks
 join the prefix cache, ``n > 1`` siblings fork, sampled tokens are appended, stops and length
 are checked, finished sequences are freed (vLLM V1's ``update_from_output``, nano-vllm's
-``postprocess``). The simulator (:mod:`llminfra.engine.simulator`) drives this same
+``postprocess``). The simulator (:mod:`llminfra.sim.simulator`) drives this same
 code with a step-time model. Taught in chapter 05.
 """
 

@@ -33,11 +33,35 @@ from __future__ import annotations
 
 from collections import deque
 
+from llminfra.calc.memory import kv_budget
 from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
 from llminfra.kvcache.block_table import BlockTable, blocks_needed
-from llminfra.kvcache.trace import Request
+from llminfra.kvcache.trace import DEFAULT_MAX_SEQ_LEN, Request
 
 PARTS = ("token", "reserved", "internal", "external", "free")
+
+#: the vLLM paper's figures (Kwon et al., 2023, arXiv:2309.06180), beside which chapter 04 and
+#: ``python -m llminfra bench kvcache`` put this module's measurements and :mod:`.sharing`'s
+PAPER = {
+    "token_share_earlier_systems": [0.204, 0.382],   # Fig. 2: Orca Max .. Orca Oracle
+    "token_share_vllm": 0.963,                        # Fig. 2 (under 4 % waste, §1)
+    "parallel_sampling_saving_alpaca": [0.061, 0.098],   # §6.3, Fig. 15
+    "beam_search_saving_alpaca": [0.376, 0.552],          # §6.3, Fig. 15 ("up to 55 %")
+    "parallel_sampling_saving_sharegpt": [0.162, 0.305],  # §6.3 text
+    "beam_search_saving_sharegpt": [0.443, 0.663],        # §6.3 text
+}
+
+
+def kv_budget_tokens(model: str = "opt-13b", gpu: str = "a100-40gb", dtype: str = "fp16",
+                     context: int = DEFAULT_MAX_SEQ_LEN) -> int:
+    """KV tokens that fit beside the weights — the fixed budget a trace is served in:
+    :func:`llminfra.calc.memory.kv_budget`'s ``kv_budget_tokens`` (the same answer chapter 02
+    gives). The default is the paper's setting (Fig. 2).
+
+    OPT-13B fp16 on an A100-40GB (42,949,672,960 bytes), context 2048:
+    (38,654,705,664 - 25,706,946,560 - 293,802,368) // 819,200 = 15,446 tokens.
+    """
+    return kv_budget(model, gpu, dtype, context=context).kv_budget_tokens
 
 
 class FirstFitArena:

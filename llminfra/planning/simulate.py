@@ -1,8 +1,8 @@
 """Step 2 of a plan, simulated: the service's peak traffic on the chosen GPUs, through the
-serving engine's own scheduler (:class:`llminfra.engine.simulator.Simulator`).
+serving engine's own scheduler (:class:`llminfra.sim.simulator.Simulator`).
 
 Requests have the service's mean lengths and arrive as a Poisson process at its peak rate
-(:func:`llminfra.engine.workload.workload_from_means`); each step takes the roofline time
+(:func:`llminfra.sim.workload.workload_from_means`); each step takes the roofline time
 (:func:`llminfra.calc.roofline.step_time_s`, the one step-time model of the course) divided by
 the engine's ``efficiency`` — the same assumption :func:`~llminfra.planning.plan_deployment`
 makes. The KV pool is what :func:`llminfra.calc.memory.kv_budget` leaves beside the weights.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from llminfra.engine.metrics import summarize
-from llminfra.engine.simulator import Simulator, kv_blocks_for, roofline_step_time
-from llminfra.engine.workload import workload_from_means
+from llminfra.sim.simulator import Simulator, kv_blocks_for, roofline_step_time
+from llminfra.sim.workload import workload_from_means
 from llminfra.planning.plan import DEFAULT_EFFICIENCY
 from llminfra.planning.requirements import ServiceRequirements, traffic
 

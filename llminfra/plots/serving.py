@@ -3,7 +3,7 @@ and the latency–throughput curve of a load sweep.
 
 Each ``plot_*`` draws on a given ``ax``; :func:`gantt_figure` / :func:`gantt_png` draw
 off-screen (no pyplot state) for the batching-timeline widget. Timelines:
-:mod:`llminfra.engine.timeline`; sweeps: :mod:`llminfra.serving.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
+:mod:`llminfra.sim.timeline`; sweeps: :mod:`llminfra.serving.loadtest`. Static vs iteration-level batching: Yu et al., 2022, *Orca*,
 OSDI '22.
 """
 

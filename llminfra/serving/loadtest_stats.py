@@ -9,7 +9,7 @@ default, as vLLM's ``np.percentile``).
 **Goodput** (DistServe, Zhong et al. 2024, arXiv:2401.09670, §2; vLLM's ``--goodput``): the
 completed requests per second that meet every SLO given, SLOs in milliseconds as
 ``ttft:500 tpot:50 e2el:3000``. TTFT and TPOT use the engine's one rule,
-:func:`llminfra.engine.goodput.within_slo` (a one-token answer has no TPOT and meets any TPOT
+:func:`llminfra.sim.goodput.within_slo` (a one-token answer has no TPOT and meets any TPOT
 target, as in vLLM, which counts its TPOT as 0); E2EL is added here: ``e2e ≤ e2el``.
 
 vLLM's result names: :func:`vllm_fields` writes the keys of ``vllm bench serve --save-result``
@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from llminfra.engine.goodput import within_slo
 from llminfra.engine.metrics import percentile, tpot, ttft
+from llminfra.sim.goodput import within_slo
 
 #: the SLO names of ``--goodput`` (vLLM's), each a limit in milliseconds
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
@@ -132,7 +132,7 @@ def parse_goodput(slos) -> dict[str, float]:
 
 def meets_slos(rec: RequestRecord, slos_ms: dict[str, float]) -> bool:
     """True when a completed request meets every SLO of ``slos_ms`` (:func:`parse_goodput`):
-    TTFT and TPOT by :func:`~llminfra.engine.goodput.within_slo`, then ``e2e ≤ e2el``."""
+    TTFT and TPOT by :func:`~llminfra.sim.goodput.within_slo`, then ``e2e ≤ e2el``."""
     if not within_slo(rec.ttft_s, rec.tpot_s, slos_ms.get("ttft", math.inf) / 1e3,
                       slos_ms.get("tpot", math.inf) / 1e3):
         return False

@@ -15,7 +15,7 @@ Arrivals (the open-loop regimes of vLLM's ``vllm bench serve``, ``get_request`` 
   gap before request i is drawn at r_i (Poisson, gamma of shape ``burstiness``, or exactly
   1/r_i with ``arrivals="fixed"``). Not rescaled, as in vLLM. :class:`RampUp`.
 
-Lengths come from :func:`llminfra.engine.workload.serving_workload` (the chapter-04 trace). A
+Lengths come from :func:`llminfra.sim.workload.serving_workload` (the chapter-04 trace). A
 **shared-prefix** workload (vLLM's "prefix repetition" dataset idea) puts one of
 ``num_prefixes`` shared prefixes of ``prefix_tokens`` tokens before each request's own prompt,
 the prefix drawn uniformly per request: a server with prefix caching skips their prefill.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llminfra.engine.workload import WorkloadRequest, serving_workload
+from llminfra.sim.workload import WorkloadRequest, serving_workload
 
 #: the longest open-loop schedule a run accepts: (requests − 1) / rate seconds, one day
 MAX_SCHEDULE_S = 86_400.0
@@ -213,7 +213,7 @@ def loadtest_requests(num_requests: int, seed: int, max_model_len: int, *,
                       max_output_tokens: int | None = None, burstiness: float = 1.0,
                       prefix_tokens: int = 0,
                       ramp_up: RampUp | None = None) -> list[WorkloadRequest]:
-    """The requests of a run: :func:`llminfra.engine.workload.serving_workload` (trace lengths
+    """The requests of a run: :func:`llminfra.sim.workload.serving_workload` (trace lengths
     that fit ``max_model_len``; Poisson arrivals at ``rate``, or all at t = 0 without a rate),
     with ``arrivals="fixed"`` gaps of exactly 1/rate, gamma gaps when ``burstiness`` ≠ 1
     (:func:`gamma_arrivals`, drawn after the lengths: the lengths do not change), a ramp-up's

@@ -2,7 +2,7 @@
 
 Two designs on the same GPUs and the same requests (each GPU group is one engine instance of
 ``tensor_parallel`` GPUs running the real :class:`~llminfra.engine.scheduler.Scheduler` under
-the roofline step time, :class:`~llminfra.engine.simulator.Simulator`; requests are dealt to
+the roofline step time, :class:`~llminfra.sim.simulator.Simulator`; requests are dealt to
 instances round-robin in arrival order):
 
 * **colocated** — ``num_gpus / tensor_parallel`` instances, each doing prefill and decode;
@@ -58,10 +58,10 @@ from dataclasses import dataclass
 
 from llminfra.calc.communication import Interconnect, get_interconnect
 from llminfra.calc.memory import kv_bytes_per_token
-from llminfra.engine.goodput import within_slo
 from llminfra.engine.metrics import percentile, tpot, ttft
-from llminfra.engine.simulator import Simulator, kv_blocks_for, roofline_step_time
-from llminfra.engine.workload import WorkloadRequest
+from llminfra.sim.goodput import within_slo
+from llminfra.sim.simulator import Simulator, kv_blocks_for, roofline_step_time
+from llminfra.sim.workload import WorkloadRequest
 from llminfra.validate import positive_int
 
 
@@ -181,8 +181,8 @@ def simulate_disaggregated(model, gpu, requests: Seq[WorkloadRequest], *, num_pr
 def slo_goodput(timings: Seq[RequestTiming], ttft_slo_s: float, tpot_slo_s: float,
                 num_gpus: int = 1) -> dict:
     """TTFT / TPOT percentiles (p50, p90, p99, s), ``slo_attainment`` (share of requests with
-    TTFT ≤ ``ttft_slo_s`` and TPOT ≤ ``tpot_slo_s``: :func:`llminfra.engine.goodput.within_slo`,
-    the rule of :func:`~llminfra.engine.goodput.goodput`),
+    TTFT ≤ ``ttft_slo_s`` and TPOT ≤ ``tpot_slo_s``: :func:`llminfra.sim.goodput.within_slo`,
+    the rule of :func:`~llminfra.sim.goodput.goodput`),
     ``goodput_rps`` = those requests / (last finish − first arrival), and per GPU.
 
     Worked by hand: 4 requests over 2 s, 3 meet both SLOs → 1.5 req/s; on 2 GPUs 0.75."""

@@ -5,8 +5,9 @@ The simulator keeps a virtual clock. At each event it hands the waiting and runn
 the SAME :class:`~llminfra.engine.scheduler.Scheduler` the real engine uses (same policies,
 chunked prefill, block accounts, preemption), asks a step-time model how long that step takes,
 advances the clock, and credits one token to every sequence whose prompt is fully read — no
-tensor of the model is touched. The padding rows of a static batch (:mod:`.scheduler`) are in
-the step's batch, so they cost time as they do in the engine. The default step-time model is the roofline
+tensor of the model is touched. The padding rows of a static batch
+(:mod:`llminfra.engine.static_batch`) are in the step's batch, so they cost time as they do in
+the engine. The default step-time model is the roofline
 (:func:`llminfra.calc.roofline.step_time_s`)::
 
     t_step = max(FLOPs / peak, bytes / bandwidth) + overhead_s   (+ tensor-parallel all-reduces)
@@ -28,8 +29,8 @@ from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig
 from llminfra.engine.sequence import Request, Sequence
-from llminfra.engine.workload import WorkloadRequest
 from llminfra.kvcache.paged_cache import PagedKVCache
+from llminfra.sim.workload import WorkloadRequest
 
 #: step_time_fn(batch) -> seconds, batch = [(new_tokens, context_tokens), ...]
 StepTimeFn = Callable[[list[tuple[int, int]]], float]
@@ -75,7 +76,7 @@ class SimulationResult:
 
 
 class Simulator:
-    """Serve a list of :class:`~llminfra.engine.workload.WorkloadRequest` on a virtual clock.
+    """Serve a list of :class:`~llminfra.sim.workload.WorkloadRequest` on a virtual clock.
 
     ``Simulator(step_time_fn, num_blocks=..., block_size=16, max_seq_len=..., policy=...,
     max_num_seqs=..., max_num_batched_tokens=..., enable_chunked_prefill=...,

@@ -8,10 +8,11 @@ the interval [k, k+1); a token sampled in step k is out at k + 1.
 
 Per request (all in steps): queued = first scheduled − arrival; TTFT = first token out −
 arrival; end-to-end = last token out − arrival; padding steps = the steps after its last token
-in which static batching still computed its row (a discarded token: :mod:`.scheduler`), the
-slots an early finisher wastes while the rest of its batch runs. Static batching (requests
-wait for a whole batch to finish) against iteration-level scheduling: Yu et al., 2022, *Orca*,
-OSDI '22; chunked prefill: Agrawal et al., 2024, *Sarathi-Serve*, arXiv:2403.02310.
+in which static batching still computed its row (a discarded token:
+:mod:`llminfra.engine.static_batch`), the slots an early finisher wastes while the rest of its
+batch runs. Static batching (requests wait for a whole batch to finish) against iteration-level
+scheduling: Yu et al., 2022, *Orca*, OSDI '22; chunked prefill: Agrawal et al., 2024,
+*Sarathi-Serve*, arXiv:2403.02310.
 
 Taught in chapter 05 (the batching-timeline widget).
 """

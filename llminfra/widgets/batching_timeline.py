@@ -3,7 +3,7 @@ prefill, and the batch size) and see the same small workload as a Gantt chart of
 engine steps, with its mean TTFT and makespan; under static and dynamic batching the steps in
 which a finished request's row is still computed, as padding, are drawn in dark grey.
 
-Thin wiring over pure functions: :func:`llminfra.engine.timeline.step_timeline` runs the real
+Thin wiring over pure functions: :func:`llminfra.sim.timeline.step_timeline` runs the real
 engine on the tiny model with a step-counting clock (so the picture is the same on every
 machine), :func:`timeline_text` says the numbers, :func:`llminfra.plots.serving.gantt_png`
 draws them. Controls set an ``HTML`` line (it wraps where a ``Label`` would be cut at the
@@ -20,9 +20,9 @@ import html
 
 import ipywidgets as widgets
 
-from llminfra.widgets.panel import Panel, natural_size
-from llminfra.engine.timeline import demo_workload, step_timeline, timeline_summary
 from llminfra.plots.serving import gantt_png
+from llminfra.sim.timeline import demo_workload, step_timeline, timeline_summary
+from llminfra.widgets.panel import Panel, natural_size
 
 POLICIES = ("static", "dynamic", "continuous")
 

@@ -3,7 +3,7 @@ continuous-batching admission step under a block budget, TTFT and time per outpu
 timestamps, and the step plan of chunked prefill.
 
 Each checker builds named cases from one seed (every category the exercise names first, then
-random ones), compares the learner's function with :mod:`llminfra.engine.scheduling_rules`, and
+random ones), compares the learner's function with :mod:`llminfra.sim.scheduling_rules`, and
 on a mismatch names the case, the seed to replay it and the usual mistake the answer matches:
 a later request overtaking one that does not fit, ``P // block_size`` blocks instead of the
 ceiling (or ``P // block_size + 1``, one too many for whole blocks), a prompt that exactly
@@ -21,8 +21,8 @@ import random
 
 from llminfra.course.checking import (Case, CheckFailed, checker, first_matching, run_checks,
                                       seeded)
-from llminfra.engine.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
-                                              ttft_tpot)
+from llminfra.sim.scheduling_rules import (admit_fcfs, blocks_needed, chunked_prefill_plan,
+                                           ttft_tpot)
 from llminfra.engine.spec_decode import accept_greedy, expected_tokens_per_step
 
 

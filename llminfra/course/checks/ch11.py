@@ -5,7 +5,7 @@ attention repeats on every hop, and goodput from request timestamps.
 Each checker builds named cases from one seed (every edge the exercise names first, then random
 ones), compares the learner's function with the package
 (:func:`llminfra.parallel.expert_parallel.dispatch_counts`,
-:func:`llminfra.attention.merge_partials`, :func:`llminfra.engine.goodput.goodput`) and on a
+:func:`llminfra.attention.merge_partials`, :func:`llminfra.sim.goodput.goodput`) and on a
 mismatch names the case, the seed to replay it and the usual mistake the answer matches:
 tokens counted instead of (token, expert) assignments, ``expert % n`` instead of
 ``expert // (E/n)``, an expert at a rank boundary given to the neighbour; a plain average of the
@@ -30,7 +30,7 @@ from llminfra.attention import merge_partials
 from llminfra.course.checking import (Case, CheckFailed, checker, first_matching, run_checks,
                                       seeded)
 from llminfra.course.checking import torch_generator as _gen
-from llminfra.engine.goodput import goodput
+from llminfra.sim.goodput import goodput
 from llminfra.parallel.expert_parallel import dispatch_counts
 
 __all__ = ["check_dispatch_counts", "check_merge", "check_goodput", "CheckFailed"]
@@ -343,7 +343,7 @@ def _goodput_error_hint(args, kw, error) -> str:
 def check_goodput(fn, seed: int | None = None) -> int:
     """Check ``fn(requests, ttft_slo_s, tpot_slo_s) -> requests per second`` (requests:
     ``(arrival_s, first_token_s, finish_s, output_tokens)`` tuples) against
-    :func:`llminfra.engine.goodput.goodput`. The worked example: 2 of 5 requests good over
+    :func:`llminfra.sim.goodput.goodput`. The worked example: 2 of 5 requests good over
     4 s (0.5 s … 4.5 s) → 0.5."""
     seed, rng = seeded(seed)
     return run_checks("goodput", fn, goodput, _goodput_cases(rng), rel=1e-9, abs_=1e-12,
