@@ -28,7 +28,8 @@ from llminfra.parallel.launch import RankError, launch
 from llminfra.parallel.megatron import apply_tensor_parallel, parallel_attention, parallel_mlp
 from llminfra.parallel.pipeline import bubble_fraction, gpipe_schedule, measured_bubble
 from llminfra.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from llminfra.parallel.world import DistributedWorld, SimulatedWorld, World, run_simulated
+from llminfra.parallel.distributed_world import DistributedWorld
+from llminfra.parallel.world import SimulatedWorld, World, run_simulated
 
 __all__ = ["World", "SimulatedWorld", "DistributedWorld", "run_simulated", "launch", "RankError",
            "ColumnParallelLinear", "RowParallelLinear", "parallel_mlp", "parallel_attention",

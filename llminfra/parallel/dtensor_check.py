@@ -17,7 +17,7 @@ import copy
 import torch
 from torch import nn
 
-from llminfra.parallel.world import DistributedWorld
+from llminfra.parallel.distributed_world import DistributedWorld
 
 
 @torch.no_grad()

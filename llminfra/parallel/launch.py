@@ -3,7 +3,7 @@
 ``launch(fn, n, *args)`` spawns ``n`` fresh Python processes (``spawn``, never ``fork``:
 forked children that use several threads can hang), connects them over gloo (CPU) or NCCL
 (CUDA) through a TCP store on a free port of 127.0.0.1, calls ``fn(world, *args)`` on each with
-its :class:`~llminfra.parallel.world.DistributedWorld`, and returns the results in rank order.
+its :class:`~llminfra.parallel.distributed_world.DistributedWorld`, and returns the results in rank order.
 
 Works from a notebook: ``fn`` must be importable by the children (a function of the package,
 e.g. in :mod:`llminfra.parallel.workers`), because spawn pickles it by name. From a script,
@@ -61,7 +61,7 @@ def _child(fn: Callable, rank: int, size: int, port: int, backend: str, timeout_
     import torch
     import torch.distributed as dist
 
-    from llminfra.parallel.world import DistributedWorld
+    from llminfra.parallel.distributed_world import DistributedWorld
     torch.set_num_threads(threads)
     try:
         if backend == "nccl":
