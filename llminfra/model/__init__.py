@@ -26,9 +26,9 @@ from llminfra.model.moe import (MoEFeedForward, RouterOutput, expert_capacity, r
 from llminfra.model.pretrained import (load_model, load_pretrained, load_tokenizer,
                                        pretrained_names, pretrained_path)
 from llminfra.model.tokenizer import ByteTokenizer
+from llminfra.model.rope import apply_rotary, rotary_angles, rotary_angles_at
 from llminfra.model.transformer import (Attention, FeedForward, RMSNorm, Transformer,
-                                        TransformerBlock, apply_rotary, rotary_angles,
-                                        rotary_angles_at, tiny_moe_model)
+                                        TransformerBlock, tiny_moe_model)
 
 __all__ = [
     "ModelConfig", "config_names", "Transformer", "TransformerBlock", "Attention",

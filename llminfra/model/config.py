@@ -42,7 +42,7 @@ class ModelConfig:
     * ``qkv_bias`` — q, k, v projections carry a bias (Qwen2);
     * ``rope_scaling`` — ``None``, or sorted ``(key, value)`` pairs of a Hugging Face
       ``rope_scaling`` dict of type ``"linear"`` or ``"llama3"`` (see
-      :func:`llminfra.model.transformer.rope_inv_freq`);
+      :func:`llminfra.model.rope.rope_inv_freq`);
     * ``num_experts`` E, ``experts_per_token`` k, ``moe_gating`` (``"softmax"`` or
       ``"sigmoid"``) — with E > 1 every block's MLP is a mixture of E SwiGLU experts of inner
       size I, k per token (:class:`llminfra.model.moe.MoEFeedForward`, chapter 11); E = 1 is

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llminfra.model.transformer import Transformer, rope_inv_freq
+from llminfra.model.rope import rope_inv_freq
+from llminfra.model.transformer import Transformer
 
 
 class Matmul:

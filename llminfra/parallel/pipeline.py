@@ -165,7 +165,7 @@ class ModelStage(nn.Module):
         self.layer_ids = split_layers(len(model.layers), n_stages)[stage]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from llminfra.model.transformer import rotary_angles
+        from llminfra.model.rope import rotary_angles
         m, cfg = self.model, self.model.config
         h = m.tok_embeddings(x) if self.stage == 0 else x
         cos, sin = rotary_angles(cfg.head_dim, 0, h.shape[1], cfg.rope_theta, device=h.device,
