@@ -13,8 +13,8 @@ Rules, each worked by hand in ``tests/test_memory.py``:
   a sliding window bounds the tokens held, and quantized KV may add group scales
   (:mod:`llminfra.calc.kv_layout`);
 * inference activations: the live tensors of one layer for the tokens in flight, plus the
-  last position's logits in fp32 (see :func:`activation_bytes_inference`);
-* training activations: Korthikanti et al., 2022 (arXiv:2205.05198), eq. 1 per layer;
+  last position's logits in fp32; training activations: Korthikanti et al., 2022
+  (arXiv:2205.05198), eq. 1 per layer (both in :mod:`llminfra.calc.activations`);
 * training state: mixed-precision AdamW keeps 16 bytes per parameter (Rajbhandari et al., 2019,
   ZeRO, arXiv:1910.02054, §3.1): 16-bit weights (2) and gradients (2), fp32 master weights (4)
   and two fp32 moments (8);
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from llminfra.calc.activations import activation_bytes_inference, activation_bytes_training
 from llminfra.calc.kv_layout import (kv_bytes_per_token_layer, kv_share_per_rank,
                                      kv_tokens_held)
 from llminfra.calc.params import (active_param_count, linear_shapes, linear_weight_count,
@@ -139,63 +140,6 @@ def kv_bytes(model: str | ModelSpec, context: int, batch: int = 1, kv_dtype: str
     context = _check_context(spec, context)
     held = kv_tokens_held(spec, context, sliding_window)
     return kv_bytes_per_token(spec, kv_dtype, kv_group_size) * held * positive_int("batch", batch)
-
-
-def activation_bytes_inference(model: str | ModelSpec, batch: int = 1, tokens: int = 1,
-                               dtype: str = "bf16", attention: str = "flash") -> int:
-    """Peak transient activations of one forward pass over ``batch · tokens`` new tokens.
-
-    Layers run one after another, so only one layer's tensors are alive at once:
-    residual and normed input (2h), q, k, v (h + 2·kv_dim), attention output (h) and the MLP's
-    intermediate tensors (3·I when gated: gate, up, their product; 2·I when plain), all per
-    token in ``dtype``; plus ``heads · tokens²`` scores per sequence when ``attention="naive"``
-    (FlashAttention never forms them) and the last position's logits in fp32 (4 · vocab bytes
-    per sequence, as serving engines compute only those). Wider heads (Qwen3's explicit
-    head_dim) and latent attention use their own q / k / v / output widths; a mixture-of-experts
-    layer with ``moe_intermediate_size`` runs ``experts_per_token + num_shared_experts`` expert
-    MLPs per token, so its MLP width is that many ``moe_intermediate_size`` (the widest of the
-    dense and MoE layers counts). Mixtral (no ``moe_intermediate_size``) keeps the one-MLP
-    width it always had here.
-    """
-    spec = get_model(model)
-    batch, tokens = positive_int("batch", batch), positive_int("tokens", tokens)
-    if attention not in ("flash", "naive"):
-        raise ValueError(f"attention must be 'flash' or 'naive', got {attention!r}")
-    b = dtype_bytes(dtype)
-    h, H = spec.hidden_size, spec.num_heads
-    q, out = H * spec.head_dim, H * spec.value_head_dim
-    k_v = (H * (spec.head_dim + spec.value_head_dim) if spec.is_mla
-           else 2 * spec.num_kv_heads * spec.head_dim)
-    i = spec.intermediate_size if spec.num_moe_layers < spec.num_layers else 0
-    if spec.num_moe_layers and spec.moe_intermediate_size is not None:
-        i = max(i, (spec.experts_per_token + spec.num_shared_experts) * spec.moe_intermediate_size)
-    elif spec.num_moe_layers:
-        i = spec.intermediate_size
-    per_token = 2 * h + q + k_v + out + (3 if spec.mlp == "gated" else 2) * i
-    total = batch * tokens * per_token * b
-    if attention == "naive":
-        total += batch * spec.num_heads * tokens * tokens * b
-    total += batch * spec.vocab_size * 4
-    return int(total)
-
-
-def activation_bytes_training(model: str | ModelSpec, batch: int, seq_len: int,
-                              checkpointing: bool = False, flash: bool = True) -> int:
-    """Activations stored for the backward pass in 16-bit training.
-
-    Korthikanti et al., 2022 (arXiv:2205.05198), eq. 1: per layer ``s·b·h·(34 + 5·a·s/h)``
-    bytes for a GPT block (4h MLP, dropout). The ``5·a·s²·b`` term is the attention matrix
-    (scores, softmax, dropout mask), which FlashAttention does not store (``flash=True``).
-    Full activation checkpointing stores only each layer's input (``2·s·b·h``) and recomputes
-    one layer at a time during backward (that layer's full activations).
-    """
-    spec = get_model(model)
-    b, s = positive_int("batch", batch), positive_int("seq_len", seq_len)
-    h, a = spec.hidden_size, spec.num_heads
-    per_layer = s * b * h * 34 + (0 if flash else 5 * a * s * s * b)
-    if checkpointing:
-        return int(spec.num_layers * 2 * s * b * h + per_layer)
-    return int(spec.num_layers * per_layer)
 
 
 def training_memory(model: str | ModelSpec, batch: int = 1, seq_len: int = 2048,
