@@ -3,15 +3,14 @@
 Each :class:`~llminfra.ledger.claim.Claim` paraphrases the statement in the course's words; the
 text's own words (Korean) and the heading they stand under are in :mod:`llminfra.ledger.quotes`.
 Section names are the text's headings, translated. Computations live in
-:mod:`llminfra.ledger.checks`.
+:mod:`llminfra.ledger.checks` (shared with the other texts) and :mod:`llminfra.ledger.checks_000`.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from llminfra.ledger import checks as c
-from llminfra.ledger.claim import Claim, Finding
+from llminfra.ledger import checks_000 as c0
+from llminfra.ledger.claim import Claim
 
 S1 = "What and why: training and inference are different jobs"
 S2 = "Components: where GPU memory goes"
@@ -28,104 +27,12 @@ FLASH = "Dao et al. 2022, 'FlashAttention', arXiv:2205.14135"
 MEGATRON = "Shoeybi et al. 2019, 'Megatron-LM', arXiv:1909.08053"
 
 
-def _megatron_efficiency() -> Finding:
-    """15.1 PFLOP/s on 512 GPUs vs 39 TFLOP/s on one (the paper's baseline): 15.1e15 / (512 · 39e12)."""
-    eff = 15.1e15 / (512 * 39e12)
-    return Finding(f"15.1e15 / (512 × 39e12) = {eff:.1%}", abs(eff - 0.76) < 0.01)
-
-
-def _megatron_params() -> Finding:
-    from llminfra.calc.params import param_count
-    n = param_count("megatron-8.3b")
-    return Finding(f"megatron-8.3b preset: {n / 1e9:.4g} B parameters", abs(n / 8.3e9 - 1) < 0.01)
-
-
-def _opt13b_split() -> Finding:
-    """OPT-13B fp16 weights on an A100-40GB: their share of the card, and what the course's one
-    KV-budget function (:func:`llminfra.calc.memory.kv_budget`, chapters 02 and 04) leaves for
-    the KV cache with vLLM's 10 % runtime reserve."""
-    from llminfra.calc.memory import kv_budget
-    from llminfra.ledger.claim import ratio_verdict
-    b = kv_budget("opt-13b", "a100-40gb", "fp16", context=2048)
-    share = b.weight_bytes / b.gpu_memory_bytes
-    kv = b.kv_budget_bytes / b.gpu_memory_bytes
-    return Finding(f"weights {b.weight_bytes / 1e9:.4g} GB = {b.weight_bytes / 40e9:.1%} of 40e9 B, "
-                   f"{share:.1%} of the card's {b.gpu_memory_bytes / 2**30:.4g} GiB; with a 10 % "
-                   f"runtime reserve the KV cache gets {kv:.1%}",
-                   ratio_verdict(0.65, share) == "approximately" and 0.25 <= kv <= 0.31)
-
-
-@lru_cache(maxsize=1)
-def _paged_vs_contiguous() -> Finding:
-    """Share of KV memory that holds tokens: contiguous at max length vs paged (block 16), on
-    chapter 04's one pool and trace (its §5: 150 ShareGPT-like requests, seed 2023, in the KV
-    budget of OPT-13B in fp16 on an A100-40GB), so the two print the same figures."""
-    import torch
-    from llminfra.calc.memory import kv_budget
-    from llminfra.kvcache.simulate import simulate_contiguous, simulate_paged
-    from llminfra.kvcache.trace import request_trace
-    trace = request_trace(150, torch.Generator().manual_seed(2023), "sharegpt")
-    pool = kv_budget("opt-13b", "a100-40gb", "fp16", context=2048).kv_budget_tokens
-    cont = simulate_contiguous(trace, pool, "max", 2048)["fractions"]["token"]
-    paged = simulate_paged(trace, pool, 16)["fractions"]["token"]
-    return Finding(f"chapter 04's pool (OPT-13B fp16 on an A100-40GB: {pool:,} tokens) and 150 "
-                   f"ShareGPT-like requests: contiguous (reserve 2,048) {cont:.1%} holds tokens, "
-                   f"paged (block 16) {paged:.1%}",
-                   0.15 <= cont <= 0.40 and paged >= 0.96)
-
-
-def _sharing_savings() -> Finding:
-    """Copy-on-write savings on an Alpaca-like trace: parallel sampling (n = 4) vs beam search
-    (width 4), the vLLM paper's measure (chapter 04's bench runs the full version)."""
-    import torch
-    from llminfra.kvcache.sharing import beam_search_blocks, parallel_sampling_blocks, sharing_saving
-    from llminfra.kvcache.trace import request_trace
-    g = torch.Generator().manual_seed(0)
-    trace = request_trace(40, g, "alpaca")
-    par = sharing_saving([parallel_sampling_blocks(r.prompt_len, [x.output_len for x in
-                                                                  request_trace(4, g, "alpaca")])
-                          for r in trace])
-    beam = sharing_saving([beam_search_blocks(r.prompt_len, r.output_len, 4, g) for r in trace])
-    return Finding(f"40 Alpaca-like requests, block 16: parallel sampling (n = 4) saves {par:.1%}, "
-                   f"beam search (width 4) {beam:.1%}", par < 0.15 and beam > 0.35)
-
-
-def _flash_exact() -> Finding:
-    import torch
-    from llminfra.attention import flash_attention, naive_attention
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 200, 32, generator=g) for _ in range(3))
-    err = (flash_attention(q, k, v, causal=True) - naive_attention(q, k, v, causal=True)).abs().max()
-    # the bound, not the value: the last bits of fp32 sums differ between CPUs' kernels
-    # (9.5e-07 with AVX-512, 7.7e-07 with vectorization forced off)
-    return Finding(f"tiled vs naive attention, N = 200, d = 32, causal: max |Δ| "
-                   f"{'<' if float(err) < 1e-5 else '>='} 1e-5 (fp32 rounding)", float(err) < 1e-5)
-
-
-def _flash_io() -> Finding:
-    """HBM traffic (elements) of naive vs tiled attention, Theorem 2 of FlashAttention."""
-    from llminfra.attention.io_accounting import theorem2_flash_elements, theorem2_naive_elements
-    N, d, M = 4096, 64, 100_000
-    naive, flash = theorem2_naive_elements(N, d), theorem2_flash_elements(N, d, M)
-    return Finding(f"N = {N:,}, d = {d}, SRAM {M:,} elements: naive {round(naive):,}, tiled "
-                   f"{round(flash):,} elements read/written ({naive / flash:.3g}× fewer)",
-                   naive > 5 * flash)
-
-
-def _tp_link() -> Finding:
-    from llminfra.calc.communication import communication_share
-    pcie = communication_share("llama-2-70b", "a100-80gb", 4, "pcie-gen4", "prefill")["share"]
-    nvl = communication_share("llama-2-70b", "a100-80gb", 4, "nvlink-a100", "prefill")["share"]
-    return Finding(f"Llama-2-70B, 4-way TP prefill (2,048 tokens): communication {pcie:.1%} of "
-                   f"the step over PCIe Gen4, {nvl:.1%} over NVLink", pcie > 3 * nvl)
-
-
 CLAIMS: list[Claim] = [
     Claim("000-01", S1, "Megatron-LM trained an 8.3-billion-parameter model on 512 GPUs.",
           "the Megatron-LM paper; the architecture of its 8.3B model",
           "holds", "The paper's largest model has 8.3 B parameters (our preset of its Table 1 "
           "row counts 8.32 B) and was trained on 512 V100 GPUs.", ("01", "07"),
-          f"{MEGATRON}, abstract and Table 1; llminfra.calc.params.param_count", _megatron_params),
+          f"{MEGATRON}, abstract and Table 1; llminfra.calc.params.param_count", c0.megatron_params),
     Claim("000-02", S1, "An LLM request may cost about 10× a keyword search.",
           "an estimate quoted by the vLLM paper", "not checkable",
           "The vLLM paper does quote this figure, citing a 2023 news report; it is an estimate of "
@@ -146,7 +53,7 @@ CLAIMS: list[Claim] = [
           "the runtime reserve", "approximately",
           "Weights are 25.7 GB: 64 % of 40e9 bytes but 60 % of the card's real 40 GiB. With "
           "vLLM's 10 % runtime reserve the KV cache gets about 30 % of the card, as stated.",
-          ("02", "04"), f"{VLLM_PAPER}, Fig. 1; llminfra.calc.memory", _opt13b_split),
+          ("02", "04"), f"{VLLM_PAPER}, Fig. 1; llminfra.calc.memory", c0.opt13b_split),
     Claim("000-06", S2, "For LLaMA-13B, one sequence's KV cache can reach 1.7 GB.",
           "KV bytes per token of LLaMA-13B in fp16, at 2,048 tokens", "holds",
           "2 · 40 layers · 5,120 · 2 B = 819,200 B per token (800 KiB); 2,048 tokens give "
@@ -226,18 +133,18 @@ CLAIMS: list[Claim] = [
           "The vLLM paper's Fig. 2 measurement; chapter 04's simulation of max-length "
           "reservation on a ShareGPT-like trace, in one pool, gives a share in the same range.",
           ("04",),
-          f"{VLLM_PAPER}, Fig. 2; llminfra.kvcache.simulate", _paged_vs_contiguous),
+          f"{VLLM_PAPER}, Fig. 2; llminfra.kvcache.simulate", c0.paged_vs_contiguous),
     Claim("000-23", S4, "Paging the KV cache cuts waste to under 4 %.",
           "block size, request lengths", "holds",
           "With 16-token blocks only the last block of each sequence is partly empty; chapter "
           "04's simulation, on the same pool and trace as 000-22, keeps over 96 % of the pool "
           "holding tokens.", ("04",),
-          f"{VLLM_BLOG}; llminfra.kvcache.simulate", _paged_vs_contiguous),
+          f"{VLLM_BLOG}; llminfra.kvcache.simulate", c0.paged_vs_contiguous),
     Claim("000-24", S4, "Sampling several answers from one prompt saves up to 55 % of memory.",
           "copy-on-write sharing: parallel sampling vs beam search", "misleading",
           "55 % is the beam-search figure (the paper: 37.6–55.2 %); parallel sampling saves "
           "6.1–9.8 % on Alpaca. Our simulation on the real allocator reproduces the split.", ("04",),
-          f"{VLLM_PAPER}, §6.3 Fig. 15; {VLLM_BLOG}; llminfra.kvcache.sharing", _sharing_savings),
+          f"{VLLM_PAPER}, §6.3 Fig. 15; {VLLM_BLOG}; llminfra.kvcache.sharing", c0.sharing_savings),
     Claim("000-25", S4, "vLLM reaches 2–4× the throughput of FasterTransformer and Orca at the same latency.",
           "the vLLM paper's OPT / LLaMA experiments on A100s", "holds",
           "As reported, for its models, GPUs and ShareGPT / Alpaca traces; a headline factor "
@@ -251,12 +158,12 @@ CLAIMS: list[Claim] = [
           "the FlashAttention paper; exactness of the tiled algorithm", "holds",
           "The paper's Fig. 1 reports 7.6× for the attention computation of GPT-2; exactness is "
           "checked here (tiled = naive to float32 rounding).", ("06",), f"{FLASH}, Fig. 1",
-          _flash_exact),
+          c0.flash_exact),
     Claim("000-28", S4, "FlashAttention's memory grows linearly with sequence length, and it moves "
           "fewer bytes between HBM and SRAM.", "IO accounting of naive vs tiled attention", "holds",
           "Tiling never materialises the N × N score matrix; Theorem 2's HBM traffic is several "
           "times smaller at N = 4,096.", ("06",), f"{FLASH}, Theorem 2; llminfra.attention.io_accounting",
-          _flash_io),
+          c0.flash_io),
     Claim("000-29", S5, "When the guide was written the largest GPUs (A100, H100) had 80 GB.",
           "the GPU catalog and launch dates", "approximately",
           "True of the common data-centre cards in 2023, though the H100 NVL (94 GB) was "
@@ -264,12 +171,12 @@ CLAIMS: list[Claim] = [
           ("00", "08"), "GPU catalog (llminfra.specs.gpus)", c.largest_gpu),
     Claim("000-30", S5, "Megatron-LM sustained 15.1 PFLOP/s on 512 GPUs, 76 % scaling efficiency "
           "against one GPU.", "the paper's single-GPU baseline of 39 TFLOP/s", "holds",
-          "15.1e15 / (512 × 39e12) = 75.6 %.", ("07",), f"{MEGATRON}, abstract", _megatron_efficiency),
+          "15.1e15 / (512 × 39e12) = 75.6 %.", ("07",), f"{MEGATRON}, abstract", c0.megatron_efficiency),
     Claim("000-31", S5, "Tensor parallelism exchanges results in every layer, so it needs a fast "
           "link and stays inside one server.", "the communication model", "holds",
           "Two all-reduces per layer: for Llama-2-70B prefill on 4 GPUs communication is a large "
           "share of the step over PCIe and a small one over NVLink.", ("07",),
-          "llminfra.calc.communication.communication_share", _tp_link),
+          "llminfra.calc.communication.communication_share", c0.tp_link),
     Claim("000-32", S5, "Naive pipeline parallelism leaves later GPUs idle while earlier ones work.",
           "the GPipe bubble (p − 1) / (m + p − 1)", "holds",
           "With 4 stages and one batch, 75 % of GPU time is idle; 16 micro-batches bring it to 16 %.",
