@@ -28,7 +28,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from llminfra.course.compare import as_like, compare, describe, first_matching, kind_mismatch
+from llminfra.course.answer_kinds import as_like, kind_mismatch
+from llminfra.course.compare import compare, describe, first_matching
 
 log = logging.getLogger(__name__)
 

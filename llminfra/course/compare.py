@@ -25,8 +25,9 @@ means:
   2**8), so a larger count in those dtypes is not the right value; the message says so.
 * **Kinds.** An answer that is not even the expected kind of value (a dict, a string with
   units, an array where one number is due, None) is told what to return
-  (:func:`kind_mismatch`), never handed to a checker's hint that would crash on it.
-:func:`as_like` converts an answer to the expected kind for a hint's arithmetic, and
+  (:func:`~llminfra.course.answer_kinds.kind_mismatch`), never handed to a checker's hint that
+  would crash on it (:mod:`llminfra.course.answer_kinds`, which also converts an answer to the
+  expected kind for a hint's arithmetic).
 :func:`first_matching` names the known mistake an answer equals. Used by
 :mod:`llminfra.course.checking`; taught in chapter 00 (how exercises are checked).
 """
@@ -35,11 +36,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["compare", "as_like", "first_matching", "describe", "kind_mismatch"]
+__all__ = ["compare", "first_matching", "describe", "scalar_value", "as_tensor", "is_tensor"]
 
 
 def _torch():
@@ -47,7 +47,7 @@ def _torch():
     return torch
 
 
-def _is_tensor(x) -> bool:
+def is_tensor(x) -> bool:
     return _torch().is_tensor(x)
 
 
@@ -65,7 +65,7 @@ def _low_precision(x) -> str | None:
     return name if name in _EXACT_WHOLE else None
 
 
-def _scalar(x) -> float | int | None:
+def scalar_value(x) -> float | int | None:
     """A Python number for anything that holds one number, else None: an int when the value
     is a whole number held exactly (an int, a ``Fraction`` of denominator 1, a whole
     ``Decimal``), else a float."""
@@ -90,7 +90,7 @@ def _scalar(x) -> float | int | None:
     return None
 
 
-def _as_tensor(x):
+def as_tensor(x):
     torch = _torch()
     if torch.is_tensor(x):
         return x.detach().as_subclass(torch.Tensor)
@@ -110,7 +110,7 @@ def _as_tensor(x):
 
 def describe(x) -> str:
     """A short description of a value: shape and dtype for arrays, the repr for numbers."""
-    if _is_tensor(x) or type(x).__module__ == "numpy":
+    if is_tensor(x) or type(x).__module__ == "numpy":
         shape = tuple(getattr(x, "shape", ()))
         dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
         if shape == ():
@@ -136,7 +136,7 @@ def _eps_tolerance(dtype) -> tuple[float, float]:
 
 def _compare_tensors(expected, got, rel: float, abs_: float, where: str) -> str | None:
     torch = _torch()
-    t = _as_tensor(got)
+    t = as_tensor(got)
     if t is None:
         return f"{where}expected a tensor of shape {tuple(expected.shape)}, got {describe(got)}"
     if t.is_complex():
@@ -189,7 +189,7 @@ def _compare(expected, got, rel, abs_, where):
             return None
         return f"{where}got {describe(got)}, expected {expected}"
     if isinstance(expected, numbers.Real):
-        g = _scalar(got)
+        g = scalar_value(got)
         if g is None:
             return f"{where}expected a number, got {describe(got)}"
         if isinstance(g, float) and not math.isfinite(g):
@@ -202,7 +202,7 @@ def _compare(expected, got, rel, abs_, where):
         if math.isclose(g, expected, rel_tol=rel, abs_tol=abs_) or g == expected:
             return None
         return f"{where}got {_fmt(g)}, expected {_fmt(expected)} (difference {_fmt(g - expected)})"
-    if _is_tensor(expected):
+    if is_tensor(expected):
         return _compare_tensors(expected, got, rel, abs_, where)
     if isinstance(expected, dict):
         if not isinstance(got, dict):
@@ -263,119 +263,6 @@ def _rounding(count: int) -> float:
     whole number is still ``count``."""
     ulps = 64 * math.ulp(float(count))
     return min(ulps, 0.25) if abs(count) < 2**53 else ulps
-
-
-def _is_number(x) -> bool:
-    return _scalar(x) is not None
-
-
-def _size(x) -> int | None:
-    try:
-        return len(x)
-    except TypeError:
-        return None
-
-
-def kind_mismatch(expected: Any, got: Any) -> str | None:
-    """What to tell a learner whose answer is not even the expected *kind* of value (a dict,
-    a string with units, a tuple or an array where one number is due, None …), or None when
-    it is (then a checker's own hint, which does arithmetic on the answer, may run). Never
-    raises."""
-    try:
-        return _kind_mismatch(expected, got)
-    except Exception:  # noqa: BLE001 - an odd object still gets a plain message
-        return f"return {_kind_name(expected)}, not {type(got).__name__}"
-
-
-def _a(noun: str) -> str:
-    """``a list``, ``an ndarray``; a number or a quoted value keeps no article."""
-    if not noun[:1].isalpha():
-        return noun
-    return ("an " if noun[0].lower() in "aeiou" or noun.startswith("ndarray") else "a ") + noun
-
-
-def _kind_name(expected) -> str:
-    if isinstance(expected, bool):
-        return "True or False"
-    if isinstance(expected, numbers.Integral):
-        return "one whole number (an int)"
-    if isinstance(expected, numbers.Real):
-        return "one number (an int or a float)"
-    if _is_tensor(expected):
-        return f"a tensor of shape {tuple(expected.shape)}"
-    if isinstance(expected, dict):
-        return f"a dict with keys {sorted(map(str, expected))}"
-    if isinstance(expected, (list, tuple)):
-        return f"a {type(expected).__name__} of {len(expected)} items"
-    return f"a {type(expected).__name__}"
-
-
-def _kind_mismatch(expected, got) -> str | None:
-    want = _kind_name(expected)
-    if got is None:
-        return f"the function must return {want}"
-    if isinstance(expected, bool):
-        return None
-    if isinstance(expected, numbers.Real):
-        if _is_number(got):
-            return None
-        if isinstance(got, bool):
-            return f"return {want}, not {got}"
-        if isinstance(got, str):
-            units = re.match(r"\s*[-+]?(\d|\.\d)", got) is not None
-            return (f"return {want}, not the string {got!r}" + (
-                ": the unit is in the exercise's name and docstring (bytes, GiB, tokens/s …); "
-                "return the plain number" if units else ""))
-        if isinstance(got, dict):
-            return f"return {want}, not a dict (keys {sorted(map(str, got))[:5]})"
-        n = _size(got)
-        if hasattr(got, "shape") or n is None:
-            return f"return {want}, not {_a(describe(got))}"
-        return (f"return {want}, not {_a(type(got).__name__)} of {n} value"
-                + ("s (the exercise wants a single value)" if n != 1 else
-                   ": return its item (x[0])"))
-    if _is_tensor(expected):
-        if _as_tensor(got) is not None:
-            return None
-        return f"return {want} (a torch.Tensor), not {describe(got)}"
-    if isinstance(expected, dict):
-        return None if isinstance(got, dict) else f"return {want}, not {describe(got)}"
-    if isinstance(expected, (list, tuple)):
-        if isinstance(got, (str, bytes, dict, set, frozenset, bool)) or _size(got) is None \
-                and not hasattr(got, "tolist"):
-            return f"return {want}, not {describe(got)}"
-        items = got.tolist() if hasattr(got, "tolist") and not isinstance(got, (list, tuple)) \
-            else got
-        if not isinstance(items, (list, tuple)):
-            return f"return {want}, not {describe(got)}"
-        for i, (e, g) in enumerate(zip(expected, items)):
-            if e is None:
-                continue
-            inner = _kind_mismatch(e, g)
-            if inner is not None:
-                return f"item {i}: {inner}"
-        return None
-    return None
-
-
-def as_like(expected: Any, got: Any) -> Any:
-    """``got`` converted to ``expected``'s kind when it holds such a value (a Python number for
-    a number, a list for a list of numbers, a plain tensor for a tensor), else unchanged — so a
-    hint can do arithmetic on it without NumPy overflow or dtype clashes."""
-    try:
-        if isinstance(expected, numbers.Real) and not isinstance(expected, bool):
-            v = _scalar(got)
-            return got if v is None else v
-        if isinstance(expected, (list, tuple)) and hasattr(got, "tolist") and not isinstance(got, (list, tuple)):
-            return got.tolist()
-        if _is_tensor(expected):
-            t = _as_tensor(got)
-            return got if t is None else t
-        if isinstance(expected, tuple) and isinstance(got, (list, tuple)) and len(got) == len(expected):
-            return tuple(as_like(e, g) for e, g in zip(expected, got))
-    except Exception:  # noqa: BLE001
-        pass
-    return got
 
 
 def first_matching(got: Any, variants: dict[str, Any], expected: Any, rel: float = 1e-9,
