@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from llminfra.course.answer_kinds import as_like, kind_mismatch
+from llminfra.course.code_origin import in_package_file, is_learners_stub, library_roots, stub_frame
 from llminfra.course.compare import compare, describe, first_matching
 
 log = logging.getLogger(__name__)
@@ -97,21 +98,14 @@ def render_check_failure(exc: CheckFailed) -> list[str]:
     cause = exc.__cause__
     if cause is not None and not isinstance(cause, CheckFailed):
         import traceback
-        roots = _library_roots()
+        roots = library_roots()
         frames = [f for f in traceback.extract_tb(cause.__traceback__)
-                  if not _in_package_file(f.filename)
+                  if not in_package_file(f.filename)
                   and not os.path.abspath(f.filename).startswith(roots)]
         if frames:
             lines.append("where your code raised it:")
             lines.extend(s.rstrip("\n") for s in traceback.format_list(frames))
     return lines
-
-
-def _library_roots() -> tuple[str, ...]:
-    """The folders of Python's standard library and installed packages (torch, NumPy …)."""
-    import sysconfig
-    return tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
-                  for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 # ------------------------------------------------------------------------- seeds
@@ -147,43 +141,6 @@ def _copy_args(value):
         return value
 
 
-def _stub_frame(exc: BaseException):
-    """The innermost frame of ``exc``'s traceback (where ``raise NotImplementedError`` ran)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame if tb is not None else None
-
-
-def _in_package(code) -> bool:
-    """Is ``code`` part of the llminfra package (a checker's wrapper, not the learner's)?"""
-    return _in_package_file(code.co_filename)
-
-
-def _in_package_file(filename: str) -> bool:
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.abspath(filename).startswith(package + os.sep)
-
-
-def _is_learners_stub(code, owner) -> bool:
-    """The stub that raised is the checked function's own (not another exercise it calls).
-    When ``owner`` is itself a checker's wrapper, any function outside the package counts."""
-    owned = _owned_codes(owner)
-    if code in owned:
-        return True
-    return bool(owned) and all(_in_package(c) for c in owned) and not _in_package(code)
-
-
-def _owned_codes(target) -> set:
-    codes = set()
-    members = [target] + ([v for v in vars(target).values()] if isinstance(target, type) else [])
-    for m in members:
-        code = getattr(getattr(m, "__func__", m), "__code__", None)
-        if code is not None:
-            codes.add(code)
-    return codes
-
-
 def _nonfinite_watch():
     """A torch function mode that records ops turning finite inputs into NaN / inf."""
     torch = _torch()
@@ -217,8 +174,8 @@ def _call(learner, case: Case, name: str, where: str, pure: bool, owner, on_erro
         else:
             got = learner(*args, **kwargs)
     except NotImplementedError as e:
-        frame = _stub_frame(e)
-        if frame is None or _is_learners_stub(frame.f_code, owner):
+        frame = stub_frame(e)
+        if frame is None or is_learners_stub(frame.f_code, owner):
             raise NotAttempted(f"{name}: not implemented yet — replace the `raise "
                                "NotImplementedError(...)` with your code, run that cell, then "
                                "run this check again") from None
