@@ -1,6 +1,8 @@
 """The package's shape, checked: dependencies point one way (the layering of DESIGN.md §2), no
-two modules import each other (directly or round a circle), the engine knows no HTTP, and no
-module outgrows what a reader takes in at once.
+two modules import each other (directly or round a circle), the engine knows no HTTP, no module
+or function outgrows what a reader takes in at once (350 and 60 lines), no side doors into the
+cache or the scheduler's queues, every field of a Sequence has one writer, and every import of
+the package inside a function is on a list that says why.
 
 Every ``import`` counts, at module level or inside a function: a function-level import hides a
 dependency from the top of the file, it does not remove it.
@@ -43,7 +45,7 @@ TOP = {"widgets", "plots", "bench", "course", "cli", "cli_serving", "cli_numbers
        "__init__", "data"}
 #: libraries of the web layer: only llminfra.serving (and the top layer) may use them
 HTTP = {"fastapi", "uvicorn", "starlette", "httpx", "pydantic", "prometheus_client"}
-MAX_LINES = 400
+MAX_LINES = 350
 
 
 def _modules() -> dict[str, Path]:
@@ -213,3 +215,107 @@ def test_the_side_door_rule_sees_a_side_door():
     assert QUEUE_WRITES.search("engine.scheduler.waiting.remove(seq)")
     assert not QUEUE_WRITES.search("n = len(engine.scheduler.running)")
     assert not CACHE_INSIDES.search("kv = engine.cache.read_kv(seq, n)")
+
+
+# ------------------------------------------------------------------ short functions
+#: a function longer than this hides a second one (STYLE.md: "a function longer than about 40
+#: lines usually hides a second function"); counted from ``def`` to its last line
+MAX_FUNCTION_LINES = 60
+
+
+def _long_functions(tree: ast.AST, where: str) -> list[str]:
+    return [f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_functions_stay_short():
+    long = [hit for name, path in MODULES.items()
+            for hit in _long_functions(ast.parse(path.read_text(encoding="utf-8")),
+                                       str(path.relative_to(PACKAGE.parent)))]
+    assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (each hides a second "
+                      "function):\n" + "\n".join(long))
+
+
+def test_the_function_rule_sees_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert _long_functions(ast.parse(f"def f():\n{body}\n"), "m.py") == \
+        [f"m.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert _long_functions(ast.parse("def g():\n    return 1\n"), "m.py") == []
+
+
+# ------------------------------------------------------------ one writer a field
+#: who writes each field of :class:`llminfra.engine.sequence.Sequence` once it exists: the
+#: scheduler (deciding a step in ``scheduler``, writing its result in ``scheduler_update``),
+#: through the sequence's own verbs (``set_status``, ``append_output``) where it has them; the
+#: stop rules write the text a stop string cut. Fields absent here are set when the sequence
+#: is built and never written again.
+SCHEDULER = {"llminfra.engine.scheduler", "llminfra.engine.scheduler_update"}
+SEQUENCE_WRITERS = {
+    "status": {"llminfra.engine.sequence"},               # Sequence.set_status
+    "output_token_ids": {"llminfra.engine.sequence"},     # Sequence.append_output
+    "detok": {"llminfra.engine.sequence"},                # Sequence.append_output
+    "num_computed_tokens": SCHEDULER, "cache_seq": SCHEDULER, "swapped": SCHEDULER,
+    "spec_token_ids": SCHEDULER, "output_logprobs": SCHEDULER,
+    "stop_text": {"llminfra.engine.stopping"},
+}
+#: the sequence's verbs that write its fields, and who may call them
+SEQUENCE_VERBS = {"set_status": SCHEDULER, "append_output": SCHEDULER}
+SEQUENCE_FIELDS = {"seq_id", "request", "index", "prompt_token_ids", "max_tokens", "generator",
+                   "grammar", *SEQUENCE_WRITERS}
+MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"}
+
+
+def _sequence_writes(tree: ast.AST, module: str) -> list[str]:
+    """``module:line what`` for every write of a Sequence field (an assignment, augmented or
+    not, a ``del``, an item assignment or a mutating call on a list field) or call of a
+    writing verb outside the field's writers. ``self.<field>`` counts only in the sequence's
+    own module (elsewhere ``self`` is another class: the scheduler's ``swapped`` queue)."""
+    found = []
+
+    def check(node: ast.AST, attr: ast.Attribute, what: str, allowed: set[str]) -> None:
+        is_self = isinstance(attr.value, ast.Name) and attr.value.id == "self"
+        if module not in allowed and (not is_self or module == "llminfra.engine.sequence"):
+            found.append(f"{module}:{node.lineno} {what} {ast.unparse(attr)}")
+
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for t in ast.walk(target):              # the stored names, not those read in them
+                if isinstance(t, ast.Subscript) and isinstance(t.ctx, (ast.Store, ast.Del)):
+                    t = t.value                     # seq.field[i] = …: a write of the field
+                elif not isinstance(getattr(t, "ctx", None), (ast.Store, ast.Del)):
+                    continue
+                if isinstance(t, ast.Attribute) and t.attr in SEQUENCE_FIELDS:
+                    check(node, t, "writes", SEQUENCE_WRITERS.get(t.attr, set()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if node.func.attr in MUTATORS and isinstance(owner, ast.Attribute) \
+                    and owner.attr in SEQUENCE_FIELDS:
+                check(node, owner, f"{node.func.attr}s", SEQUENCE_WRITERS.get(owner.attr, set()))
+            elif node.func.attr in SEQUENCE_VERBS:
+                check(node, node.func, "calls", SEQUENCE_VERBS[node.func.attr])
+    return found
+
+
+def test_every_sequence_field_has_one_writer():
+    writers = [hit for name, path in MODULES.items()
+               for hit in _sequence_writes(ast.parse(path.read_text(encoding="utf-8")), name)]
+    assert not writers, ("a Sequence field written outside its writer (ask the scheduler's "
+                         "verbs: start, adopt, set_drafts, finish, abort, update_from_output):\n"
+                         + "\n".join(writers))
+
+
+def test_the_writer_rule_sees_a_writer():
+    code = ("seq.num_computed_tokens += 1\nseq.cache_seq, n = 3, 4\nseq.spec_token_ids[:] = []\n"
+            "seq.output_logprobs.append(x)\nseq.set_status(s)\nself.swapped = deque()\n"
+            "n = seq.num_computed_tokens\nlen(seq.output_token_ids)\n")
+    assert _sequence_writes(ast.parse(code), "llminfra.engine.x") == [
+        "llminfra.engine.x:1 writes seq.num_computed_tokens",
+        "llminfra.engine.x:2 writes seq.cache_seq",
+        "llminfra.engine.x:3 writes seq.spec_token_ids",
+        "llminfra.engine.x:4 appends seq.output_logprobs",
+        "llminfra.engine.x:5 calls seq.set_status"]
+    assert _sequence_writes(ast.parse(code), "llminfra.engine.scheduler") == []

@@ -162,7 +162,7 @@ def import_kv(engine, handoff: KVHandoff,
         if before_commit is not None:
             before_commit()
     try:
-        engine.scheduler.adopt(seq, T, fill)
+        engine.scheduler.adopt(seq, T, fill, handoff.output_token_ids, handoff.output_logprobs)
     except BaseException:
         engine.requests.pop(rid, None)
         raise
@@ -175,14 +175,11 @@ def import_kv(engine, handoff: KVHandoff,
 
 
 def _restore(engine, seq, handoff: KVHandoff) -> None:
-    """The sequence state of an adopted request: its generated tokens, grammar, generator and
-    log-probabilities (before it joins the running queue)."""
-    for token in handoff.output_token_ids:     # as the scheduler appends (text kept in step)
-        seq.append_output(int(token), engine.scheduler.decode, False)
+    """The state an adopted request's sequence holds beside its fields: its grammar and its
+    generator (its generated tokens and log-probabilities the scheduler writes, in
+    :meth:`~llminfra.engine.scheduler.Scheduler.adopt`)."""
     if seq.grammar is not None:
         for token in handoff.output_token_ids:
             seq.grammar.advance(token)
     if seq.generator is not None and handoff.generator_state is not None:
         seq.generator.set_state(handoff.generator_state)
-    if handoff.output_logprobs is not None:
-        seq.output_logprobs = list(handoff.output_logprobs)

@@ -280,7 +280,7 @@ class LLMEngine:
                     for seq in r.seqs:
                         self.speculator.free(seq)
         if self.speculator is not None:     # drafts for the next step, of what still runs
-            self.speculator.propose(self.scheduler.running)
+            self.scheduler.set_drafts(self.speculator.propose(self.scheduler.running))
         return outputs
 
     def _run(self, sched: SchedulerOutput, touched: dict) -> None:
@@ -294,14 +294,14 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time, m.num_cached_prompt_tokens = start, seq.num_computed_tokens
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
-        sampled = self.runner.execute(sched)
+        sampled, logprobs = self.runner.execute(sched)
         self.counters["num_steps"] += 1
         now = self.clock()
         if self.step_log is not None:
             self.step_log.append(([(n, s.num_computed_tokens + n) for s, n in scheduled]
                                   + [(1, self.cache.seq_len(s.cache_seq)) for s in padding],
                                   now - start))
-        result = self.scheduler.update_from_output(sched, sampled)
+        result = self.scheduler.update_from_output(sched, sampled, logprobs)
         for seq, got in result.items():
             if isinstance(got, Exception):         # this request fails, the others go on
                 self._fail(seq.request, got, touched)

@@ -35,12 +35,16 @@ def step_tokens(seq: Sequence, n: int) -> list[int]:
     return out
 
 
-def sample(caught: list[tuple[Sequence, int]], logits: torch.Tensor, speculator) -> dict:
+def sample(caught: list[tuple[Sequence, int]], logits: torch.Tensor,
+           speculator) -> tuple[dict, dict]:
     """The tokens of each caught-up sequence from its rows of ``logits`` (one row, or its
     drafts + 1): one sampled token (shared logits for the siblings that fork from it now), or
     its verified drafts and one more; an exception in its place if that fails (that request
-    fails, the others go on)."""
+    fails, the others go on). Returns ``(tokens, logprobs)``: ``logprobs[seq]`` the
+    log-probabilities of a sampled token whose request asked for them — the scheduler writes
+    both (:meth:`~llminfra.engine.scheduler.Scheduler.update_from_output`)."""
     plain, rows, out, row = [], [], {}, 0
+    logprobs = {}
     for seq, drafts in caught:
         if drafts:
             try:
@@ -65,8 +69,8 @@ def sample(caught: list[tuple[Sequence, int]], logits: torch.Tensor, speculator)
     for seq, token, row in zip(plain, tokens, rows):
         out[seq] = token if isinstance(token, Exception) else [token]
         if seq.params.logprobs is not None and not isinstance(token, Exception):
-            seq.output_logprobs.append(token_logprobs(logits[row], token, seq.params.logprobs))
-    return out
+            logprobs[seq] = token_logprobs(logits[row], token, seq.params.logprobs)
+    return out, logprobs
 
 
 class ReadableRunner:
@@ -77,8 +81,9 @@ class ReadableRunner:
     def __init__(self, model, cache, device: torch.device, speculator=None):
         self.model, self.cache, self.device, self.speculator = model, cache, device, speculator
 
-    def execute(self, sched: SchedulerOutput) -> dict:
-        """Sampled tokens (or an exception) per caught-up sequence of ``sched``."""
+    def execute(self, sched: SchedulerOutput) -> tuple[dict, dict]:
+        """Sampled tokens (or an exception) per caught-up sequence of ``sched``, and the
+        log-probabilities asked for (:func:`sample`)."""
         logits = self.forward(sched.scheduled, sched.padding, sched.caught)
         return sample(list(sched.caught.items()), logits, self.speculator)
 

@@ -34,8 +34,13 @@ After the model has run, :meth:`Scheduler.update_from_output` is the one place a
 is written: computed tokens advance (rejected drafts' slots go back to the pool), full blocks
 join the prefix cache, ``n > 1`` siblings fork, sampled tokens are appended, stops and length
 are checked, finished sequences are freed (vLLM V1's ``update_from_output``, nano-vllm's
-``postprocess``). The simulator (:mod:`llminfra.sim.simulator`) drives this same
-code with a step-time model. Taught in chapter 05.
+``postprocess``; :mod:`.scheduler_update`, which :class:`Scheduler` inherits). Every field of
+a running :class:`~llminfra.engine.sequence.Sequence` is written here (its state, computed
+tokens, cache sequence, drafts, output tokens and log-probabilities) — the rest of the engine
+asks the scheduler's verbs (``add``, ``start``, ``adopt``, ``set_drafts``, ``finish``,
+``abort``); ``tests/test_repository_rules.py`` keeps it so. The simulator
+(:mod:`llminfra.sim.simulator`) drives this same code with a step-time model. Taught in
+chapter 05.
 """
 
 from __future__ import annotations
@@ -43,18 +48,19 @@ from __future__ import annotations
 from collections import deque
 
 from collections.abc import Callable, Collection, Mapping
+from collections.abc import Sequence as Sequence_
 
 from llminfra.engine.scheduler_io import (POLICIES, PREEMPTION_MODES,  # noqa: F401
                                           SchedulerConfig, SchedulerOutput)
 from llminfra.engine.sequence import Sequence, SequenceStatus
 from llminfra.engine.static_batch import StaticBatches
-from llminfra.engine.stopping import check_stop
+from llminfra.engine.scheduler_update import StepUpdate
 from llminfra.kvcache.block_table import blocks_needed
 from llminfra.kvcache.offload import swap_in, swap_out
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
 
-class Scheduler:
+class Scheduler(StepUpdate):
     """Queues (``waiting``, ``running``, ``swapped``), the ``padding`` rows of a static batch,
     and the block accounts of a :class:`~llminfra.kvcache.PagedKVCache`. ``schedule(now)``
     decides a step; the caller runs it (``cache.prepare_step`` then the model, padding rows
@@ -123,10 +129,13 @@ class Scheduler:
         if not self.running and not self.swapped:
             self.batches.drop_padding()
 
-    def adopt(self, seq: Sequence, num_computed_tokens: int, fill: Callable[[int], None]) -> None:
+    def adopt(self, seq: Sequence, num_computed_tokens: int, fill: Callable[[int], None],
+              output_token_ids: Sequence_[int] = (),
+              output_logprobs: list | None = None) -> None:
         """Run ``seq`` (just :meth:`add`-ed) from K/V computed elsewhere, a handed-off request:
         ``fill(cache_seq)`` writes its first ``num_computed_tokens`` tokens into a new cache
-        sequence, then it runs (next step: a decode). If ``fill`` raises, nothing is kept."""
+        sequence, then it gets the tokens (and log-probabilities) generated so far and runs
+        (next step: a decode). If ``fill`` raises, nothing is kept."""
         self.waiting.remove(seq)
         seq.cache_seq = self.cache.add_sequence()
         try:
@@ -134,9 +143,27 @@ class Scheduler:
         except BaseException:
             self.release(seq)
             raise
+        for token in output_token_ids:          # as update_from_output appends them
+            seq.append_output(int(token), self.decode, False)
+        if output_logprobs is not None:
+            seq.output_logprobs = list(output_logprobs)
+        self.start(seq, seq.cache_seq, num_computed_tokens)
+
+    def start(self, seq: Sequence, cache_seq: int | None = None,
+              num_computed_tokens: int = 0) -> None:
+        """``seq`` runs from now on, on ``cache_seq`` (None: a new, empty cache sequence) with
+        ``num_computed_tokens`` of its tokens in the cache; the caller has taken it off its
+        queue (a static batch's admission, :mod:`.static_batch`, calls this too)."""
+        seq.cache_seq = self.cache.add_sequence() if cache_seq is None else cache_seq
         seq.num_computed_tokens = num_computed_tokens
         seq.set_status(SequenceStatus.RUNNING)
         self.running.append(seq)
+
+    def set_drafts(self, drafts: Mapping[Sequence, list[int]]) -> None:
+        """Give each sequence its draft tokens for the next step (speculative decoding: what
+        the engine's :class:`~llminfra.engine.spec_decode.Speculator` proposed)."""
+        for seq, tokens in drafts.items():
+            seq.spec_token_ids = tokens
 
     def release(self, seq: Sequence) -> None:
         """Give ``seq``'s blocks back to the pool (if it holds any)."""
@@ -265,73 +292,7 @@ class Scheduler:
                 break
             need = self.cache.blocks_to_append(seq.cache_seq, n)
             self.waiting.popleft()
-            if seq.cache_seq is None:
-                seq.cache_seq = self.cache.add_sequence()
-            seq.set_status(SequenceStatus.RUNNING)
-            self.running.append(seq)
+            self.start(seq, seq.cache_seq, seq.num_computed_tokens)
             out.scheduled.append((seq, n))
             budget -= n
             self.promise(need)
-
-    # ---------------------------------------------------------- after the step
-    def update_from_output(self, out: SchedulerOutput,
-                           sampled: Mapping[Sequence, list[int] | Exception],
-                           ) -> dict[Sequence, int | Exception]:
-        """Write the step's result. ``sampled[seq]``: the tokens ``seq`` gets this step — one
-        sampled token, or the accepted drafts followed by one more (speculative decoding) —
-        or the exception its sampling raised; sequences whose computed tokens have not caught
-        up (a prompt chunk) are absent. Siblings of an ``n > 1`` request that fork now are
-        keys too. Returns, per sequence of ``sampled``, the number of tokens appended or the
-        exception that stopped it (the caller fails that request)."""
-        result: dict[Sequence, int | Exception] = {}
-        B = self.cache.block_size
-        for seq, n in out.scheduled:
-            if seq.status.is_finished:
-                continue
-            tokens = sampled.get(seq)
-            drafts = out.caught.get(seq, 0)
-            accepted = min(drafts, len(tokens) - 1) if isinstance(tokens, list) else 0
-            before = seq.num_computed_tokens
-            seq.num_computed_tokens += n - drafts + accepted
-            kept, seq.spec_token_ids = seq.spec_token_ids[:accepted], []
-            if drafts > accepted:                      # the rejected drafts' slots go back
-                self.cache.truncate(seq.cache_seq, seq.num_computed_tokens)
-            if self.config.enable_prefix_caching and seq.num_computed_tokens // B > before // B:
-                self.cache.cache_prefix(seq.cache_seq, (seq.token_ids() + kept)
-                                        [:seq.num_computed_tokens])
-            if tokens is not None and seq.index == 0 and seq.request.forks_pending:
-                self._fork_siblings(seq)
-        for seq, tokens in sampled.items():
-            if seq.status.is_finished:                 # a sibling failed earlier
-                continue
-            result[seq] = tokens if isinstance(tokens, Exception) else self._append(seq, tokens)
-        return result
-
-    def _fork_siblings(self, seq: Sequence) -> None:
-        """Parallel sampling (n > 1): when sequence 0 has just read its prompt, its siblings
-        share its blocks (:meth:`PagedKVCache.fork`, copy-on-write on their first own token,
-        Kwon et al. 2023, arXiv:2309.06180, §4.4); the caller sampled their first tokens from
-        the same logits."""
-        forks, seq.request.forks_pending = seq.request.forks_pending, []
-        for sib in forks:
-            sib.cache_seq = self.cache.fork(seq.cache_seq)
-            sib.num_computed_tokens = seq.num_computed_tokens
-            sib.set_status(SequenceStatus.RUNNING)
-            self.running.append(sib)
-
-    def _append(self, seq: Sequence, tokens: list[int]) -> int | Exception:
-        """Append ``tokens`` one by one until the sequence stops (stop string, stop token,
-        ``max_tokens``, context); retire it then. The count appended, or the exception a
-        stop-string check raised."""
-        for k, token in enumerate(tokens, 1):
-            seq.append_output(int(token), self.decode, int(token) in self.stop_token_ids
-                              and not seq.params.ignore_eos)
-            try:
-                status = check_stop(seq, int(token), self.stop_token_ids, self.decode,
-                                    self.config.max_seq_len)
-            except Exception as err:  # noqa: BLE001 - the caller fails this request
-                return err
-            if status is not None:
-                self.finish(seq, status)
-                return k
-        return len(tokens)

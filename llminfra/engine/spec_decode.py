@@ -234,13 +234,16 @@ class Speculator:
                    self.max_seq_len - seq.num_tokens)
         return max(0, min(g, room))
 
-    def propose(self, seqs: list[Sequence]) -> None:
-        """Set the drafts of every sequence that is ready to decode."""
+    def propose(self, seqs: list[Sequence]) -> dict[Sequence, list[int]]:
+        """The drafts of every sequence that is ready to decode (the scheduler gives them to
+        it: :meth:`~llminfra.engine.scheduler.Scheduler.set_drafts`)."""
+        drafts = {}
         for seq in seqs:
             if seq.num_uncomputed_tokens != 1 or not seq.output_token_ids:
                 continue
             g = self.gamma(seq)
-            seq.spec_token_ids = self.proposer.propose(seq, g) if g else []
+            drafts[seq] = self.proposer.propose(seq, g) if g else []
+        return drafts
 
     def verify(self, seq: Sequence, logits: torch.Tensor, drafts: list[int]) -> list[int]:
         """The tokens ``seq`` gets from the logits at its last token and ``drafts``; counts

@@ -30,7 +30,7 @@ chapter 05.
 
 from __future__ import annotations
 
-from llminfra.engine.sequence import Sequence, SequenceStatus
+from llminfra.engine.sequence import Sequence
 from llminfra.kvcache.block_table import blocks_needed
 
 
@@ -128,7 +128,4 @@ class StaticBatches:
             if s.running and self.batch_reserve(s.running + [seq]) > s.cache.num_free_blocks:
                 break
             s.waiting.popleft()
-            seq.cache_seq = s.cache.add_sequence()
-            seq.num_computed_tokens = 0
-            seq.set_status(SequenceStatus.RUNNING)
-            s.running.append(seq)
+            s.start(seq)
