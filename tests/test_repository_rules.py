@@ -319,3 +319,97 @@ def test_the_writer_rule_sees_a_writer():
         "llminfra.engine.x:4 appends seq.output_logprobs",
         "llminfra.engine.x:5 calls seq.set_status"]
     assert _sequence_writes(ast.parse(code), "llminfra.engine.scheduler") == []
+
+
+# ------------------------------------------------------------------ lazy imports
+#: every import of the package inside a function, by importing module, and why it waits
+#: (everything else is imported at the top, where a reader sees it)
+_CLI = "the command line starts in a tenth of a second: a command loads what it runs"
+_TRITON = "Triton kernels load only where Triton is installed and the step asks for them"
+_WEB = "FastAPI / uvicorn load only where a server is started"
+_LLGUIDANCE = "llguidance loads only for a request with a response_format schema"
+_NO_TORCH = "the load generator runs without torch (it can test any OpenAI endpoint)"
+_SPAWN = "a spawned rank imports torch.distributed itself; the parent stays light"
+_SERVE = ("serve builds the engine in its own process: the web process loads no model, the "
+          "engine process no web framework")
+_OWNED_ELSEWHERE = "not reviewed yet: the simulation room and the engine comparison (issue 41)"
+LAZY_IMPORTS = {
+    "llminfra.cli": ({"llminfra.bench", "llminfra.bench.gpu", "llminfra.calc",
+                      "llminfra.calc.params", "llminfra.calc.step", "llminfra.specs.models"},
+                     _CLI),
+    "llminfra.cli_serving": ({"llminfra.serving.loadtest", "llminfra.serving.serve"}, _CLI),
+    "llminfra.attention.ragged": ({"llminfra.attention.paged_triton"}, _TRITON),
+    "llminfra.model.fast_step": ({"llminfra.attention.paged_triton"}, _TRITON),
+    "llminfra.bench.kvcache": ({"llminfra.attention.paged_triton"}, _TRITON),
+    "llminfra.engine.engine": ({"llminfra.engine.structured"}, _LLGUIDANCE),
+    "llminfra.serving.relay": ({"llminfra.engine.structured"}, _LLGUIDANCE),
+    "llminfra.serving.background": ({"llminfra.serving.http_limits"}, _WEB),
+    "llminfra.bench.serving_http": ({"llminfra.serving.background", "llminfra.serving.loadtest",
+                                     "llminfra.serving.server"}, _WEB),
+    "llminfra.serving.loadtest_workload": ({"llminfra.model"}, _NO_TORCH),
+    "llminfra.parallel.launch": ({"llminfra.parallel.distributed_world"}, _SPAWN),
+    "llminfra.parallel.workers": ({"llminfra.parallel.dtensor_check"}, _SPAWN),
+    "llminfra.serving.serve": ({"llminfra.engine", "llminfra.model", "llminfra.model.fused",
+                                "llminfra.model.prepacked", "llminfra.quant",
+                                "llminfra.quant.w4a8", "llminfra.serving.engine_process",
+                                "llminfra.serving.server"}, _SERVE),
+    "llminfra.quant.w4a8": ({"llminfra.quant.quantize_tensor"}, _OWNED_ELSEWHERE),
+    "llminfra.sim.simulator": ({"llminfra.calc.memory", "llminfra.calc.roofline",
+                                "llminfra.specs.models"}, _OWNED_ELSEWHERE),
+    "llminfra.sim.timeline": ({"llminfra.engine"}, _OWNED_ELSEWHERE),
+    "llminfra.bench.compare_engines": ({"llminfra.bench", "llminfra.bench.real",
+                                        "llminfra.bench.real_decode", "llminfra.bench.roofline",
+                                        "llminfra.bench.timing", "llminfra.calc.measured",
+                                        "llminfra.model", "llminfra.model.hf_export",
+                                        "llminfra.serving.loadtest", "llminfra.sim.workload"},
+                                       _OWNED_ELSEWHERE),
+}
+
+
+def _lazy_imports(tree: ast.AST, module: str, is_package: bool = False) -> set[str]:
+    """The package modules ``module`` imports inside its functions (relative ones resolved)."""
+    found = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.split(".")[0] == "llminfra"}
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                pkg = module.split(".") if is_package else module.split(".")[:-1]
+                pkg = pkg[:len(pkg) - node.level + 1]
+                found.add(".".join(pkg + ([node.module] if node.module else [])))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == \
+                    "llminfra":
+                found.add(node.module)
+    return found
+
+
+def test_every_lazy_import_has_a_reason():
+    wrong = []
+    for name, path in MODULES.items():
+        found = _lazy_imports(ast.parse(path.read_text(encoding="utf-8")), name,
+                              path.name == "__init__.py")
+        allowed = LAZY_IMPORTS.get(name, (set(), ""))[0]
+        wrong += [f"{name} imports {dep} inside a function" for dep in sorted(found - allowed)]
+    assert not wrong, ("import these at the top, or add them to LAZY_IMPORTS with the reason "
+                       "they wait:\n" + "\n".join(wrong))
+
+
+def test_the_lazy_import_list_is_current():
+    """An entry whose import moved to the top (or went) leaves the list too."""
+    stale = []
+    for name, (deps, _) in LAZY_IMPORTS.items():
+        path = MODULES.get(name)
+        found = set() if path is None else _lazy_imports(
+            ast.parse(path.read_text(encoding="utf-8")), name, path.name == "__init__.py")
+        stale += [f"{name}: {dep}" for dep in sorted(deps - found)]
+    assert not stale, "LAZY_IMPORTS names imports that are no longer lazy:\n" + "\n".join(stale)
+
+
+def test_the_lazy_import_rule_sees_a_lazy_import():
+    code = ("import torch\nfrom llminfra.model import load_tiny\n"
+            "def f():\n    import triton\n    from llminfra.engine import LLMEngine\n"
+            "    from .paged import x\n    import llminfra.calc\n")
+    assert _lazy_imports(ast.parse(code), "llminfra.attention.ragged") == {
+        "llminfra.engine", "llminfra.attention.paged", "llminfra.calc"}

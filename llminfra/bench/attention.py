@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 from llminfra.attention import flash_attention, flash_attention_triton, naive_attention
 from llminfra.attention.flash_triton import attention_tflops
 from llminfra.bench.timing import best_time_s, environment
+from llminfra.attention.flash_tuning import chosen_tile
 
 METHODS = ("naive", "flash", "sdpa")
 FULL_N = (512, 1024, 2048, 4096, 8192)
@@ -235,7 +236,6 @@ def _gpu_row(N: int, d: int, causal: bool, device: torch.device) -> dict:
         t = sdpa_backend_s(q, k, v, causal, name, device)
         backends[name] = (attention_tflops(B, H, N, N, d, causal, t) if isinstance(t, float)
                           else t)
-    from llminfra.attention.flash_tuning import chosen_tile
     tile = chosen_tile(q, causal)
     tflops = attention_tflops(B, H, N, N, d, causal, t_tri)
     flash = backends.get("FLASH_ATTENTION")

@@ -29,10 +29,12 @@ import time
 import torch
 
 from llminfra.bench.roofline import count_torch_calls
-from llminfra.bench.timing import copy_bandwidth_bytes_per_s, environment, synchronize
+from llminfra.bench.timing import (copy_bandwidth_bytes_per_s, environment, synchronize,
+                                   torch_threads)
 from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
+from llminfra.model.hf_export import hf_state_dict
 
 SEED = 0
 #: the 1B shape of the first GPU run (../shared/gpu_runs/2026-12-04-h200)
@@ -95,7 +97,6 @@ def hf_llama(model: Transformer):
     ``ImportError`` without transformers."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llminfra.model.hf_export import hf_state_dict
     c = model.config
     w = next(model.parameters())
     conf = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
@@ -214,7 +215,6 @@ def run_gpu() -> dict:
 def run(quick: bool = False) -> dict:
     """On this machine's CPU: bench-100m in fp32, 8 requests × 64 × 16 (``quick``: 4 × 32 × 8),
     one thread."""
-    from llminfra.bench.timing import torch_threads
     device = torch.device("cpu")
     n, p, new = (4, 32, 8) if quick else (8, 64, 16)
     with torch_threads(1):

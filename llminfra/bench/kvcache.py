@@ -23,6 +23,7 @@ from llminfra.kvcache.sharing import (beam_search_blocks, parallel_sampling_bloc
 from llminfra.kvcache.simulate import (PAPER, kv_budget_tokens, simulate_contiguous,
                                        simulate_paged)
 from llminfra.kvcache.trace import DEFAULT_MAX_SEQ_LEN, request_trace, trace_summary
+from llminfra.attention.paged import paged_attention
 
 BLOCK_SIZES = (8, 16, 32)
 WIDTHS = (2, 4, 6)
@@ -131,7 +132,6 @@ def compare_kernels(device: torch.device | str, cases=GPU_CASES, dtype=torch.flo
     first sequence at the full length). Used by :func:`run_gpu` on CUDA, and by the tests on
     the CPU under ``TRITON_INTERPRET=1`` with small cases.
     """
-    from llminfra.attention.paged import paged_attention
     from llminfra.attention.paged_triton import paged_attention_triton
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(SEED)

@@ -14,6 +14,11 @@ from __future__ import annotations
 import torch
 
 from llminfra.bench.timing import environment
+from llminfra.model import ModelConfig, Transformer
+from llminfra.specs import get_model
+from llminfra.attention.reference import sdpa_attention
+from llminfra.calc.memory import inference_memory
+from llminfra.kvcache import PagedKVCache
 
 #: the shape and sizes measured
 MODEL, BATCH, CONTEXT, BLOCK = "llama-3-8b", 8, 4096, 16
@@ -21,8 +26,6 @@ MODEL, BATCH, CONTEXT, BLOCK = "llama-3-8b", 8, 4096, 16
 
 def config_of(name: str):
     """The package's :class:`~llminfra.model.ModelConfig` for a dense preset of the specs."""
-    from llminfra.model import ModelConfig
-    from llminfra.specs import get_model
     s = get_model(name)
     return ModelConfig(vocab_size=s.vocab_size, dim=s.hidden_size, n_layers=s.num_layers,
                        n_heads=s.num_heads, n_kv_heads=s.num_kv_heads,
@@ -35,10 +38,6 @@ def run_gpu(batch: int = BATCH, context: int = CONTEXT) -> dict:
     CUDA (never a silent skip)."""
     if not torch.cuda.is_available():
         raise RuntimeError("memory.run_gpu needs a CUDA device; none is visible to torch")
-    from llminfra.attention.reference import sdpa_attention
-    from llminfra.calc.memory import inference_memory
-    from llminfra.kvcache import PagedKVCache
-    from llminfra.model import Transformer
 
     device = torch.device("cuda")
     config = config_of(MODEL)

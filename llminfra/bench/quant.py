@@ -20,6 +20,13 @@ from pathlib import Path
 import torch
 
 from llminfra.bench.timing import best_time_s, environment, torch_threads
+from llminfra.model import corpus_tokens, heldout_tokens, load_tiny, perplexity
+from llminfra.quant import QuantLinear, quantize_model
+from llminfra.quant.evaluate import evaluate_scheme, linear_inputs, outlier_layer_experiment
+from llminfra.quant.kv_quant import kv_perplexity
+from llminfra.quant.gguf_export import export_gguf, load_state_dict_from_gguf
+from llminfra.quant.memory_rules import kv_stays, seventy_b_at_4_bits, weight_rule_table
+from llminfra.quant.quantize_model import model_weight_bytes
 
 SCHEMES = ("int8-absmax", "int8-zeropoint", "int8-channel", "int8-dynamic", "fp8-e4m3",
            "fp8-e5m2", "nf4", "int4-g128", "gptq-int4-g128", "awq-int4-g128", "int4-channel",
@@ -31,7 +38,6 @@ TIMED = ("int8-channel", "int8-dynamic", "fp8-e4m3", "int4-g128", "nf4")
 
 def _data(quick: bool):
     """Evaluation ids (1-D), layer-error windows (B, T), calibration windows, prompts."""
-    from llminfra.model import corpus_tokens, heldout_tokens
     T = 256
     held = heldout_tokens()
     n_eval = 8 * T + 1 if quick else 48 * T + 1
@@ -47,7 +53,6 @@ def _data(quick: bool):
 
 
 def _quantized(model, scheme: str, calib):
-    from llminfra.quant import quantize_model
     return quantize_model(copy.deepcopy(model), scheme, calibration=calib)
 
 
@@ -57,7 +62,6 @@ def _timing(scheme: str, quick: bool) -> dict:
     A layout with one of PyTorch's int8 / int4 kernels takes it with bf16 activations, the dtype
     its vectorized code is written for (``environment.cpu_capability`` names the CPU's); the
     others dequantize and multiply in fp32. ``path`` and ``activations`` say which."""
-    from llminfra.quant import QuantLinear
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(2048, 2048, bias=False)
     with torch.no_grad():
@@ -80,7 +84,6 @@ def _timing(scheme: str, quick: bool) -> dict:
 
 
 def _outlier(model, layer, calib, name="layers.1.feed_forward.w1") -> dict:
-    from llminfra.quant.evaluate import linear_inputs, outlier_layer_experiment
     X_eval = linear_inputs(model, layer)[name]
     X_cal = linear_inputs(model, calib)[name]
     W = model.get_submodule(name).weight.detach()
@@ -90,7 +93,6 @@ def _outlier(model, layer, calib, name="layers.1.feed_forward.w1") -> dict:
 
 
 def _kv(model, eval_ids) -> dict:
-    from llminfra.quant.kv_quant import kv_perplexity
     c = model.config
     out = {}
     for fmt, bpv in ((None, 4.0), ("int8", 1 + 2 / c.head_dim), ("fp8-e4m3", 1 + 2 / c.head_dim)):
@@ -103,8 +105,6 @@ def _kv(model, eval_ids) -> dict:
 
 
 def _gguf(model, eval_ids) -> dict:
-    from llminfra.model import perplexity
-    from llminfra.quant.gguf_export import export_gguf, load_state_dict_from_gguf
     out = {"fp32_perplexity": perplexity(model, eval_ids), "eval_tokens": int(eval_ids.numel())}
     with tempfile.TemporaryDirectory() as d:
         for qtype in ("Q8_0", "Q4_0"):
@@ -116,15 +116,11 @@ def _gguf(model, eval_ids) -> dict:
 
 
 def _memory_rules() -> dict:
-    from llminfra.quant.memory_rules import kv_stays, seventy_b_at_4_bits, weight_rule_table
     return {"7b": weight_rule_table(), "70b_int4": seventy_b_at_4_bits(), "kv_stays": kv_stays()}
 
 
 def measure(model, quick: bool = False, schemes=SCHEMES) -> dict:
     """All the numbers for ``model`` (the trained tiny model in :func:`run`)."""
-    from llminfra.model import perplexity
-    from llminfra.quant.evaluate import evaluate_scheme
-    from llminfra.quant.quantize_model import model_weight_bytes
     eval_ids, layer, calib, prompts = _data(quick)
     n_new = 16 if quick else 32
     ppl_fp = perplexity(model, eval_ids)
@@ -152,7 +148,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     Runs on ``threads`` CPU threads (1 by default: on a shared 2-core machine one thread was
     ~8× faster than two for GPTQ's column loop); fp32 and quantized timings share that setting.
     """
-    from llminfra.model import load_tiny
     model, _ = load_tiny()
     with torch_threads(threads):
         return measure(model.float().eval(), quick, QUICK_SCHEMES if quick else SCHEMES)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from llminfra.model import DenseKVCache, FastDecoder, generate
-from llminfra.model import prepacked as onednn
-from llminfra.quant import int4_linear, w4a8
+from llminfra.model import DenseKVCache, FastDecoder, generate, prepacked as onednn
+from llminfra.quant import int4_linear, quantize, w4a8
+from llminfra.model.fast_decode import _plain_linear
 
 #: batch-1 decode paths: the default kernel's, the plain kernel's, int4 on the default int4
 #: kernel and on PyTorch's
@@ -100,8 +100,6 @@ def int4_greedy_identical(model, tok, int4: dict[str, FastDecoder], n: int) -> d
     ``n`` greedy tokens are identical to two references: the same int4 weights with fp32
     activations (``F.linear`` on the dequantized codes: what the kernel alone changes) and the
     fp32 weights (what int4 changes)."""
-    from llminfra.model.fast_decode import _plain_linear
-    from llminfra.quant import quantize
     size = max(d.max_len for d in int4.values())
     refs = {"int4_weights_fp32_activations": FastDecoder(model, max_len=size, linear=lambda w:
                 _plain_linear(quantize(w.float(), f"int4-g{FAST_INT4_GROUP}").dequantize())),

@@ -35,6 +35,8 @@ from llminfra.bench.timing import (best_time_s, copy_bandwidth_bytes_per_s, envi
 from llminfra.calc.memory import kv_bytes_per_token
 from llminfra.calc.step import step_flops
 from llminfra.calc.roofline import Roofline, step_breakdown
+from llminfra.model import DenseKVCache, ModelConfig, Transformer
+from llminfra.quant import QuantLinear, quantize_model
 
 PRESETS = ("tiny", "bench-100m")
 BATCHES = {"tiny": (1, 8), "bench-100m": (1, 4)}
@@ -137,8 +139,6 @@ def build_model(preset: str, weights: str = "fp32", shrunk: bool = False):
     """
     from dataclasses import replace
 
-    from llminfra.model import ModelConfig, Transformer
-    from llminfra.quant import QuantLinear, quantize_model
     if weights not in WEIGHT_FORMATS:
         raise KeyError(f"unknown weight format {weights!r}; allowed: {', '.join(WEIGHT_FORMATS)}")
     config = ModelConfig.from_name(preset)
@@ -166,7 +166,6 @@ def decode_s_per_step(model, batch: int, context: int, steps: int, gen: torch.Ge
     """Best seconds of one decode step (``batch`` new tokens) over ``steps`` steps after a
     ``context``-token prompt (the best is the least disturbed by other processes on a shared
     machine); returns ``(seconds, torch calls in one step)``."""
-    from llminfra.model import DenseKVCache
     V = model.config.vocab_size
     device = next(model.parameters()).device
     cache = DenseKVCache(model.config.n_layers)
@@ -231,7 +230,6 @@ def interleaved_decode_s(models: dict, context: int, rounds: int, gen: torch.Gen
     round runs every model once), so that a burst of load elsewhere on a shared machine slows
     all of them alike rather than one; every cache starts from the same ``context``-token
     prompt and gets the same tokens."""
-    from llminfra.model import DenseKVCache
     first = next(iter(models.values()))
     prompt = torch.randint(0, first.config.vocab_size, (1, context), generator=gen)
     caches = {}
@@ -252,7 +250,6 @@ def interleaved_decode_s(models: dict, context: int, rounds: int, gen: torch.Gen
 def _quantized(roof: Roofline, quick: bool, gen: torch.Generator) -> dict:
     """Batch-1 decode tokens/s of bench-100m per weight format (measured in turn, see
     :func:`interleaved_decode_s`), and the bytes each reads per step."""
-    from llminfra.model import ModelConfig
     spec = ModelConfig.from_name("bench-100m").to_spec("bench-100m")
     models = {fmt: build_model("bench-100m", fmt) for fmt in WEIGHT_FORMATS}
     times = interleaved_decode_s(models, DECODE_CONTEXT, 5 if quick else 12, gen)

@@ -50,6 +50,7 @@ from llminfra.engine import (LLMEngine, SamplingParams, default_num_blocks, perc
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer, heldout_tokens, load_tiny
 from llminfra.sim.simulator import Simulator, fit_overhead_s, roofline_step_time
 from llminfra.sim.workload import WorkloadRequest, serving_workload
+from llminfra.calc.roofline import Roofline
 
 SEED = 2024
 POLICIES = ("static", "dynamic", "continuous")
@@ -203,7 +204,6 @@ def chunked_prefill_ttft(model, tok, longs: int, shorts: int) -> dict:
 def calibrate(step_log, work, config: ModelConfig, bw: float, flops: float,
               measured: dict) -> dict:
     """Fit the simulator's overhead on the continuous run's steps; simulate that run."""
-    from llminfra.calc.roofline import Roofline
     cpu = Roofline("this CPU", flops, bw, "copy bandwidth and matmul rate measured in this run")
     spec = config.to_spec("tiny")
     fit = fit_overhead_s(step_log, roofline_step_time(spec, cpu, dtype="fp32"))

@@ -27,15 +27,15 @@ Taught in chapter 05.
 from __future__ import annotations
 
 import time
+from llminfra.bench.timing import torch_threads
+from llminfra.engine import LLMEngine, SamplingParams
+from llminfra.model import load_tiny
 
 CONCURRENCY = 16
 SEED = 0
 
 
 def _in_process_tokens_per_s(lengths, prompts, num_threads: int, **engine_kwargs) -> dict:
-    from llminfra.bench.timing import torch_threads
-    from llminfra.engine import LLMEngine, SamplingParams
-    from llminfra.model import load_tiny
 
     with torch_threads(num_threads):
         model, tok = load_tiny()

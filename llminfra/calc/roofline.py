@@ -33,7 +33,7 @@ from llminfra.calc.kv_layout import kv_share_per_rank
 from llminfra.calc.memory import _compute_dtype
 from llminfra.calc.step import step_bytes, step_flops, weight_bytes_read
 from llminfra.specs.formats import dtype_bytes
-from llminfra.specs.gpus import GPUSpec, get_gpu
+from llminfra.specs.gpus import GPUSpec, get_gpu, gpu_names
 from llminfra.specs.models import ModelSpec, get_model
 from llminfra.validate import non_negative_finite, positive_finite, positive_int
 
@@ -268,7 +268,6 @@ def catalog_table(model: str | ModelSpec, batch: int = 1, context: int = 2048,
     ``attainable_tflops`` (``min(peak, I · bandwidth)``), ``tpot_ms``, ``tokens_per_s`` (decode
     of ``batch`` at ``context``), ``ttft_ms`` (prefill of one ``prompt_len`` prompt),
     ``confidence``. GPUs without a ``dtype`` peak in the catalog are skipped."""
-    from llminfra.specs.gpus import gpu_names
     rows = []
     pairs = decode_batch(batch, context)
     intensity = arithmetic_intensity(model, pairs, dtype)

@@ -16,8 +16,10 @@ from llminfra.calc import memory as mem
 from llminfra.calc.step import decode_arithmetic_intensity
 from llminfra.calc.params import param_count
 from llminfra.ledger.claim import Finding, ratio_verdict, rel_error
-from llminfra.specs import get_gpu, get_model
+from llminfra.specs import get_gpu, get_model, gpu_names
 from llminfra.specs.formats import get_format
+from llminfra.parallel.pipeline import bubble_fraction, split_layers
+from llminfra.calc.cost import api_monthly_cost, selfhost_cost_per_million_tokens
 
 
 def stated_size(model: str, dtype: str, stated_gb: float, verdict: str) -> Finding:
@@ -153,7 +155,6 @@ def gpu_field(gpu: str, attr: str, stated, verdict: str, unit: str = "") -> Find
 
 def pipeline_bubble() -> Finding:
     """GPipe's idle share (p − 1) / (m + p − 1) at 4 stages: 1 vs 16 micro-batches."""
-    from llminfra.parallel.pipeline import bubble_fraction
     b1, b16 = bubble_fraction(4, 1), bubble_fraction(4, 16)
     return Finding(f"4 stages: idle share {b1:.0%} with one batch, {b16:.1%} with 16 micro-batches",
                    b1 == 0.75 and b16 < 0.2)
@@ -205,7 +206,6 @@ def long_context_capacity(model: str = "llama-3-70b", context: int = 8192) -> Fi
 
 def pipeline_memory(model: str = "llama-2-70b", stages: int = 4) -> Finding:
     """Pipeline stages hold a share of the layers: weights per stage ≈ total / p."""
-    from llminfra.parallel.pipeline import split_layers
     spec = get_model(model)
     parts = split_layers(spec.num_layers, stages)
     biggest = max(len(r) for r in parts) / spec.num_layers
@@ -217,7 +217,6 @@ def selfhost_vs_api(api_usd_per_m: float = 1.0, gpu_usd_per_h: float = 2.0,
                     tokens_per_s: float = 1000.0) -> Finding:
     """Example prices (inputs, not current prices): the utilisation at which a rented GPU's
     cost per token equals an API's."""
-    from llminfra.calc.cost import selfhost_cost_per_million_tokens
     full = selfhost_cost_per_million_tokens(gpu_usd_per_h, tokens_per_s)
     u = full / api_usd_per_m
     return Finding(f"example: GPU ${gpu_usd_per_h:g}/h at {tokens_per_s:g} tok/s = ${full:.3g} per M "
@@ -227,7 +226,6 @@ def selfhost_vs_api(api_usd_per_m: float = 1.0, gpu_usd_per_h: float = 2.0,
 
 def api_example() -> Finding:
     """1,000 requests/day × (2,000 in, 500 out) × 30 days, by chapter 09's cost model."""
-    from llminfra.calc.cost import api_monthly_cost
     day = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=1)
     month = api_monthly_cost(1000, 2000, 500, 1.0, 1.0, days=30)
     got = (day.monthly_input_tokens, day.monthly_output_tokens, month.monthly_input_tokens,
@@ -239,7 +237,7 @@ def api_example() -> Finding:
 def per_token_cost() -> Finding:
     """Cost per token = hourly price / tokens per hour, divided by the utilisation
     (chapter 09's :func:`~llminfra.calc.cost.selfhost_cost_per_million_tokens`)."""
-    from llminfra.calc.cost import selfhost_cost_per_million_tokens as per_m
+    per_m = selfhost_cost_per_million_tokens
     full, double, quarter = per_m(2.0, 1000), per_m(2.0, 2000), per_m(2.0, 1000, 0.25)
     return Finding(f"example $2/h at 1,000 tok/s: ${full:.3g} per M tokens; at 2,000 tok/s "
                    f"${double:.3g}; busy 25 % of the hour ${quarter:.3g}",
@@ -248,7 +246,6 @@ def per_token_cost() -> Finding:
 
 def largest_gpu() -> Finding:
     """The catalog's largest memory against the 80 GB "largest GPU" of 2023."""
-    from llminfra.specs import gpu_names
     big = max(gpu_names(), key=lambda n: get_gpu(n).memory_bytes)
     g = get_gpu(big)
     return Finding(f"largest in the catalog: {big} with {g.memory_bytes / 2**30:.4g} GiB "

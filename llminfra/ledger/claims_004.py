@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from llminfra.ledger import checks as c
 from llminfra.ledger.claim import Claim, Finding, ratio_verdict
-from llminfra.specs import get_gpu
+from llminfra.specs import get_gpu, gpu_names
+from llminfra.calc import memory as mem
+from llminfra.calc.communication import get_interconnect, pcie_claim_table
 
 SIZE = "Model size and VRAM demand"
 BANDWIDTH = "Memory bandwidth: the key to the bottleneck"
@@ -77,7 +79,6 @@ def _mi300x_vs_h100() -> Finding:
 
 
 def _largest_at_launch() -> Finding:
-    from llminfra.specs import gpu_names
     mi = get_gpu("mi300x").memory_bytes
     bigger = [n for n in gpu_names() if get_gpu(n).memory_bytes > mi]
     return Finding(f"cards in the catalog with more memory than MI300X: {', '.join(bigger) or 'none'}",
@@ -111,7 +112,6 @@ def _mi300x_tflops() -> Finding:
 
 
 def _seven_b_sizes() -> Finding:
-    from llminfra.calc import memory as mem
     sizes = {d: mem.weight_bytes("llama-2-7b", d) / 1e9 for d in ("fp32", "fp16", "int8", "int4")}
     stated = {"fp32": 28, "fp16": 14, "int8": 7, "int4": 3.5}
     verdicts = {d: ratio_verdict(stated[d], sizes[d]) for d in sizes}
@@ -120,7 +120,6 @@ def _seven_b_sizes() -> Finding:
 
 
 def _pcie_share() -> Finding:
-    from llminfra.calc.communication import pcie_claim_table
     rows = pcie_claim_table()
     hits = [r for r in rows if r["in_40_50"] or r["at_least_40"]]
     pre = [r for r in hits if r["phase"] == "prefill"]
@@ -131,7 +130,6 @@ def _pcie_share() -> Finding:
 
 
 def _pcie_vs_hbm() -> Finding:
-    from llminfra.calc.communication import get_interconnect
     link = get_interconnect("pcie-gen5").bytes_per_s
     return Finding(f"PCIe Gen5 x16 {link / 1e9:.3g} GB/s per direction = {link / _bw('h100'):.2%} of "
                    f"H100's HBM bandwidth", link / _bw("h100") < 0.05)

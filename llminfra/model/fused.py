@@ -34,6 +34,7 @@ from torch import nn
 
 from llminfra.model.rope import rope_inv_freq
 from llminfra.model.transformer import Transformer
+from llminfra.model.prepacked import PrepackedLinear, pack_weight
 
 
 class Matmul:
@@ -63,7 +64,6 @@ class PrepackedMatmul(Matmul):
     residual added by its ``add`` post-op."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        from llminfra.model.prepacked import pack_weight
         super().__init__(weight, bias)
         self._packed = pack_weight(self.weight)
 
@@ -107,7 +107,6 @@ def matmul_kind(model: Transformer) -> str:
     (:func:`llminfra.model.prepacked.prepacked`), ``"plain"`` for ``nn.Linear``;
     ``ValueError`` naming the layer type otherwise (a quantized model keeps its own kernels:
     run it on the readable path)."""
-    from llminfra.model.prepacked import PrepackedLinear
     linears = [model.output]
     for block in model.layers:
         a, f = block.attention, block.feed_forward

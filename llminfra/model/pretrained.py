@@ -27,8 +27,10 @@ from pathlib import Path
 import torch
 
 from llminfra.model.bpe_tokenizer import BPETokenizer
+from llminfra.model.checkpoint import load_tiny
 from llminfra.model.config import ModelConfig
 from llminfra.model.gguf_file import GGUFFile, rotate_half_to_interleaved
+from llminfra.model.tokenizer import ByteTokenizer
 from llminfra.model.transformer import Transformer
 
 #: name -> (distribution, file inside it, install command)
@@ -100,7 +102,6 @@ def gguf_tokenizer(meta: dict, name: str = "gguf"):
     tokens = meta.get("tokenizer.ggml.tokens") or []
     if meta.get("tokenizer.ggml.model") == "llama" and list(tokens) == [
             f"<0x{i:02X}>" for i in range(256)]:
-        from llminfra.model.tokenizer import ByteTokenizer
         return ByteTokenizer()
     return BPETokenizer.from_gguf_metadata(meta, name=name)
 
@@ -227,7 +228,6 @@ def load_model(name_or_path: str | Path = "tiny", dtype: torch.dtype = torch.flo
     """``(model, tokenizer)`` for ``"tiny"`` (the trained byte-level model,
     :func:`llminfra.model.load_tiny`) or anything :func:`load_pretrained` takes."""
     if str(name_or_path).strip().lower() == "tiny":
-        from llminfra.model.checkpoint import load_tiny
         model, tokenizer = load_tiny()
         return model.to(dtype), tokenizer
     return load_pretrained(name_or_path, dtype)
@@ -238,7 +238,6 @@ def load_tokenizer(name_or_path: str | Path = "tiny"):
     needs only these): the GGUF header, or a folder's ``config.json`` and ``tokenizer.json``."""
     key = str(name_or_path).strip().lower()
     if key == "tiny":
-        from llminfra.model.tokenizer import ByteTokenizer
         return ByteTokenizer(), ModelConfig.from_name("tiny")
     path = pretrained_path(key) if key in PRETRAINED else Path(name_or_path)
     if path.is_dir():

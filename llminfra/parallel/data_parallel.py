@@ -15,6 +15,11 @@ import logging
 import time
 
 from llminfra.parallel.world import World, check_rank
+from llminfra.model.config import ModelConfig
+from llminfra.model.transformer import Transformer
+from llminfra.model.cache import DenseKVCache
+from llminfra.model.checkpoint import load_tiny
+from llminfra.model.generate import generate
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +51,9 @@ def tiny_model(trained: bool = True):
     else ``Transformer(ModelConfig.from_name("tiny"))`` with its seed-0 random weights."""
     if trained:
         try:
-            from llminfra.model import load_tiny
             return load_tiny()[0].eval()
         except (ImportError, FileNotFoundError) as e:
             log.warning("no trained tiny model (%s): using seed-0 random weights", e)
-    from llminfra.model.config import ModelConfig
-    from llminfra.model.transformer import Transformer
     return Transformer(ModelConfig.from_name("tiny")).eval()
 
 
@@ -59,8 +61,6 @@ def replica_serve(world: World, prompts: list[list[int]], max_new_tokens: int,
                   trained: bool = True) -> dict:
     """This replica's share: greedy generation (KV cache) for its requests with its own full
     tiny model. Returns ``{"answers": {request id: tokens}, "busy_s": wall time, "tokens": n}``."""
-    from llminfra.model.cache import DenseKVCache
-    from llminfra.model.generate import generate
     model = tiny_model(trained)
     mine = split_requests(len(prompts), world.size)[world.rank]
     t0 = time.perf_counter()

@@ -25,6 +25,8 @@ from torch import nn
 from llminfra.parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
                                                shard_size)
 from llminfra.parallel.world import World
+from llminfra.model.config import ModelConfig
+from llminfra.model.transformer import FeedForward
 
 
 def parallel_mlp(mlp: nn.Module, world: World) -> nn.Module:
@@ -85,8 +87,6 @@ def make_mlp(dim: int, ffn_dim: int, generator: torch.Generator | None = None) -
     (:class:`~llminfra.model.transformer.FeedForward`) with weights ``N(0, 0.02²)`` drawn from
     ``generator`` (seed 0 when None), for benchmarks and tests on shapes of one's own.
     Input ``(..., dim)`` -> output ``(..., dim)``."""
-    from llminfra.model.config import ModelConfig
-    from llminfra.model.transformer import FeedForward
     if dim % 2:
         raise ValueError(f"dim must be even, got {dim}")
     cfg = ModelConfig(vocab_size=1, dim=dim, n_layers=1, n_heads=1, n_kv_heads=1,

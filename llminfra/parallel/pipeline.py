@@ -31,6 +31,7 @@ from torch import nn
 
 from llminfra.parallel.world import World
 from llminfra.validate import positive_int
+from llminfra.model.rope import rotary_angles
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,6 @@ class ModelStage(nn.Module):
         self.layer_ids = split_layers(len(model.layers), n_stages)[stage]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from llminfra.model.rope import rotary_angles
         m, cfg = self.model, self.model.config
         h = m.tok_embeddings(x) if self.stage == 0 else x
         cos, sin = rotary_angles(cfg.head_dim, 0, h.shape[1], cfg.rope_theta, device=h.device,

@@ -18,6 +18,8 @@ from llminfra.parallel.data_parallel import replica_serve, tiny_model  # noqa: F
 from llminfra.parallel.megatron import apply_tensor_parallel, make_mlp, parallel_mlp
 from llminfra.parallel.pipeline import pipeline_forward, run_stage, split_micro_batches
 from llminfra.parallel.world import World
+from llminfra.model.cache import DenseKVCache
+from llminfra.model.generate import generate
 
 
 def mlp_case(seed: int, dim: int = 48, ffn_dim: int = 96, batch: int = 3, tokens: int = 5):
@@ -45,8 +47,6 @@ def tp_generate(world: World, prompt: list[int], max_new_tokens: int,
                 trained: bool = True) -> dict:
     """Greedy generation (KV cache) and full-sequence logits of the tiny model sharded over
     ``world`` with :func:`apply_tensor_parallel`."""
-    from llminfra.model.cache import DenseKVCache
-    from llminfra.model.generate import generate
     model = apply_tensor_parallel(tiny_model(trained), world)
     with torch.no_grad():
         logits = model(torch.tensor([prompt]))

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from llminfra.validate import positive_int
+from llminfra.specs import get_model
 
 SECONDS_PER_DAY = 86_400
 
@@ -61,7 +62,6 @@ class ServiceRequirements:
                              f"{self.peak_to_mean!r}")
         if not isinstance(self.data_may_leave, bool):
             raise ValueError(f"data_may_leave must be True or False, got {self.data_may_leave!r}")
-        from llminfra.specs import get_model
         get_model(self.model)  # KeyError naming the presets if unknown
 
     @property

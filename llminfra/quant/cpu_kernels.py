@@ -36,6 +36,7 @@ import torch
 
 from llminfra.quant import packing
 from llminfra.quant.tensor import QuantizedTensor
+from llminfra.quant.quantize_tensor import quantize
 
 #: activation dtypes the kernels accept
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -111,7 +112,6 @@ def int4_linear(group: int = 32, activations: torch.dtype = torch.bfloat16):
     :func:`int4_mm`, ``x`` cast to ``activations`` (bf16: the vectorized path, see
     :func:`vectorized`) and the result cast back. ``ValueError`` for a weight the kernel cannot
     take (``N`` a multiple of 16, ``K`` of ``group``)."""
-    from llminfra.quant.quantize_tensor import quantize
     if group not in INT4_GROUPS:
         raise ValueError(f"group must be one of {INT4_GROUPS}, got {group!r}")
     if activations not in KERNEL_DTYPES:

@@ -21,6 +21,12 @@ import torch
 from torch import nn
 
 from llminfra.quant.quantize_model import target_linears
+from llminfra.model import DenseKVCache, generate, perplexity
+from llminfra.quant.quant_linear import use_kernels
+from llminfra.quant import quantize
+from llminfra.quant.awq import awq_quantize
+from llminfra.quant.gptq import HessianAccumulator, gptq_quantize
+from llminfra.quant.schemes import parse_scheme
 
 
 @torch.no_grad()
@@ -65,7 +71,6 @@ def greedy_agreement(model_a: nn.Module, model_b: nn.Module, prompts: list[list[
                      max_new_tokens: int = 32) -> float:
     """Share of the ``len(prompts) · max_new_tokens`` greedy tokens where the two models agree
     (position by position; once they diverge they see different contexts, as a user would)."""
-    from llminfra.model import DenseKVCache, generate
     same = total = 0
     for p in prompts:
         a = generate(model_a, p, max_new_tokens, cache=DenseKVCache(model_a.config.n_layers))
@@ -84,8 +89,6 @@ def evaluate_scheme(model: nn.Module, qmodel: nn.Module, eval_tokens: torch.Tens
     Returns ``{"layer_rel_error" (mean over layers), "layer_rel_error_max", "perplexity",
     "perplexity_delta", "greedy_agreement"}``.
     """
-    from llminfra.model import perplexity
-    from llminfra.quant.quant_linear import use_kernels
     ppl_fp = fp_perplexity if fp_perplexity is not None else perplexity(model, eval_tokens)
     with use_kernels(qmodel, False):
         errs = layer_errors(model, qmodel, layer_tokens)
@@ -114,10 +117,6 @@ def outlier_layer_experiment(W: torch.Tensor, X_cal: torch.Tensor, X_eval: torch
     (on which the relative output error is measured). Returns scheme -> relative error, plus the
     channels and factors used.
     """
-    from llminfra.quant import quantize
-    from llminfra.quant.awq import awq_quantize
-    from llminfra.quant.gptq import HessianAccumulator, gptq_quantize
-    from llminfra.quant.schemes import parse_scheme
     s = parse_scheme(scheme)
     ch = torch.randperm(W.shape[1], generator=generator)[:n_outliers]
     f = 30 + 20 * torch.rand(n_outliers, generator=generator)

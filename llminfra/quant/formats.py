@@ -23,6 +23,7 @@ import math
 import torch
 
 from llminfra.specs.formats import NumberFormat, get_format
+from llminfra.quant.nf4 import nf4_code
 
 #: torch dtypes of the float formats torch stores natively
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -65,7 +66,6 @@ def round_to_format(x: torch.Tensor | float, fmt_name: str) -> torch.Tensor:
         return _float_round(x, fmt)
     if fmt.kind == "int":
         return torch.clamp(torch.round(x), fmt.min, fmt.max)
-    from llminfra.quant.nf4 import nf4_code
     code = nf4_code(torch.float64)
     return code[(x.clamp(-1, 1).unsqueeze(-1) - code).abs().argmin(-1)]
 
@@ -102,7 +102,6 @@ def encode(value: float, fmt_name: str) -> dict:
     elif fmt.kind == "int":
         bits = format(int(stored) & (2 ** fmt.bits - 1), f"0{fmt.bits}b")
     elif fmt.kind == "lookup":
-        from llminfra.quant.nf4 import nf4_code
         idx = int((nf4_code(torch.float64) - stored).abs().argmin())
         bits = format(idx, "04b")
     else:

@@ -18,6 +18,7 @@ import torch
 
 from llminfra.model.cache import check_update
 from llminfra.validate import positive_int
+from llminfra.model import DenseKVCache
 
 KV_FORMATS = ("int8", "fp8-e4m3")
 
@@ -91,7 +92,6 @@ def kv_perplexity(model, token_ids: torch.Tensor, kv_format: str | None,
     """Perplexity of ``model`` on 1-D ``token_ids`` with its KV cache stored in ``kv_format``
     (``None``: the plain ``DenseKVCache``), windows of ``seq_len`` as
     :func:`llminfra.model.perplexity` does. Every query attends to the *stored* keys/values."""
-    from llminfra.model import DenseKVCache
     tokens = torch.as_tensor(token_ids, dtype=torch.long).flatten()
     seq_len = seq_len or model.config.max_seq_len
     n = (tokens.numel() - 1) // seq_len

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from llminfra.calc.memory import kv_bytes, weight_bytes
 from llminfra.calc.params import param_count
+from llminfra.specs.formats import dtype_bytes
 
 
 def weight_rule_table(model: str = "llama-2-7b", dtypes=("fp32", "fp16", "int8", "int4"),
                       group_size: int = 128) -> list[dict]:
     """Per dtype: rule-of-thumb bytes ``params · bytes`` (with the nominal ``7e9`` for a "7B")
     and the memory model's bytes with group scales and 16-bit embeddings."""
-    from llminfra.specs.formats import dtype_bytes
     n = param_count(model)
     rows = []
     for d in dtypes:

@@ -27,6 +27,7 @@ from torch import nn
 
 from llminfra.quant import cpu_kernels
 from llminfra.quant.tensor import QuantizedTensor
+from llminfra.quant.quantize_tensor import quantize
 
 _BUFFERS = ("codes", "scale", "zero", "input_scale")
 
@@ -91,7 +92,6 @@ class QuantLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, scheme: str, act_quant: str | None = None,
                     fast: bool | None = None) -> "QuantLinear":
         """Quantize ``linear.weight`` with round-to-nearest ``scheme`` (see :func:`quantize`)."""
-        from llminfra.quant.quantize_tensor import quantize
         return cls(quantize(linear.weight.detach(), scheme), linear.bias, act_quant, fast)
 
     def _kernel(self):

@@ -24,6 +24,7 @@ from llminfra.quant.awq import awq_quantize, search_rows
 from llminfra.quant.gptq import HessianAccumulator, gptq_quantize
 from llminfra.quant.quant_linear import QuantLinear
 from llminfra.quant.schemes import parse_scheme
+from llminfra.quant.quantize_tensor import quantize
 
 
 def target_linears(model: nn.Module, skip: tuple[str, ...] = ("output",)) -> dict[str, nn.Linear]:
@@ -119,7 +120,6 @@ def fake_quantize_model(model: nn.Module, scheme: str,
     the values a :class:`QuantLinear` would hold, at the unquantized model's speed — the
     rounding's effect alone, as papers' perplexity tables measure it (no memory is saved).
     Round-to-nearest schemes only; returns ``model`` (changed in place)."""
-    from llminfra.quant.quantize_tensor import quantize
 
     parse_scheme(scheme)  # KeyError with the allowed names before touching the model
     with torch.no_grad():
