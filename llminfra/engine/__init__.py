@@ -8,13 +8,18 @@ carries the ragged batch through the model. Modules, one concept each:
 * :mod:`.request_limits` — the one rule on a request's length (prompt + ``max_tokens`` within
   the context and the KV pool), which the engine and the server both apply;
 * :mod:`.sequence` — requests, sequences and their state machine;
+* :mod:`.scheduler_io` — what goes in and out of the scheduler: :class:`SchedulerConfig`,
+  :class:`SchedulerOutput`;
 * :mod:`.scheduler` — continuous batching, chunked prefill, admission by free blocks,
-  preemption, and ``update_from_output``, the one writer of a step's result;
+  preemption; the verbs every other part asks (the one writer of a sequence's fields);
+* :mod:`.scheduler_update` — ``update_from_output``, the one writer of a step's result;
 * :mod:`.stopping` — the stop rules (JSON complete, stop strings, stop tokens, length);
 * :mod:`.static_batch` — the static and dynamic baselines (padding rows, worst-case reservation);
-* :mod:`.model_runner` — the step on the device: step inputs, the readable or the fused forward
-  (CUDA graphs for decode), sampling;
-* :mod:`.spec_decode` — speculative decoding: proposers, exact verification, the adaptive γ;
+* :mod:`.model_runner` — the step on the device: which runner (:func:`make_runner`);
+* :mod:`.readable_runner` — step inputs, the readable forward, sampling;
+* :mod:`.fast_runner` — the fused forward, CUDA graphs for decode;
+* :mod:`.spec_decode` — speculative decoding: exact verification, the adaptive γ;
+* :mod:`.draft_proposers` — who guesses the drafts: prompt lookup, a draft model;
 * :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators;
 * :mod:`.engine` — :class:`LLMEngine`;
 * :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
