@@ -1,7 +1,8 @@
 """Tensor, pipeline and data parallelism over an explicit ``World`` (chapter 07).
 
-* :mod:`~llminfra.parallel.world` — ``World``; ``SimulatedWorld`` (threads of one process) and
-  ``DistributedWorld`` (``torch.distributed``: gloo on CPU, NCCL on CUDA);
+* :mod:`~llminfra.parallel.world` — ``World``; ``SimulatedWorld`` (threads of one process);
+* :mod:`~llminfra.parallel.distributed_world` — ``DistributedWorld`` (``torch.distributed``:
+  gloo on CPU, NCCL on CUDA);
 * :mod:`~llminfra.parallel.launch` — ``launch(fn, n, ...)``: spawn ``n`` ranks (from a notebook
   too), collect their results, surface their errors, never leave a process behind;
 * :mod:`~llminfra.parallel.tensor_parallel` — column / row parallel linear, Megatron's f and g;
