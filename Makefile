@@ -67,11 +67,13 @@ course: $(BIN)/.course-installed
 # here they run at one thread with those kernels forced off (ATEN_CPU_CAPABILITY=default, its
 # plainest code path, 3-8 % slower on the chapters measured), so nbval also shows that no
 # printed number depends on the thread count or the CPU's kernels (issue 24 §0). The notebook
-# kernels nbval and the browser test start inherit both settings. --dist loadscope with conftest.py's scopes: a file is one unit, except each browser
-# test; the longest units go first (no reordering by size), so that the workers finish together.
+# kernels nbval and the browser test start inherit both settings; the test processes themselves
+# keep the CPU's own kernels (conftest.py's split_cpu_capability: PyTorch's int4 / int8 CPU
+# matmuls are 10-25x slower on the plain path, and a learner's tests run on the real one).
+# --dist loadscope with conftest.py's scopes: a file is one unit, except each browser test; the longest units go first (no reordering by size), so that the workers finish together.
 # A chapter the browser test runs is compared with its stored outputs there, and conftest.py
 # leaves nbval's run of it out (each chapter runs once).
-TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 LLMINFRA_NOTEBOOK_CPU_CAPABILITY=default
 
 test: $(BIN)/.test-installed
 	$(BIN)/python -m llminfra.course.exercises --check

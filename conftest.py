@@ -21,6 +21,7 @@ deselected. Without a browser, nbval checks every chapter as before.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -29,11 +30,35 @@ BROWSER = "tests/test_browser.py"
 SHARED_WORKER = {"tests/test_pretrained.py": "smollm2", "tests/test_bench_real.py": "smollm2"}
 
 
+#: ``make test`` sets this: the ATen CPU capability of the processes the tests start (notebook
+#: kernels, JupyterLab, servers), while the test processes keep the CPU's own kernels
+NOTEBOOK_CPU_CAPABILITY = "LLMINFRA_NOTEBOOK_CPU_CAPABILITY"
+
+
+def split_cpu_capability() -> None:
+    """With :data:`NOTEBOOK_CPU_CAPABILITY` set (``make test``), this process runs torch on the
+    CPU's vectorized kernels, as a learner's does, and every process it starts inherits
+    ``ATEN_CPU_CAPABILITY`` set to that value: the notebooks nbval and the browser test run are
+    checked on ATen's plainest kernels, so a printed number that depends on the CPU fails, while
+    the unit tests run at the kernels' real speed (PyTorch's int4 / int8 CPU matmuls are 10-25x
+    slower on the plain path). ATen reads the variable once, on a process's first question: it
+    is asked here with the variable unset, then set for the children."""
+    capability = os.environ.get(NOTEBOOK_CPU_CAPABILITY)
+    if not capability:
+        return
+    os.environ.pop("ATEN_CPU_CAPABILITY", None)
+    import torch
+    torch.backends.cpu.get_cpu_capability()
+    os.environ["ATEN_CPU_CAPABILITY"] = capability
+
+
 def pytest_configure(config):
     """Checkers draw fresh seeds in every run and log each at INFO
     (:func:`llminfra.course.checking.seeded`): pytest prints them under "Captured log call"
-    beside a failure, so a seed that breaks a test can be replayed."""
+    beside a failure, so a seed that breaks a test can be replayed. Then
+    :func:`split_cpu_capability`."""
     logging.getLogger("llminfra.course.checking").setLevel(logging.INFO)
+    split_cpu_capability()
 
 
 def _path(nodeid: str) -> str:
