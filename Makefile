@@ -70,7 +70,8 @@ course: $(BIN)/.course-installed
 # kernels nbval and the browser test start inherit both settings; the test processes themselves
 # keep the CPU's own kernels (conftest.py's split_cpu_capability: PyTorch's int4 / int8 CPU
 # matmuls are 10-25x slower on the plain path, and a learner's tests run on the real one).
-# --dist loadscope with conftest.py's scopes: a file is one unit, except each browser test; the longest units go first (no reordering by size), so that the workers finish together.
+# --dist loadscope with conftest.py's scopes: a file is one unit, except each browser test;
+# the longest units go first (no reordering by size), so that the workers finish together.
 # A chapter the browser test runs is compared with its stored outputs there, and conftest.py
 # leaves nbval's run of it out (each chapter runs once).
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 LLMINFRA_NOTEBOOK_CPU_CAPABILITY=default
