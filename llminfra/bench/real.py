@@ -76,8 +76,9 @@ from llminfra.model import load_pretrained, pretrained_path
 from llminfra.model import prepacked as onednn
 from llminfra.model.corpus import corpus_path
 from llminfra.quant import w4a8
-from llminfra.bench.real_decode import (DECODE_PROMPT_LEN, decode_s_per_token, int4_decoders,
-                                        int4_greedy_identical, int4_kernel, matmul_kernel)
+from llminfra.bench.real_decode import (AGREEMENT_PROMPTS, DECODE_PROMPT_LEN, decode_s_per_token,
+                                        int4_decoders, int4_greedy_identical, int4_kernel,
+                                        matmul_kernel)
 
 MODEL = "smollm2-135m"
 SEED = 2025
@@ -127,17 +128,19 @@ def run_engine(model, tokenizer, work, prompts) -> dict:
 
 
 def run(quick: bool = False, n_requests: int | None = None, max_output: int | None = None,
-        repeats: int | None = None, models: tuple | None = None) -> dict:
+        repeats: int | None = None, models: tuple | None = None,
+        agreement_prompts: int | None = None) -> dict:
     """Everything in the module docstring on one thread (restored afterwards). ``quick``: the
     smaller sizes of :data:`SIZES`; ``n_requests``, ``max_output`` (a cap on each request's
-    output tokens and on the decode measurement's) and ``repeats`` override them (the tests
-    run a tiny workload). ``models``: ``(model, tokenizer, hf_model)`` already loaded from the
+    output tokens and on the decode measurement's), ``repeats`` and ``agreement_prompts`` (the
+    first that many of :data:`~llminfra.bench.real_decode.AGREEMENT_PROMPTS`) override them
+    (the tests run a tiny workload). ``models``: ``(model, tokenizer, hf_model)`` already loaded from the
     same file (the tests load transformers' once for all their checks), else both are loaded
     here. ``ImportError`` without transformers."""
     transformers = import_transformers()
     with torch_threads(1):
-        return _run(transformers, dict(SIZES[bool(quick)]), quick, n_requests, max_output,
-                    repeats, models)
+        size = dict(SIZES[bool(quick)], agreement_prompts=agreement_prompts)
+        return _run(transformers, size, quick, n_requests, max_output, repeats, models)
 
 
 def _compare(transformers, model, tok, hf, work, prompts, repeats: int, notes: list) -> dict:
@@ -237,8 +240,9 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
         "decode_ms_per_token": {k: v * 1e3 for k, v in decode_s.items()},
         "int4_kernel": int4_kernel(),
         "int4_kernel_build": w4a8.build_info()["path"] if int4_kernel() == "w4a8" else None,
-        "int4_greedy_identical": int4_greedy_identical(model, tok, int4,
-                                                       size["decode_tokens"]),
+        "int4_greedy_identical": int4_greedy_identical(
+            model, tok, int4, size["decode_tokens"],
+            AGREEMENT_PROMPTS[:size["agreement_prompts"]]),
         "weight_bytes": w_bytes,
         "decode_floor_ms": {k: b / bw * 1e3 for k, b in w_bytes.items()},
         "notes": notes,

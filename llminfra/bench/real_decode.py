@@ -95,17 +95,19 @@ AGREEMENT_PROMPTS = ("The history of the Roman Empire begins with", "def fibonac
                      "Water boils at")
 
 
-def int4_greedy_identical(model, tok, int4: dict[str, FastDecoder], n: int) -> dict:
-    """For each int4 path, on how many of :data:`AGREEMENT_PROMPTS` (as chat turns) its first
-    ``n`` greedy tokens are identical to two references: the same int4 weights with fp32
-    activations (``F.linear`` on the dequantized codes: what the kernel alone changes) and the
-    fp32 weights (what int4 changes)."""
+def int4_greedy_identical(model, tok, int4: dict[str, FastDecoder], n: int,
+                          prompts: tuple[str, ...] = AGREEMENT_PROMPTS) -> dict:
+    """For each int4 path, on how many of ``prompts`` (as chat turns; all of
+    :data:`AGREEMENT_PROMPTS` unless the tests ask for fewer) its first ``n`` greedy tokens are
+    identical to two references: the same int4 weights with fp32 activations (``F.linear`` on
+    the dequantized codes: what the kernel alone changes) and the fp32 weights (what int4
+    changes)."""
     size = max(d.max_len for d in int4.values())
     refs = {"int4_weights_fp32_activations": FastDecoder(model, max_len=size, linear=lambda w:
                 _plain_linear(quantize(w.float(), f"int4-g{FAST_INT4_GROUP}").dequantize())),
             "fp32_weights": FastDecoder(model, max_len=size)}
-    out = {"prompts": len(AGREEMENT_PROMPTS), "tokens": n, **{k: {} for k in refs}}
-    for text in AGREEMENT_PROMPTS:
+    out = {"prompts": len(prompts), "tokens": n, **{k: {} for k in refs}}
+    for text in prompts:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}],
                                                  add_generation_prompt=True))[-(size - n):]
         want = {k: r.generate(ids, n) for k, r in refs.items()}
