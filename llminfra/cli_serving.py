@@ -107,7 +107,8 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--max-num-seqs", type=integer(1, MAX_NUM_SEQS, unit="sequences"),
                    default=64, help="largest running batch")
     s.add_argument("--threads", type=integer(1, MAX_THREADS, unit="threads"), default=None,
-                   help="torch threads")
+                   help="threads of torch and of the w4a8 kernel (default: torch's own count, "
+                        "every core unless OMP_NUM_THREADS says otherwise)")
     s.add_argument("--speculative", default=None, choices=("ngram", "draft-int4"),
                    help="speculative decoding: prompt lookup, or an int4 copy of the model "
                         "drafting (adaptive γ; default: none)")

@@ -66,7 +66,8 @@ def test_the_widest_row_allowed_multiplies_right(built):
 
 def test_the_c_code_refuses_a_wide_row_itself(built):
     """Called directly (no Python guard), ``w4a8_pack`` and ``w4a8_gemm`` return -2 for K past
-    MAX_K (262,144 + 64 overflowed the AVX2 block table), not 64-aligned, or <= 0."""
+    MAX_K (262,144 + 64 overflowed the AVX2 block table), not 64-aligned, or <= 0, and
+    ``w4a8_gemm`` for passes or threads out of range."""
     _, path, _ = built
     r = run_python(f"""
         import ctypes
@@ -79,12 +80,15 @@ def test_the_c_code_refuses_a_wide_row_itself(built):
             x = (ctypes.c_float * n)(); y = (ctypes.c_float * 4)()
             d = (ctypes.c_uint16 * n)(); m = (ctypes.c_uint16 * n)()
             out.append(lib.w4a8_pack(u, packed, 1, K))
-            out.append(lib.w4a8_gemm(x, packed, d, m, y, 1, 1, K, K, 0, None, 0.0, 1))
-        out.append(lib.w4a8_gemm(x, packed, d, m, y, 1, 1, 64, 64, 0, None, 0.0, 3))
+            out.append(lib.w4a8_gemm(x, packed, d, m, y, 1, 1, K, K, 0, None, 0.0, 1, 2, None))
+        out.append(lib.w4a8_gemm(x, packed, d, m, y, 1, 1, 64, 64, 0, None, 0.0, 3, 1, None))
+        for threads in (0, -1, 65):
+            out.append(lib.w4a8_gemm(x, packed, d, m, y, 1, 1, 64, 64, 0, None, 0.0, 1, threads,
+                                     None))
         print(out)
     """)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == str([-2] * 13)
+    assert r.stdout.strip() == str([-2] * 16)
 
 
 # ---------------------------------------------------------------- NaN and infinity

@@ -67,6 +67,31 @@ def test_exact_on_the_int8_grid(lib, K, N):
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+def test_threads_give_the_same_bits(lib, monkeypatch, passes):
+    """Any thread count, started per call or kept in a pool, gives exactly one thread's result:
+    odd N (a pair cut by the split), fewer columns than threads, rows enough to split the
+    quantization too, and the fused norm and gate."""
+    gen = torch.Generator().manual_seed(11 + passes)
+    for M, N, K in ((1, 577, 576), (16, 49, 896), (9, 1, 192), (40, 130, 1536)):
+        w = w4a8.prepare(quantize(torch.randn(N, K, generator=gen), "int4-g32"), lib)
+        x = torch.randn(M, K, generator=gen) * 2
+        one = w4a8.w4a8_mm(x, w, lib, passes, threads=1)
+        for threads in (2, 3, 8):
+            got = w4a8.w4a8_mm(x, w, lib, passes, threads=threads)
+            assert torch.equal(got, one), (M, N, K, threads)
+    monkeypatch.setattr(w4a8, "library", lambda: lib)
+    weight = torch.randn(33, 192, generator=gen)
+    f1, f2 = (w4a8.w4a8_linear(passes, threads=t)(weight) for t in (1, 2))
+    assert (f1.threads, f2.threads) == (1, 2)
+    x = torch.randn(20, 384, generator=gen)
+    gain = torch.rand(192, generator=gen) + 0.5
+    for _ in range(3):                            # the pool's workers, reused call after call
+        assert torch.equal(f2.fused(x, gated=True), f1.fused(x, gated=True))
+        assert torch.equal(f2.fused(x[:, :192], norm=gain), f1.fused(x[:, :192], norm=gain))
+    assert w4a8.w4a8_linear(threads=None)(weight).threads == w4a8.default_threads()
+
+
 def test_the_kernels_weights_are_the_quantizers(lib):
     """``dequantize`` reads the packed layout back: the int4-g32 weights, up to the fp16 offset."""
     wt = torch.randn(32, 576, generator=torch.Generator().manual_seed(3))
@@ -170,6 +195,9 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="passes must be 1"):
         w4a8.w4a8_mm(torch.randn(1, 64), w4a8.prepare(quantize(torch.randn(16, 64), "int4-g32")),
                       passes=0)
+    for threads in (0, 65, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be an int in 1..64"):
+            w4a8.w4a8_linear(threads=threads)
     with pytest.raises(ValueError, match="arch must be"):
         w4a8.build("native; rm -rf")
     assert w4a8.prepare(quantize(torch.randn(8, 128), "int4-g64")) is None

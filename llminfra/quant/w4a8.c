@@ -19,9 +19,11 @@
  * LANES/4, ..., 2 groups, group l % nb in lane l. The activations are quantized into the same
  * order. Without LANES, byte j of a group holds weights j (low nibble) and j + 16 (high).
  *
- * One thread. The rows a few dozen ahead are prefetched: a row of 576 codes is 288 bytes, too
- * short a stream for the hardware prefetcher to reach memory's bandwidth on its own.
- * Built and loaded by llminfra/quant/w4a8.py; chapter 08.
+ * T threads (thread_pool.c) split the output columns, W's rows, in pairs, and the rows of x
+ * they quantize: each output is one thread's dot product of its own W row, so the result has
+ * the same bits for any T. Within its rows a thread prefetches a few dozen rows ahead: a row of
+ * 576 codes is 288 bytes, too short a stream for the hardware prefetcher to reach memory's
+ * bandwidth on its own. Built and loaded by llminfra/quant/w4a8.py; chapter 08.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -303,6 +305,107 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
 }
 #endif
 
+/* The work of one w4a8_gemm call, shared by its threads (thread_pool.c). */
+typedef struct {
+    const float *x, *norm;
+    const uint8_t *codes;
+    const uint16_t *d, *m;
+    float *y, eps;
+    int M, N, K, G, R, x_stride, gated, passes, n;
+    const int *nb, *g0;
+    int8_t *q;                 /* R quantized rows (kernel order), dx and sx per group */
+    float *dx, *sx, *work;     /* work: a and res, 2K floats per thread */
+} gemm_job;
+
+/* Rows M t / T .. M (t+1) / T of a (x's rows, gated and normed as w4a8_gemm says) to int8. */
+static void quantize_part(void *arg, int t, int T) {
+    gemm_job *j = (gemm_job *)arg;
+    int K = j->K, G = j->G;
+    float *a = j->work + 2 * (size_t)K * t, *res = a + K;
+    for (int r = (int)((long)j->M * t / T); r < (int)((long)j->M * (t + 1) / T); r++) {
+        const float *xr = j->x + (size_t)r * j->x_stride;
+        if (j->gated)
+            for (int k = 0; k < K; k++) a[k] = xr[k] / (1.f + expf(-xr[k])) * xr[K + k];
+        else
+            memcpy(a, xr, 4 * (size_t)K);
+        if (j->norm) {
+            float part[16] = {0.f}, ss = 0.f;   /* 16 partial sums: the loop vectorizes */
+            for (int k = 0; k < K; k += 16)
+                for (int l = 0; l < 16; l++) part[l] += a[k + l] * a[k + l];
+            for (int l = 0; l < 16; l++) ss += part[l];
+            float inv = 1.f / sqrtf(ss / (float)K + j->eps);
+            for (int k = 0; k < K; k++) a[k] = a[k] * inv * j->norm[k];
+        }
+        if (j->passes == 2) {
+            size_t r0 = 2 * (size_t)r, r1 = r0 + 1;
+            quantize_row(a, K, j->q + r0 * K, j->dx + r0 * G, j->sx + r0 * G, res);
+            quantize_row(res, K, j->q + r1 * K, j->dx + r1 * G, j->sx + r1 * G, NULL);
+        } else {
+            quantize_row(a, K, j->q + (size_t)r * K, j->dx + (size_t)r * G,
+                         j->sx + (size_t)r * G, NULL);
+        }
+    }
+}
+
+/* Prefetch rows i .. i + count - 1 of W: codes, d and m. */
+static void prefetch_rows(const gemm_job *j, int i, int count) {
+    size_t rb = (size_t)j->K / 2, G = (size_t)j->G;
+    const char *c = (const char *)(j->codes + (size_t)i * rb);
+    const char *pd = (const char *)(j->d + (size_t)i * G), *pm = (const char *)(j->m + i * G);
+    for (size_t o = 0; o < (size_t)count * rb; o += 64) __builtin_prefetch(c + o);
+    for (size_t o = 0; o < 2 * (size_t)count * G; o += 64) {
+        __builtin_prefetch(pd + o);
+        __builtin_prefetch(pm + o);
+    }
+}
+
+/* Output columns (W's rows) of pairs P t / T .. P (t+1) / T, P = ceil(N / 2), for every row of
+   y: each output is one dot2 of its own W row, whichever thread takes it, so the result is
+   the same bits for any T. */
+static void multiply_part(void *arg, int t, int T) {
+    const gemm_job *j = (const gemm_job *)arg;
+    int N = j->N, K = j->K, G = j->G, M = j->M, R = j->R, P = (N + 1) / 2;
+    int begin = 2 * (int)((long)P * t / T), end = 2 * (int)((long)P * (t + 1) / T);
+    size_t rb = (size_t)K / 2;
+    if (end > N) end = N;
+    /* the first rows: asked for all at once, so that their misses overlap */
+    if (begin < end)
+        prefetch_rows(j, begin, end - begin < PREFETCH_ROWS ? end - begin : PREFETCH_ROWS);
+    for (int i = begin; i < end; i += 2) {
+        int k = i + 1 < end ? i + 1 : i;
+        if (i + PREFETCH_ROWS + 1 < end) prefetch_rows(j, i + PREFETCH_ROWS, 2);
+        for (int r = 0; r < R; r++) {
+            float v0, v1;
+            dot2(j->codes + i * rb, j->codes + k * rb, j->d + (size_t)i * G,
+                 j->d + (size_t)k * G, j->m + (size_t)i * G, j->m + (size_t)k * G,
+                 j->q + (size_t)r * K, j->dx + (size_t)r * G, j->sx + (size_t)r * G, j->n,
+                 j->nb, j->g0, &v0, &v1);
+            float *out = j->y + (size_t)(R == M ? r : r / 2) * N;
+            if (R == M || r % 2 == 0) {
+                out[i] = v0;
+                if (k != i) out[k] = v1;
+            } else {
+                out[i] += v0;
+                if (k != i) out[k] += v1;
+            }
+        }
+    }
+}
+
+/* the thread pool (thread_pool.c) */
+typedef void (*pool_fn)(void *arg, int t, int T);
+int w4a8_pool_size(const void *handle);
+int pool_run(void *handle, pool_fn fn, void *arg);
+void run_threads(int T, pool_fn fn, void *arg);
+
+/* fn on T threads: the pool's where it has T, else threads started for this call. */
+static void in_parallel(int T, void *pool, pool_fn fn, void *arg) {
+    if (T <= 1)
+        fn(arg, 0, 1);
+    else if (!pool || w4a8_pool_size(pool) != T || pool_run(pool, fn, arg))
+        run_threads(T, fn, arg);
+}
+
 /* y (M, N) = a (M, K) . W^T; W packed by w4a8_pack with d and m (N, K/32) as fp16 bits; K a
    multiple of 64 (checked by the caller). Row r of a is made from row r of x (x_stride floats
    apart): with gated, x's row is [gate (K) | up (K)] and a = silu(gate) * up (a SwiGLU's
@@ -310,76 +413,32 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
    a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm). passes = 2 rounds what the first int8
    rounding of a left to int8 as well and adds its product (about 15 bits of activation, at the
    cost of a second dot product per weight). A NaN or infinity in a group of a gives NaN.
-   Returns 0, -1 where memory ran out, -2 for a K, M, N or passes out of range. */
+   threads (at most 64; pool: a w4a8_pool_new(threads) kept between calls, else NULL) split
+   the output columns, and the rows of a where there are enough; the result is the same for
+   any count. Returns 0, -1 where memory ran out, -2 for a K, M, N, passes or threads out of
+   range. */
 int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
               float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
-              float eps, int passes) {
-    if (bad_k(K) || M < 0 || N < 0 || (passes != 1 && passes != 2)) return -2;
-    int G = K / 32, nb[MAX_BLOCKS], g0[MAX_BLOCKS], n = blocks(G, nb, g0);
-    int R = passes == 2 ? 2 * M : M;                   /* quantized rows */
-    size_t need = (size_t)R * K + 8 * (size_t)R * G + 8 * (size_t)K, rb = (size_t)K / 2;
+              float eps, int passes, int threads, void *pool) {
+    if (bad_k(K) || M < 0 || N < 0 || (passes != 1 && passes != 2) || threads < 1 ||
+        threads > 64)
+        return -2;
+    int nb[MAX_BLOCKS], g0[MAX_BLOCKS];
+    gemm_job j = {.x = x, .norm = norm, .codes = codes, .d = d, .m = m, .y = y, .eps = eps,
+                  .M = M, .N = N, .K = K, .G = K / 32, .R = passes == 2 ? 2 * M : M,
+                  .x_stride = x_stride, .gated = gated, .passes = passes, .nb = nb, .g0 = g0};
+    j.n = blocks(j.G, nb, g0);
+    size_t need = (size_t)j.R * K + 8 * (size_t)j.R * j.G + 8 * (size_t)K * threads;
     char stack[32768];
     void *scratch = need <= sizeof stack ? (void *)stack : malloc(need);
     if (!scratch) return -1;
-    int8_t *q = (int8_t *)scratch;
-    float *dx = (float *)(q + (size_t)R * K), *sx = dx + (size_t)R * G, *a = sx + (size_t)R * G;
-    float *res = a + K;
-    for (int r = 0; r < M; r++) {
-        const float *xr = x + (size_t)r * x_stride;
-        if (gated)
-            for (int k = 0; k < K; k++) a[k] = xr[k] / (1.f + expf(-xr[k])) * xr[K + k];
-        else
-            memcpy(a, xr, 4 * (size_t)K);
-        if (norm) {
-            float part[16] = {0.f}, ss = 0.f;   /* 16 partial sums: the loop vectorizes */
-            for (int k = 0; k < K; k += 16)
-                for (int l = 0; l < 16; l++) part[l] += a[k + l] * a[k + l];
-            for (int l = 0; l < 16; l++) ss += part[l];
-            float inv = 1.f / sqrtf(ss / (float)K + eps);
-            for (int k = 0; k < K; k++) a[k] = a[k] * inv * norm[k];
-        }
-        if (passes == 2) {
-            size_t r0 = 2 * (size_t)r, r1 = r0 + 1;
-            quantize_row(a, K, q + r0 * K, dx + r0 * G, sx + r0 * G, res);
-            quantize_row(res, K, q + r1 * K, dx + r1 * G, sx + r1 * G, NULL);
-        } else {
-            quantize_row(a, K, q + (size_t)r * K, dx + (size_t)r * G, sx + (size_t)r * G, NULL);
-        }
-    }
-    /* the first rows: asked for all at once, so that their misses overlap */
-    for (size_t o = 0; o < (size_t)(N < PREFETCH_ROWS ? N : PREFETCH_ROWS) * rb; o += 64)
-        __builtin_prefetch((const char *)codes + o);
-    for (size_t o = 0; o < 2 * (size_t)(N < PREFETCH_ROWS ? N : PREFETCH_ROWS) * G; o += 64) {
-        __builtin_prefetch((const char *)d + o);
-        __builtin_prefetch((const char *)m + o);
-    }
-    for (int i = 0; i < N; i += 2) {
-        int j = i + 1 < N ? i + 1 : i;
-        if (i + PREFETCH_ROWS + 1 < N) {
-            const char *p = (const char *)(codes + (size_t)(i + PREFETCH_ROWS) * rb);
-            for (size_t o = 0; o < 2 * rb; o += 64) __builtin_prefetch(p + o);
-            const char *pd = (const char *)(d + (size_t)(i + PREFETCH_ROWS) * G);
-            const char *pm = (const char *)(m + (size_t)(i + PREFETCH_ROWS) * G);
-            for (size_t o = 0; o < 4 * (size_t)G; o += 64) {
-                __builtin_prefetch(pd + o);
-                __builtin_prefetch(pm + o);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            float v0, v1;
-            dot2(codes + i * rb, codes + j * rb, d + (size_t)i * G, d + (size_t)j * G,
-                 m + (size_t)i * G, m + (size_t)j * G, q + (size_t)r * K, dx + (size_t)r * G,
-                 sx + (size_t)r * G, n, nb, g0, &v0, &v1);
-            size_t out = (size_t)(R == M ? r : r / 2) * N;
-            if (R == M || r % 2 == 0) {
-                y[out + i] = v0;
-                if (j != i) y[out + j] = v1;
-            } else {
-                y[out + i] += v0;
-                if (j != i) y[out + j] += v1;
-            }
-        }
-    }
+    j.q = (int8_t *)scratch;
+    j.dx = (float *)(j.q + (size_t)j.R * K);
+    j.sx = j.dx + (size_t)j.R * j.G;
+    j.work = j.sx + (size_t)j.R * j.G;
+    /* a few rows are quantized faster than the threads are woken */
+    in_parallel((size_t)M * K >= 4096 && M > 1 ? threads : 1, pool, quantize_part, &j);
+    in_parallel(threads, pool, multiply_part, &j);
     if (scratch != (void *)stack) free(scratch);
     return 0;
 }

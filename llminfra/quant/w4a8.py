@@ -30,13 +30,21 @@ AMD EPYC, SmolLM2's int4 decode step took 4.8 ms on the AVX-512 VNNI path agains
 PyTorch's int4 kernel, and 9.1 ms on the AVX2 path against 17.3 ms for PyTorch's kernel forced to
 AVX2 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread). Without a
 compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError`` saying why;
-everything else in the course runs without it. One thread. Chapter 08.
+everything else in the course runs without it.
+
+``threads`` (default: every core this process may use) split a product's output columns (the
+rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot product of
+its own row of ``W``, so the bits are the same for any thread count (``tests/test_w4a8.py``).
+:func:`w4a8_linear` keeps its threads between calls in a :class:`ThreadPool` (``thread_pool.c``:
+they spin a millisecond after each call, then sleep): a call lasts tens of µs. Chapter 08.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import weakref
 from pathlib import Path
 
 import torch
@@ -54,8 +62,11 @@ K_MULTIPLE = 64
 #: groups of 32 on the AVX2 path); the C code refuses a wider one too
 MAX_K = 32 * 8 * 1000
 _PATHS = {16: "avx512-vnni", 8: "avx2", 0: "portable"}
+#: the most threads one product is split over (``w4a8_gemm`` refuses more)
+MAX_THREADS = 64
 #: what a build must export (and ``w4a8_max_k()`` must equal :data:`MAX_K`)
-SYMBOLS = ("w4a8_gemm", "w4a8_pack", "w4a8_lanes", "w4a8_max_k")
+SYMBOLS = ("w4a8_gemm", "w4a8_pack", "w4a8_lanes", "w4a8_max_k", "w4a8_pool_new",
+           "w4a8_pool_free")
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -72,8 +83,12 @@ def load(path: Path) -> ctypes.CDLL:
         raise RuntimeError(f"w4a8: {path} is not a build of w4a8.c: it lacks "
                            f"{', '.join(missing)}")
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i]
+    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i, i, p]
     lib.w4a8_gemm.restype = i
+    lib.w4a8_pool_new.argtypes = [i]
+    lib.w4a8_pool_new.restype = p
+    lib.w4a8_pool_free.argtypes = [p]
+    lib.w4a8_pool_free.restype = None
     lib.w4a8_pack.argtypes = [p, p, i, i]
     lib.w4a8_pack.restype = i
     lib.w4a8_lanes.argtypes = []
@@ -114,6 +129,45 @@ def build_info(lib: ctypes.CDLL | None = None) -> dict:
     lib = library() if lib is None else lib
     lanes = lib.w4a8_lanes()
     return {"path": _PATHS[lanes], "lanes": lanes, "file": lib._name}
+
+
+def default_threads() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where
+    the OS does not say), at most :data:`MAX_THREADS`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_THREADS, cores or 1))
+
+
+def _check_threads(threads) -> int:
+    """``threads``, or :func:`default_threads` for None; ``ValueError`` outside 1..64."""
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not (
+            1 <= threads <= MAX_THREADS):
+        raise ValueError(f"threads must be an int in 1..{MAX_THREADS} (None: every core this "
+                         f"process may use), got {threads!r}")
+    return threads
+
+
+class ThreadPool:
+    """``threads − 1`` worker threads of the kernel (``thread_pool.c``), kept between products
+    so that a call of tens of microseconds does not pay for starting or waking them: after each
+    product they spin for a millisecond, then sleep. Freed when the pool is collected (or by
+    :meth:`close`). ``threads=1`` holds no threads. One caller at a time: a product asked from a
+    second thread while one runs, or in a forked child, starts threads of its own instead."""
+
+    def __init__(self, threads: int | None = None, lib: ctypes.CDLL | None = None):
+        lib = library() if lib is None else lib
+        self.threads = _check_threads(threads)
+        self.handle = lib.w4a8_pool_new(self.threads) if self.threads > 1 else None
+        if self.threads > 1 and not self.handle:
+            raise RuntimeError(f"w4a8: could not start {self.threads - 1} worker threads")
+        self._free = weakref.finalize(self, lib.w4a8_pool_free, self.handle)
+
+    def close(self) -> None:
+        """Stop and join the worker threads now (later products start threads per call)."""
+        self._free()
+        self.handle = None
 
 
 def _check_rows(*counts: int) -> None:
@@ -201,21 +255,28 @@ def _slot_of(K: int, lib: ctypes.CDLL) -> torch.Tensor:
 
 
 def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None,
-            passes: int = 1) -> torch.Tensor:
+            passes: int = 1, threads: int | None = None) -> torch.Tensor:
     """``x (M, K) @ Wᵀ -> (M, N)`` float32 from :func:`pack`'s ``w``, ``x`` quantized to int8
     per group of 32 on the way in (``passes=2``: its rounding error too, see
-    :func:`w4a8_linear`)."""
+    :func:`w4a8_linear`), on ``threads`` threads started for this call (None: every core this
+    process may use; the same bits for any count)."""
     _check_passes(passes)
+    threads = _check_threads(threads)
     if x.dim() != 2 or x.shape[1] != w["shape"][1]:
         raise ValueError(f"x must have shape (M, {w['shape'][1]}), got {tuple(x.shape)}")
-    return _multiply(library() if lib is None else lib, w, x.detach().float(), passes)
+    return _multiply(library() if lib is None else lib, w, x.detach().float(), passes,
+                     threads=threads)
 
 
 def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
               norm: torch.Tensor | None = None, eps: float = 0.0,
-              gated: bool = False) -> torch.Tensor:
+              gated: bool = False, threads: int = 1,
+              pool: ThreadPool | None = None) -> torch.Tensor:
     """``a · Wᵀ`` in ``x``'s dtype, ``a`` formed from ``x (..., K or 2K)`` as ``w4a8_gemm`` in
-    the C file says (``gated``: silu(gate)·up; ``norm``: RMSNorm with these gains)."""
+    the C file says (``gated``: silu(gate)·up; ``norm``: RMSNorm with these gains), on
+    ``pool``'s threads, else on ``threads`` started for the call."""
+    if pool is not None:
+        threads = pool.threads
     N, K = w["shape"]
     width = 2 * K if gated else K
     if x.shape[-1] != width:
@@ -234,12 +295,12 @@ def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
     status = lib.w4a8_gemm(x32.data_ptr(), w["codes"].data_ptr(), w["d"].data_ptr(),
                            w["m"].data_ptr(), y.data_ptr(), y.numel() // N, N, K, width,
                            int(gated), None if norm is None else norm.data_ptr(), float(eps),
-                           passes)
+                           passes, threads, None if pool is None else pool.handle)
     if status == -1:
         raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
     if status:
-        raise ValueError(f"w4a8_gemm refused K = {K}, {y.numel() // N} rows, N = {N} or "
-                         f"passes = {passes}")
+        raise ValueError(f"w4a8_gemm refused K = {K}, {y.numel() // N} rows, N = {N}, "
+                         f"passes = {passes} or threads = {threads}")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
@@ -249,7 +310,7 @@ def _check_passes(passes) -> None:
                          f"error: about 15 bits), got {passes!r}")
 
 
-def w4a8_linear(passes: int = 1):
+def w4a8_linear(passes: int = 1, threads: int | None = None):
     """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
     to int4 once (``int4-g32``, round to nearest with a zero point: the same codes
     :func:`llminfra.quant.int4_linear` holds) and ``f(x)`` multiplies with the w4a8 kernel.
@@ -258,12 +319,16 @@ def w4a8_linear(passes: int = 1):
     forms them while it quantizes ``x``, where the float path spends a few torch calls each.
     ``passes=2`` rounds what the int8 rounding of ``x`` left to int8 as well and adds that
     product too: activations good to about 15 bits (greedy tokens then follow the int4 weights
-    with fp32 activations), for a second integer dot product per weight.
+    with fp32 activations), for a second integer dot product per weight. ``threads`` (None:
+    every core this process may use, :func:`default_threads`) split each product's rows, on
+    one :class:`ThreadPool` the weights share (``f.threads`` says how many); the same bits for
+    any count.
     ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a
     weight whose input width is not a multiple of 64."""
     from llminfra.quant.quantize_tensor import quantize
     _check_passes(passes)
     lib = library()
+    pool = ThreadPool(threads, lib)
 
     def prepare_weight(weight: torch.Tensor):
         if weight.dim() != 2:
@@ -273,12 +338,13 @@ def w4a8_linear(passes: int = 1):
 
         def fused(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
                   gated: bool = False) -> torch.Tensor:
-            return _multiply(lib, w, x, passes, norm, eps, gated)
+            return _multiply(lib, w, x, passes, norm, eps, gated, pool=pool)
 
         def apply(x: torch.Tensor) -> torch.Tensor:
             return fused(x)
         apply.fused = fused
         apply.weight = w
+        apply.threads = pool.threads
         apply.nbytes = sum(w[k].numel() * w[k].element_size() for k in ("codes", "d", "m"))
         return apply
     return prepare_weight

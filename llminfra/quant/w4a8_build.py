@@ -1,6 +1,6 @@
 """Building w4a8.c into a shared library, and keeping the builds in a cache that can be trusted.
 
-The C file is compiled on first use with the machine's C compiler (``$CC``, else ``cc``,
+The C files (``w4a8.c`` and its ``thread_pool.c``) are compiled on first use with the machine's C compiler (``$CC``, else ``cc``,
 ``gcc`` or ``clang``) for this CPU (``-march=native``) into a cache folder
 (``$LLMINFRA_CACHE``, else ``$XDG_CACHE_HOME/llminfra`` or ``~/.cache/llminfra``); nothing is
 written into the package. A build's file name is a hash of what it depends on (source,
@@ -26,6 +26,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("w4a8.c")
+#: the worker threads the kernel splits its rows over, compiled into the same library
+POOL_SOURCE = Path(__file__).with_name("thread_pool.c")
 #: no shared library of w4a8.c is smaller (an empty or truncated file is refused)
 MIN_LIBRARY_BYTES = 4096
 #: the first bytes of a shared library: ELF (Linux), Mach-O (macOS, both byte orders and fat)
@@ -95,10 +97,11 @@ def build(arch: str = "native", directory: Path | None = None) -> Path:
     directory = Path(directory) if directory is not None else cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     _remove_orphans(directory)
-    source = SOURCE.read_bytes()
+    source = b"".join(len(b).to_bytes(8, "little") + b          # both files, unambiguously
+                      for b in (SOURCE.read_bytes(), POOL_SOURCE.read_bytes()))
     errors = []
     for flags in attempts:
-        args = ["-O3", "-shared", "-fPIC", *flags]
+        args = ["-O3", "-shared", "-fPIC", "-pthread", *flags]
         key = _build_key(source, cc, args)
         target = directory / f"w4a8-{key}.so"
         if target.exists():
@@ -180,7 +183,8 @@ def _compile(cc: str, args: list[str], target: Path) -> str | None:
     tmp_sum = tmp.with_name(tmp.name + ".sha256")
     command = f"{cc} {' '.join(args)}"
     try:
-        done = subprocess.run([cc, *args, str(SOURCE), "-o", str(tmp), "-lm"],
+        done = subprocess.run([cc, *args, str(SOURCE), str(POOL_SOURCE), "-o", str(tmp),
+                               "-lm"],
                               capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             return f"{command}: {done.stderr.strip()[-500:]}"

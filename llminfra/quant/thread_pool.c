@@ -1,0 +1,199 @@
+/* A pool of T - 1 worker threads that run fn(arg, t, T) for t = 1 .. T - 1 while the caller
+ * runs t = 0; the w4a8 kernel splits its output rows (and the rows it quantizes) this way.
+ *
+ * A call of the kernel lasts tens of microseconds (SmolLM2's 576 x 576 int4 matrix is 170 kB),
+ * so starting threads for each call, or waking sleeping ones, would cost as much as the call:
+ * the workers stay between calls and spin (a pause instruction in a loop) for SPIN_NS after
+ * each job, catching the next call of the same step; past that they sleep on a condition
+ * variable, so an idle server does not burn its cores. libgomp (OpenMP) does the same.
+ *
+ * Every worker takes part in every job: a job's generation number is bumped only after all
+ * have finished the one before, so none can miss or repeat one. One caller at a time: a second
+ * caller (another Python thread) and a caller in a forked child (the workers are the parent's)
+ * get -1 from pool_run and run the job another way. Built with w4a8.c by
+ * llminfra/quant/w4a8_build.py; chapter 08.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ volatile("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define SPIN_NS 1000000L       /* 1 ms: longer than a decode step's gap between two matmuls */
+#define MAX_POOL_THREADS 1024
+
+typedef void (*pool_fn)(void *arg, int t, int T);
+
+typedef struct {
+    pthread_mutex_t lock;      /* guards the sleep and the wake-up */
+    pthread_cond_t wake;
+    pthread_mutex_t busy;      /* one job at a time */
+    atomic_uint generation;    /* bumped once per job */
+    atomic_int remaining;      /* workers still running the job */
+    atomic_int sleepers;
+    atomic_int stop;
+    pool_fn fn;
+    void *arg;
+    int size;                  /* T: the caller and size - 1 workers */
+    pid_t pid;                 /* the process the workers belong to */
+    int started;
+    pthread_t *workers;
+} pool_t;
+
+typedef struct {
+    pool_t *pool;
+    int t;
+} worker_arg_t;
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Wait until the generation is no longer `seen` (or the pool stops): spin, then sleep. */
+static unsigned wait_for_job(pool_t *p, unsigned seen) {
+    long until = now_ns() + SPIN_NS;
+    for (int i = 0;; i++) {
+        unsigned g = atomic_load(&p->generation);
+        if (g != seen || atomic_load(&p->stop)) return g;
+        CPU_RELAX();
+        if ((i & 255) == 255 && now_ns() > until) break;
+    }
+    pthread_mutex_lock(&p->lock);
+    atomic_fetch_add(&p->sleepers, 1);
+    while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+        pthread_cond_wait(&p->wake, &p->lock);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->lock);
+    return atomic_load(&p->generation);
+}
+
+static void *worker(void *a) {
+    worker_arg_t *w = (worker_arg_t *)a;
+    pool_t *p = w->pool;
+    int t = w->t;
+    free(w);
+    unsigned seen = 0;         /* not the generation now: a job may be posted before we run */
+    for (;;) {
+        seen = wait_for_job(p, seen);
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->arg, t, p->size);
+        atomic_fetch_sub(&p->remaining, 1);
+    }
+}
+
+void w4a8_pool_free(void *handle);
+
+/* A pool running jobs on `threads` threads (the caller's included); NULL where threads < 2 or
+   a thread cannot be started. */
+void *w4a8_pool_new(int threads) {
+    if (threads < 2 || threads > MAX_POOL_THREADS) return NULL;
+    pool_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->workers = calloc((size_t)threads, sizeof(pthread_t));
+    if (!p->workers) {
+        free(p);
+        return NULL;
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->busy, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    p->size = threads;
+    p->pid = getpid();
+    for (int t = 1; t < threads; t++) {
+        worker_arg_t *w = malloc(sizeof *w);
+        if (w) *w = (worker_arg_t){p, t};
+        if (!w || pthread_create(&p->workers[t], NULL, worker, w)) {
+            free(w);
+            w4a8_pool_free(p);
+            return NULL;
+        }
+        p->started = t;
+    }
+    return p;
+}
+
+/* Stop and join the workers, then free the pool (NULL: nothing). */
+void w4a8_pool_free(void *handle) {
+    pool_t *p = (pool_t *)handle;
+    if (!p) return;
+    if (p->pid == getpid()) {
+        pthread_mutex_lock(&p->lock);
+        atomic_store(&p->stop, 1);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->lock);
+        for (int t = 1; t <= p->started; t++) pthread_join(p->workers[t], NULL);
+    }
+    pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->busy);
+    pthread_cond_destroy(&p->wake);
+    free(p->workers);
+    free(p);
+}
+
+int w4a8_pool_size(const void *handle) { return handle ? ((const pool_t *)handle)->size : 1; }
+
+/* fn(arg, t, T) for every t < T = the pool's size, t = 0 on this thread; returns when all are
+   done. -1 (nothing run) where another caller holds the pool or this is a forked child. */
+int pool_run(void *handle, pool_fn fn, void *arg) {
+    pool_t *p = (pool_t *)handle;
+    if (p->pid != getpid() || pthread_mutex_trylock(&p->busy)) return -1;
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store(&p->remaining, p->size - 1);
+    atomic_fetch_add(&p->generation, 1);              /* publishes fn and arg */
+    if (atomic_load(&p->sleepers)) {
+        pthread_mutex_lock(&p->lock);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->lock);
+    }
+    fn(arg, 0, p->size);
+    for (int i = 0; atomic_load(&p->remaining); i++) {
+        CPU_RELAX();
+        if ((i & 1023) == 1023) sched_yield();        /* a worker was preempted: let it run */
+    }
+    pthread_mutex_unlock(&p->busy);
+    return 0;
+}
+
+typedef struct {
+    pool_fn fn;
+    void *arg;
+    int t, T;
+} once_arg_t;
+
+static void *run_once(void *a) {
+    once_arg_t *o = (once_arg_t *)a;
+    o->fn(o->arg, o->t, o->T);
+    return NULL;
+}
+
+/* fn(arg, t, T) for every t < T on threads started for this call (fewer where they cannot be
+   started: their parts then run on this thread). */
+void run_threads(int T, pool_fn fn, void *arg) {
+    pthread_t th[64];
+    once_arg_t args[64];
+    int started[64] = {0};
+    if (T > 64) T = 64;
+    for (int t = 1; t < T; t++) {
+        args[t] = (once_arg_t){fn, arg, t, T};
+        started[t] = !pthread_create(&th[t], NULL, run_once, &args[t]);
+    }
+    fn(arg, 0, T);
+    for (int t = 1; t < T; t++) {
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            fn(arg, t, T);
+    }
+}
