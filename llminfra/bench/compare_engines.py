@@ -30,35 +30,18 @@ import json
 import math
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
+from llminfra.bench.server_process import (PROBE_TOKENS, PROBES, Server,  # noqa: F401 - API
+                                           agreement, free_port, probe)
 from llminfra.serving.serve import resolve_matmul
 
-#: the probes: (kind, prompt or messages) — English, code, Korean, a chat turn
-PROBES = [
-    ("completion", "The three most important ideas in operating systems are"),
-    ("completion", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
-    ("completion", "대한민국의 수도는"),
-    ("chat", [{"role": "user", "content": "What is a KV cache, in one sentence?"}]),
-]
-PROBE_TOKENS = 32
 CONCURRENCY = (1, 4, 16)
 OUTPUT_TOKENS = 64
 MAX_MODEL_LEN = 512
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_command(python: str, folder: Path, name: str, port: int, max_len: int) -> list[str]:
@@ -74,75 +57,6 @@ def llminfra_command(folder: Path, name: str, port: int, threads: int,
     return [sys.executable, "-m", "llminfra", "serve", "--model", str(folder), "--port",
             str(port), "--threads", str(threads), "--max-num-seqs", str(max(CONCURRENCY)),
             "--matmul", matmul, "--log-level", "warning"]
-
-
-class Server:
-    """A server process in its own process group, stopped (SIGINT, then SIGKILL) on exit."""
-
-    def __init__(self, argv: list[str], port: int, log: Path, env: dict | None = None):
-        self.argv, self.port, self.log = argv, port, log
-        self.url = f"http://127.0.0.1:{port}"
-        self._log = open(log, "w")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
-        self.started = time.perf_counter()
-
-    def wait_ready(self, timeout_s: float) -> float:
-        """Seconds until ``/health`` answers 200; ``RuntimeError`` with the log's tail if the
-        process exits or the time runs out."""
-        while time.perf_counter() - self.started < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.argv[:4]} exited with {self.proc.returncode}:\n"
-                                   f"{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return time.perf_counter() - self.started
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise RuntimeError(f"{self.argv[:4]} not ready after {timeout_s:.0f} s:\n{self.tail()}")
-
-    def pause(self) -> None:
-        """SIGSTOP the whole process group: an idle server that polls (vLLM's workers spin on
-        their shared-memory queue) takes no CPU from the one being measured."""
-        os.killpg(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGCONT)
-
-    def tail(self, n: int = 30) -> str:
-        self._log.flush()
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
-
-def probe(url: str, name: str) -> list[str]:
-    """The greedy texts of :data:`PROBES` from the server at ``url``."""
-    out = []
-    with httpx.Client(base_url=url, timeout=600) as client:
-        for kind, content in PROBES:
-            body = {"model": name, "max_tokens": PROBE_TOKENS, "temperature": 0}
-            if kind == "chat":
-                r = client.post("/v1/chat/completions", json={**body, "messages": content})
-                r.raise_for_status()
-                out.append(r.json()["choices"][0]["message"]["content"])
-            else:
-                r = client.post("/v1/completions", json={**body, "prompt": content})
-                r.raise_for_status()
-                out.append(r.json()["choices"][0]["text"])
-    return out
 
 
 def measure(url: str, name: str, concurrency: int, num_requests: int, max_len: int,
@@ -190,15 +104,6 @@ def run_both(commands: dict[str, tuple], name: str, requests: dict[int, int], ma
             server.resume()
             server.__exit__(None, None, None)
     return results
-
-
-def agreement(a: list[str], b: list[str]) -> list[dict]:
-    """Per probe: equal, and the length of the common prefix (characters)."""
-    out = []
-    for x, y in zip(a, b):
-        k = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-        out.append({"equal": x == y, "common_prefix_chars": k, "chars": [len(x), len(y)]})
-    return out
 
 
 def _peer_version(python: str) -> str | None:
@@ -252,7 +157,7 @@ def gguf_tensor_bytes(path) -> int:
     return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m llminfra.bench.compare_engines",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", help="the python of vLLM's own virtual environment")
@@ -271,6 +176,13 @@ def main(argv: list[str] | None = None) -> dict:
                    help="prompt characters per token (about 4 for SmolLM2's BPE on English)")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds per server")
     p.add_argument("--json", required=True, help="write the results here")
+    return p
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[int, int]]:
+    """The arguments, checked (argparse's exit and message where they are wrong), and the
+    ``--requests`` pairs as ``{concurrency: requests}``."""
+    p = _parser()
     args = p.parse_args(argv)
     if sum(x is not None for x in (args.vllm_python, args.peer_cmd, args.llama_cpp)) != 1:
         p.error("give exactly one of --vllm-python, --peer-cmd or --llama-cpp")
@@ -284,45 +196,34 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.json)
     if out.is_dir() or not out.parent.is_dir():
         p.error(f"--json {out}: not a file in an existing folder")
+    return args, requests
 
-    import torch
 
-    from llminfra.bench.timing import cpu_name
-    from llminfra.bench.timing import environment
-    from llminfra.model import load_model
-    from llminfra.model.hf_export import export_hf_folder
+def _peer(args, folder: Path, name: str, max_len: int, decode: dict | None) -> tuple:
+    """``(label, version, argv for a port, env)`` of the engine beside ours: llama.cpp, vLLM
+    or the ``--peer-cmd`` stand-in."""
+    if args.llama_cpp:
+        from llminfra.bench import llamacpp
+        return ("llama.cpp", llamacpp.version(args.llama_cpp),
+                lambda port: llamacpp.server_command(
+                    args.llama_cpp, decode["f32_gguf"], name, port, args.threads,
+                    max(CONCURRENCY), max_len), None)
+    if args.vllm_python:
+        # vLLM's CPU backend: KV cache space in GiB; its OpenMP threads bound to cores
+        # 0 .. threads-1, as many as ours get ("auto" would keep one core for its front end)
+        env = {"VLLM_CPU_KVCACHE_SPACE": "2",
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
+        return ("vllm", _peer_version(args.vllm_python),
+                lambda port: vllm_command(args.vllm_python, folder, name, port, max_len), env)
+    return ("peer", None, lambda port: shlex.split(args.peer_cmd.format(
+        folder=folder, name=name, port=port, threads=args.threads)), None)
 
-    name = "smollm2-135m" if args.model == "smollm2-135m" else Path(args.model).stem
-    with tempfile.TemporaryDirectory(prefix="compare-engines-") as tmp:
-        tmp = Path(tmp)
-        model, tok = load_model(args.model, torch.float32)
-        folder = export_hf_folder(model, tok, tmp / name)
-        max_len = min(MAX_MODEL_LEN, model.config.max_seq_len)
-        decode = None if args.llama_cpp is None else _decode_side_by_side(
-            args.llama_cpp, args.model, model, tok, tmp)
-        del model
-        if args.llama_cpp:
-            from llminfra.bench import llamacpp
-            peer_label, peer_version, env = "llama.cpp", llamacpp.version(args.llama_cpp), None
-            peer = lambda port: llamacpp.server_command(  # noqa: E731
-                args.llama_cpp, decode["f32_gguf"], name, port, args.threads, max(CONCURRENCY),
-                max_len)
-        elif args.vllm_python:
-            peer_label, peer_version = "vllm", _peer_version(args.vllm_python)
-            peer = lambda port: vllm_command(args.vllm_python, folder, name, port,  # noqa: E731
-                                             max_len)
-            # vLLM's CPU backend: KV cache space in GiB; its OpenMP threads bound to cores
-            # 0 .. threads-1, as many as ours get ("auto" would keep one core for its front end)
-            env = {"VLLM_CPU_KVCACHE_SPACE": "2",
-                   "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
-        else:
-            peer_label, peer_version, env = "peer", None, None
-            peer = lambda port: shlex.split(args.peer_cmd.format(  # noqa: E731
-                folder=folder, name=name, port=port, threads=args.threads))
-        ours = (lambda port: llminfra_command(folder, name, port, args.threads, args.matmul),
-                None)
-        results = run_both({peer_label: (peer, env), "llminfra": ours}, name, requests, max_len,
-                           args.chars_per_token, tmp, args.start_timeout)
+
+def _report(args, requests: dict, results: dict, peer_label: str, peer_version, max_len: int,
+            decode: dict | None) -> dict:
+    """The JSON: environment, settings, greedy agreement, every server's runs and the ratio of
+    our output tokens/s to the peer's per concurrency."""
+    from llminfra.bench.timing import cpu_name, environment
     ours, theirs = results["llminfra"], results[peer_label]
     ratio = {c: ours["concurrency"][c]["output_tokens_per_s"]
              / (theirs["concurrency"][c]["output_tokens_per_s"] or math.nan)
@@ -343,6 +244,34 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if decode is not None:
         report["batch1_decode"] = {k: v for k, v in decode.items() if k != "f32_gguf"}
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Export the model, serve it on both engines, measure, and write the JSON (the module
+    docstring); returns what it wrote."""
+    args, requests = _parse(argv)
+    import torch
+
+    from llminfra.model import load_model
+    from llminfra.model.hf_export import export_hf_folder
+
+    name = "smollm2-135m" if args.model == "smollm2-135m" else Path(args.model).stem
+    with tempfile.TemporaryDirectory(prefix="compare-engines-") as tmp:
+        tmp = Path(tmp)
+        model, tok = load_model(args.model, torch.float32)
+        folder = export_hf_folder(model, tok, tmp / name)
+        max_len = min(MAX_MODEL_LEN, model.config.max_seq_len)
+        decode = None if args.llama_cpp is None else _decode_side_by_side(
+            args.llama_cpp, args.model, model, tok, tmp)
+        del model
+        peer_label, peer_version, peer, env = _peer(args, folder, name, max_len, decode)
+        ours = (lambda port: llminfra_command(folder, name, port, args.threads, args.matmul),
+                None)
+        results = run_both({peer_label: (peer, env), "llminfra": ours}, name, requests, max_len,
+                           args.chars_per_token, tmp, args.start_timeout)
+    report = _report(args, requests, results, peer_label, peer_version, max_len, decode)
+    out = Path(args.json)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return report

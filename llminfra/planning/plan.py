@@ -160,6 +160,35 @@ def _replica(req: ServiceRequirements, gpu: str, tp: int, reserve_fraction: floa
             "tokens_per_s": batch / tpot}
 
 
+def _check_inputs(req, prices, efficiency) -> None:
+    """``ValueError`` naming the argument that is not a requirement, a price list or a share."""
+    if not isinstance(req, ServiceRequirements):
+        raise ValueError(f"req must be a ServiceRequirements, got {type(req).__name__}")
+    if not isinstance(prices, PlanPrices):
+        raise ValueError(f"prices must be a PlanPrices, got {type(prices).__name__}")
+    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) \
+            or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+
+
+def _layouts(req: ServiceRequirements, gpu: str, t, reserve_fraction: float,
+             efficiency: float) -> list[dict]:
+    """Every tensor-parallel size of :data:`TP_SIZES` whose replica holds the model, with its
+    replicas (enough for the requests in flight and the peak tokens/s), GPUs and whether its
+    TTFT and TPOT meet the targets; ``ValueError`` where none holds it."""
+    options = [r for tp in TP_SIZES if (r := _replica(req, gpu, tp, reserve_fraction,
+                                                      efficiency))]
+    if not options:
+        raise ValueError(f"{req.model} in {req.dtype} with {req.context_tokens}-token requests "
+                         f"does not fit on up to {TP_SIZES[-1]} × {gpu}")
+    for r in options:
+        r["replicas"] = max(math.ceil(r["in_flight"] / r["batch"]),
+                            math.ceil(t.peak_output_tokens_per_s / r["tokens_per_s"]))
+        r["gpus"] = r["replicas"] * r["tp"]
+        r["meets"] = r["ttft"] <= req.ttft_target_s and r["tpot"] <= req.tpot_target_s
+    return options
+
+
 def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
                     reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
                     efficiency: float = DEFAULT_EFFICIENCY) -> Plan:
@@ -172,28 +201,13 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
     batch, divided by ``efficiency`` (the share of the bound an engine reaches,
     :data:`DEFAULT_EFFICIENCY` unless measured); replicas = max(ceil(in flight / batch),
     ceil(peak output tokens/s / replica tokens/s)). Layouts whose TTFT or TPOT miss the
-    targets are dropped; the one with the fewest GPUs wins (ties: the smaller tensor-parallel size). Raises ``ValueError`` if no
-    layout of up to 8 GPUs per replica holds the model.
+    targets are dropped; the one with the fewest GPUs wins (ties: the smaller tensor-parallel
+    size). Raises ``ValueError`` if no layout of up to 8 GPUs per replica holds the model.
     """
-    if not isinstance(req, ServiceRequirements):
-        raise ValueError(f"req must be a ServiceRequirements, got {type(req).__name__}")
-    if not isinstance(prices, PlanPrices):
-        raise ValueError(f"prices must be a PlanPrices, got {type(prices).__name__}")
-    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) \
-            or not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    _check_inputs(req, prices, efficiency)
     g = get_gpu(gpu)
     t = traffic(req)
-    options = [r for tp in TP_SIZES if (r := _replica(req, g.name, tp, reserve_fraction,
-                                                      efficiency))]
-    if not options:
-        raise ValueError(f"{req.model} in {req.dtype} with {req.context_tokens}-token requests "
-                         f"does not fit on up to {TP_SIZES[-1]} × {g.name}")
-    for r in options:
-        r["replicas"] = max(math.ceil(r["in_flight"] / r["batch"]),
-                            math.ceil(t.peak_output_tokens_per_s / r["tokens_per_s"]))
-        r["gpus"] = r["replicas"] * r["tp"]
-        r["meets"] = r["ttft"] <= req.ttft_target_s and r["tpot"] <= req.tpot_target_s
+    options = _layouts(req, g.name, t, reserve_fraction, efficiency)
     meeting = [r for r in options if r["meets"]]
     best = min(meeting or options, key=lambda r: (r["gpus"], r["tp"]))
     capacity = best["replicas"] * best["tokens_per_s"]
