@@ -1,5 +1,6 @@
-/* A pool of T - 1 worker threads that run fn(arg, t, T) for t = 1 .. T - 1 while the caller
- * runs t = 0; the w4a8 kernel splits its output rows (and the rows it quantizes) this way.
+/* A pool of T - 1 worker threads that help the caller run fn(arg, c, C) for the C chunks
+ * c = 0 .. C - 1 of a job; the w4a8 kernel splits its output rows (and the rows it quantizes)
+ * into such chunks.
  *
  * A call of the kernel lasts tens of microseconds (SmolLM2's 576 x 576 int4 matrix is 170 kB),
  * so starting threads for each call, or waking sleeping ones, would cost as much as the call:
@@ -7,8 +8,12 @@
  * each job, catching the next call of the same step; past that they sleep on a condition
  * variable, so an idle server does not burn its cores. libgomp (OpenMP) does the same.
  *
- * Every worker takes part in every job: a job's generation number is bumped only after all
- * have finished the one before, so none can miss or repeat one. One caller at a time: a second
+ * Chunks are claimed from a shared counter by whoever runs: the caller too, so a job never
+ * waits for a worker the OS has not scheduled (a machine busier than its cores): the caller
+ * then runs every chunk itself, and waits only for chunks a worker has begun. A worker counts
+ * itself in (`users`) before it looks at the job and out after, and the caller closes the job
+ * before it waits for `users` to reach 0: a worker that wakes late finds it closed. Which
+ * thread runs a chunk changes nothing in its result. One caller at a time: a second
  * caller (another Python thread) and a caller in a forked child (the workers are the parent's)
  * get -1 from pool_run and run the job another way. Built with w4a8.c by
  * llminfra/quant/w4a8_build.py; chapter 08.
@@ -28,17 +33,20 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_NS 1000000L       /* 1 ms: longer than a decode step's gap between two matmuls */
+#define SPIN_NS 50000L         /* 50 us: the gap between two matmuls of a decode step */
 #define MAX_POOL_THREADS 1024
 
-typedef void (*pool_fn)(void *arg, int t, int T);
+typedef void (*pool_fn)(void *arg, int c, int C);
 
 typedef struct {
     pthread_mutex_t lock;      /* guards the sleep and the wake-up */
     pthread_cond_t wake;
     pthread_mutex_t busy;      /* one job at a time */
-    atomic_uint generation;    /* bumped once per job */
-    atomic_int remaining;      /* workers still running the job */
+    atomic_uint generation;    /* bumped once per job: wakes the workers */
+    atomic_int open;           /* the job may still be joined */
+    atomic_int next_chunk;     /* the next chunk to claim */
+    atomic_int users;          /* workers inside the job */
+    int chunks;
     atomic_int sleepers;
     atomic_int stop;
     pool_fn fn;
@@ -48,11 +56,6 @@ typedef struct {
     int started;
     pthread_t *workers;
 } pool_t;
-
-typedef struct {
-    pool_t *pool;
-    int t;
-} worker_arg_t;
 
 static long now_ns(void) {
     struct timespec ts;
@@ -67,7 +70,10 @@ static unsigned wait_for_job(pool_t *p, unsigned seen) {
         unsigned g = atomic_load(&p->generation);
         if (g != seen || atomic_load(&p->stop)) return g;
         CPU_RELAX();
-        if ((i & 255) == 255 && now_ns() > until) break;
+        if ((i & 255) == 255) {
+            if (now_ns() > until) break;
+            sched_yield();     /* a thread of torch's own pool may be waiting for this core */
+        }
     }
     pthread_mutex_lock(&p->lock);
     atomic_fetch_add(&p->sleepers, 1);
@@ -79,16 +85,19 @@ static unsigned wait_for_job(pool_t *p, unsigned seen) {
 }
 
 static void *worker(void *a) {
-    worker_arg_t *w = (worker_arg_t *)a;
-    pool_t *p = w->pool;
-    int t = w->t;
-    free(w);
+    pool_t *p = (pool_t *)a;
     unsigned seen = 0;         /* not the generation now: a job may be posted before we run */
     for (;;) {
         seen = wait_for_job(p, seen);
         if (atomic_load(&p->stop)) return NULL;
-        p->fn(p->arg, t, p->size);
-        atomic_fetch_sub(&p->remaining, 1);
+        atomic_fetch_add(&p->users, 1);
+        if (atomic_load(&p->open)) {
+            pool_fn fn = p->fn;
+            void *arg = p->arg;
+            int C = p->chunks;
+            for (int c; (c = atomic_fetch_add(&p->next_chunk, 1)) < C;) fn(arg, c, C);
+        }
+        atomic_fetch_sub(&p->users, 1);
     }
 }
 
@@ -111,10 +120,7 @@ void *w4a8_pool_new(int threads) {
     p->size = threads;
     p->pid = getpid();
     for (int t = 1; t < threads; t++) {
-        worker_arg_t *w = malloc(sizeof *w);
-        if (w) *w = (worker_arg_t){p, t};
-        if (!w || pthread_create(&p->workers[t], NULL, worker, w)) {
-            free(w);
+        if (pthread_create(&p->workers[t], NULL, worker, p)) {
             w4a8_pool_free(p);
             return NULL;
         }
@@ -143,22 +149,26 @@ void w4a8_pool_free(void *handle) {
 
 int w4a8_pool_size(const void *handle) { return handle ? ((const pool_t *)handle)->size : 1; }
 
-/* fn(arg, t, T) for every t < T = the pool's size, t = 0 on this thread; returns when all are
-   done. -1 (nothing run) where another caller holds the pool or this is a forked child. */
-int pool_run(void *handle, pool_fn fn, void *arg) {
+/* fn(arg, c, C) for every chunk c < C, on this thread and whichever workers join; returns
+   when all are done. -1 (nothing run) where another caller holds the pool or this is a forked
+   child. */
+int pool_run(void *handle, pool_fn fn, void *arg, int C) {
     pool_t *p = (pool_t *)handle;
     if (p->pid != getpid() || pthread_mutex_trylock(&p->busy)) return -1;
     p->fn = fn;
     p->arg = arg;
-    atomic_store(&p->remaining, p->size - 1);
-    atomic_fetch_add(&p->generation, 1);              /* publishes fn and arg */
+    p->chunks = C;
+    atomic_store(&p->next_chunk, 0);
+    atomic_store(&p->open, 1);                        /* publishes fn, arg and the chunks */
+    atomic_fetch_add(&p->generation, 1);
     if (atomic_load(&p->sleepers)) {
         pthread_mutex_lock(&p->lock);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->lock);
     }
-    fn(arg, 0, p->size);
-    for (int i = 0; atomic_load(&p->remaining); i++) {
+    for (int c; (c = atomic_fetch_add(&p->next_chunk, 1)) < C;) fn(arg, c, C);
+    atomic_store(&p->open, 0);
+    for (int i = 0; atomic_load(&p->users); i++) {
         CPU_RELAX();
         if ((i & 1023) == 1023) sched_yield();        /* a worker was preempted: let it run */
     }

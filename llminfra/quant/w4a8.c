@@ -317,7 +317,8 @@ typedef struct {
     float *dx, *sx, *work;     /* work: a and res, 2K floats per thread */
 } gemm_job;
 
-/* Rows M t / T .. M (t+1) / T of a (x's rows, gated and normed as w4a8_gemm says) to int8. */
+/* Rows M t / T .. M (t+1) / T of a (x's rows, gated and normed as w4a8_gemm says) to int8:
+   chunk t of T, with a and res of its own in work (T <= min(M, 4 threads)). */
 static void quantize_part(void *arg, int t, int T) {
     gemm_job *j = (gemm_job *)arg;
     int K = j->K, G = j->G;
@@ -395,14 +396,17 @@ static void multiply_part(void *arg, int t, int T) {
 /* the thread pool (thread_pool.c) */
 typedef void (*pool_fn)(void *arg, int t, int T);
 int w4a8_pool_size(const void *handle);
-int pool_run(void *handle, pool_fn fn, void *arg);
+int pool_run(void *handle, pool_fn fn, void *arg, int C);
 void run_threads(int T, pool_fn fn, void *arg);
 
-/* fn on T threads: the pool's where it has T, else threads started for this call. */
-static void in_parallel(int T, void *pool, pool_fn fn, void *arg) {
-    if (T <= 1)
+/* fn over `units` rows on T threads: on the pool where it has T, in up to 4 T chunks claimed
+   by whichever thread runs (a worker the OS leaves waiting takes none), else one chunk per
+   thread started for this call. */
+static void in_parallel(int T, void *pool, pool_fn fn, void *arg, int units) {
+    int C = units < 4 * T ? units : 4 * T;
+    if (T <= 1 || C <= 1)
         fn(arg, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != T || pool_run(pool, fn, arg))
+    else if (!pool || w4a8_pool_size(pool) != T || pool_run(pool, fn, arg, C))
         run_threads(T, fn, arg);
 }
 
@@ -428,7 +432,8 @@ int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uin
                   .M = M, .N = N, .K = K, .G = K / 32, .R = passes == 2 ? 2 * M : M,
                   .x_stride = x_stride, .gated = gated, .passes = passes, .nb = nb, .g0 = g0};
     j.n = blocks(j.G, nb, g0);
-    size_t need = (size_t)j.R * K + 8 * (size_t)j.R * j.G + 8 * (size_t)K * threads;
+    size_t chunks = (size_t)(M < 4 * threads ? M : 4 * threads) + 1;   /* work's a and res */
+    size_t need = (size_t)j.R * K + 8 * (size_t)j.R * j.G + 8 * (size_t)K * chunks;
     char stack[32768];
     void *scratch = need <= sizeof stack ? (void *)stack : malloc(need);
     if (!scratch) return -1;
@@ -437,8 +442,8 @@ int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uin
     j.sx = j.dx + (size_t)j.R * j.G;
     j.work = j.sx + (size_t)j.R * j.G;
     /* a few rows are quantized faster than the threads are woken */
-    in_parallel((size_t)M * K >= 4096 && M > 1 ? threads : 1, pool, quantize_part, &j);
-    in_parallel(threads, pool, multiply_part, &j);
+    in_parallel((size_t)M * K >= 4096 ? threads : 1, pool, quantize_part, &j, M);
+    in_parallel(threads, pool, multiply_part, &j, (N + 1) / 2);
     if (scratch != (void *)stack) free(scratch);
     return 0;
 }
