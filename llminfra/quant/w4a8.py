@@ -36,7 +36,7 @@ everything else in the course runs without it.
 rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot product of
 its own row of ``W``, so the bits are the same for any thread count (``tests/test_w4a8.py``).
 :func:`w4a8_linear` keeps its threads between calls in a :class:`ThreadPool` (``thread_pool.c``:
-they spin a millisecond after each call, then sleep): a call lasts tens of µs. Chapter 08.
+they spin 50 µs after each call, then sleep): a call lasts tens of µs. Chapter 08.
 """
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ def _check_threads(threads) -> int:
 
 class ThreadPool:
     """``threads − 1`` worker threads of the kernel (``thread_pool.c``), kept between products
-    so that a call of tens of microseconds does not pay for starting or waking them: after each
-    product they spin for a millisecond, then sleep. Freed when the pool is collected (or by
+    so that a call of tens of microseconds does not pay for starting them: after each
+    product they spin for 50 µs, then sleep. Freed when the pool is collected (or by
     :meth:`close`). ``threads=1`` holds no threads. One caller at a time: a product asked from a
     second thread while one runs, or in a forked child, starts threads of its own instead."""
 
