@@ -71,3 +71,12 @@ def test_vllm_accepts_the_lines(which):
     assert args.max_model_len == limits.max_model_len
     assert args.tensor_parallel_size == limits.tensor_parallel
     assert args.pipeline_parallel_size == limits.pipeline_parallel
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make check-vllm-commands)")
+def test_vllms_parser_refuses_a_line_it_does_not_know():
+    """The check above can fail: a misspelt flag is refused by vLLM's parser."""
+    argv = vllm_command(SMALL)
+    argv[argv.index("--max-num-seqs")] = "--max-num-seq"
+    with pytest.raises(SystemExit):
+        parse_vllm_command(argv + ["--no-such-flag", "1"])
