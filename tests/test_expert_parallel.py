@@ -117,8 +117,12 @@ def test_bad_sizes():
 
 @pytest.fixture(scope="module")
 def launched():
-    """One launch of 2 gloo ranks for the whole file (a spawn costs several seconds)."""
-    results = launch(expert_parallel_selfcheck, 2, CASES, timeout_s=150)
+    """One launch of 2 gloo ranks for the whole file (a spawn costs several seconds), on the
+    CPU kernels of this process, as the simulated ranks they are compared with (``make test``
+    gives the processes it starts ATen's plainest: conftest.py's split_cpu_capability)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("ATEN_CPU_CAPABILITY", raising=False)
+        results = launch(expert_parallel_selfcheck, 2, CASES, timeout_s=150)
     assert not multiprocessing.active_children()  # every rank reaped
     return results
 

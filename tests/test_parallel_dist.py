@@ -47,8 +47,12 @@ def launched():
 
     def get(n):
         if n not in done:
-            dist = launch(distributed_selfcheck, n, SEED, PROMPT, NEW_TOKENS, timeout_s=150,
-                          dtensor=n == 2)  # the DTensor import costs ~1 s of CPU per rank
+            # the ranks on this process's CPU kernels, as the simulated ranks (make test gives
+            # the processes it starts ATen's plainest: conftest.py's split_cpu_capability)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.delenv("ATEN_CPU_CAPABILITY", raising=False)
+                dist = launch(distributed_selfcheck, n, SEED, PROMPT, NEW_TOKENS, timeout_s=150,
+                              dtensor=n == 2)  # the DTensor import costs ~1 s of CPU per rank
             sim = run_simulated(selfcheck, n, SEED, PROMPT, NEW_TOKENS)
             assert not multiprocessing.active_children()  # every rank reaped
             done[n] = (n, dist, sim)
