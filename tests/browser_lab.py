@@ -41,8 +41,9 @@ AUTOSAVE = False
 #: how long :func:`save_notebook` waits for its save to land before clicking save again
 SAVE_NUDGE_S = 3
 #: not copied into the served repository
-COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache",
-                                     ".hypothesis", ".jupyter-test", "docs", "*.egg-info",
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".venv-*", ".llama.cpp", "__pycache__",
+                                     ".pytest_cache", ".hypothesis", ".jupyter-test", "docs",
+                                     "*.egg-info",
                                      "bench-results", ".whl", ".gl", ".ipynb_checkpoints")
 ERROR_MARK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.M)
 
