@@ -332,7 +332,8 @@ _NO_TORCH = "the load generator runs without torch (it can test any OpenAI endpo
 _SPAWN = "a spawned rank imports torch.distributed itself; the parent stays light"
 _SERVE = ("serve builds the engine in its own process: the web process loads no model, the "
           "engine process no web framework")
-_OWNED_ELSEWHERE = "not reviewed yet: the simulation room and the engine comparison (issue 41)"
+_HARNESS = ("the comparison harness starts servers and peers first; each measurement imports "
+            "what it runs (llama.cpp, the real model, the load generator) when it runs")
 LAZY_IMPORTS = {
     "llminfra.cli": ({"llminfra.bench", "llminfra.bench.gpu", "llminfra.calc",
                       "llminfra.calc.params", "llminfra.calc.step", "llminfra.specs.models"},
@@ -353,16 +354,12 @@ LAZY_IMPORTS = {
                                 "llminfra.model.prepacked", "llminfra.quant",
                                 "llminfra.quant.w4a8", "llminfra.serving.engine_process",
                                 "llminfra.serving.server"}, _SERVE),
-    "llminfra.quant.w4a8": ({"llminfra.quant.quantize_tensor"}, _OWNED_ELSEWHERE),
-    "llminfra.sim.simulator": ({"llminfra.calc.memory", "llminfra.calc.roofline",
-                                "llminfra.specs.models"}, _OWNED_ELSEWHERE),
-    "llminfra.sim.timeline": ({"llminfra.engine"}, _OWNED_ELSEWHERE),
     "llminfra.bench.compare_engines": ({"llminfra.bench", "llminfra.bench.real",
                                         "llminfra.bench.real_decode", "llminfra.bench.roofline",
                                         "llminfra.bench.timing", "llminfra.calc.measured",
                                         "llminfra.model", "llminfra.model.hf_export",
                                         "llminfra.serving.loadtest", "llminfra.sim.workload"},
-                                       _OWNED_ELSEWHERE),
+                                       _HARNESS),
 }
 
 

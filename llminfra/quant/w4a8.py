@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from llminfra.quant import packing
+from llminfra.quant.quantize_tensor import quantize
 from llminfra.quant.tensor import QuantizedTensor
 from llminfra.quant.w4a8_build import (SOURCE, build, cache_dir,  # noqa: F401 - the API
                                        cached_build_problem)
@@ -325,7 +326,6 @@ def w4a8_linear(passes: int = 1, threads: int | None = None):
     any count.
     ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a
     weight whose input width is not a multiple of 64."""
-    from llminfra.quant.quantize_tensor import quantize
     _check_passes(passes)
     lib = library()
     pool = ThreadPool(threads, lib)

@@ -25,12 +25,15 @@ import math
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field
 
+from llminfra.calc.memory import kv_budget
+from llminfra.calc.roofline import step_time_s
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig
 from llminfra.engine.sequence import Request, Sequence
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.sim.workload import WorkloadRequest
+from llminfra.specs.models import get_model
 
 #: step_time_fn(batch) -> seconds, batch = [(new_tokens, context_tokens), ...]
 StepTimeFn = Callable[[list[tuple[int, int]]], float]
@@ -40,7 +43,6 @@ def roofline_step_time(model, device, *, dtype: str = "bf16", tensor_parallel: i
                        overhead_s: float = 0.0, **kwargs) -> StepTimeFn:
     """``batch -> step_time_s(model, device, batch, ...)``: the roofline as a step-time model
     (``model`` a preset name or ModelSpec, ``device`` a GPU name or a Roofline)."""
-    from llminfra.calc.roofline import step_time_s
     step_time_s(model, device, [(1, 1)], dtype=dtype, tensor_parallel=tensor_parallel,
                 overhead_s=overhead_s, **kwargs)                 # fail early on bad names
     return lambda batch: step_time_s(model, device, batch, dtype=dtype,
@@ -52,7 +54,6 @@ def kv_blocks_for(model, gpu, *, dtype: str = "bf16", tensor_parallel: int = 1,
                   block_size: int = 16, context: int = 2048) -> int:
     """Blocks of ``block_size`` tokens that fit beside the weights on ``tensor_parallel`` GPUs
     (:func:`llminfra.calc.memory.kv_budget`, vLLM's sizing)."""
-    from llminfra.calc.memory import kv_budget
     budget = kv_budget(model, gpu, dtype, context=context, num_gpus=tensor_parallel)
     if budget.kv_budget_tokens < block_size:
         raise ValueError(f"{model} in {dtype} leaves no room for a KV block on "
@@ -101,7 +102,6 @@ class Simulator:
         GPUs ``gpu``: roofline step time, KV pool from :func:`kv_blocks_for`, context from the
         model's ``max_positions`` unless given. E.g. ``Simulator.for_gpu("llama-3-70b", "h100",
         tensor_parallel=4, max_num_seqs=128, max_num_batched_tokens=4096)``."""
-        from llminfra.specs.models import get_model
         spec = get_model(model)
         max_seq_len = max_seq_len or spec.max_positions
         blocks = kv_blocks_for(spec, gpu, dtype=dtype, tensor_parallel=tensor_parallel,

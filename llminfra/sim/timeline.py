@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.engine.metrics import ttft
 
 
@@ -98,8 +99,6 @@ def step_timeline(model, tokenizer, workload: list, max_steps: int = 5000,
 
     Raises ``RuntimeError`` if it has not finished after ``max_steps`` steps.
     """
-    from llminfra.engine import LLMEngine, SamplingParams
-
     clock = StepClock()
     engine = LLMEngine(model, tokenizer, clock=clock, **engine_kwargs)
     pending = sorted(enumerate(workload), key=lambda x: (x[1].arrival_step, x[0]))
