@@ -32,7 +32,7 @@ AVX2 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread). Without a
 compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError`` saying why;
 everything else in the course runs without it.
 
-``threads`` (default: every core this process may use) split a product's output columns (the
+``threads`` (default: torch's thread count, :func:`default_threads`) split a product's output columns (the
 rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot product of
 its own row of ``W``, so the bits are the same for any thread count (``tests/test_w4a8.py``).
 :func:`w4a8_linear` keeps its threads between calls in a :class:`ThreadPool` (``thread_pool.c``:
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import weakref
 from pathlib import Path
 
@@ -133,10 +132,10 @@ def build_info(lib: ctypes.CDLL | None = None) -> dict:
 
 
 def default_threads() -> int:
-    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where
-    the OS does not say), at most :data:`MAX_THREADS`."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_THREADS, cores or 1))
+    """torch's thread count (``torch.get_num_threads()``: every core unless
+    ``OMP_NUM_THREADS`` or ``torch.set_num_threads`` says otherwise), at most
+    :data:`MAX_THREADS`: one setting for the kernel and torch's own matmuls."""
+    return max(1, min(MAX_THREADS, torch.get_num_threads()))
 
 
 def _check_threads(threads) -> int:
@@ -145,8 +144,8 @@ def _check_threads(threads) -> int:
         return default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int) or not (
             1 <= threads <= MAX_THREADS):
-        raise ValueError(f"threads must be an int in 1..{MAX_THREADS} (None: every core this "
-                         f"process may use), got {threads!r}")
+        raise ValueError(f"threads must be an int in 1..{MAX_THREADS} (None: torch's thread "
+                         f"count), got {threads!r}")
     return threads
 
 
@@ -259,8 +258,8 @@ def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None,
             passes: int = 1, threads: int | None = None) -> torch.Tensor:
     """``x (M, K) @ Wᵀ -> (M, N)`` float32 from :func:`pack`'s ``w``, ``x`` quantized to int8
     per group of 32 on the way in (``passes=2``: its rounding error too, see
-    :func:`w4a8_linear`), on ``threads`` threads started for this call (None: every core this
-    process may use; the same bits for any count)."""
+    :func:`w4a8_linear`), on ``threads`` threads started for this call (None: torch's thread
+    count; the same bits for any count)."""
     _check_passes(passes)
     threads = _check_threads(threads)
     if x.dim() != 2 or x.shape[1] != w["shape"][1]:
@@ -321,7 +320,7 @@ def w4a8_linear(passes: int = 1, threads: int | None = None):
     ``passes=2`` rounds what the int8 rounding of ``x`` left to int8 as well and adds that
     product too: activations good to about 15 bits (greedy tokens then follow the int4 weights
     with fp32 activations), for a second integer dot product per weight. ``threads`` (None:
-    every core this process may use, :func:`default_threads`) split each product's rows, on
+    torch's thread count when called, :func:`default_threads`) split each product's rows, on
     one :class:`ThreadPool` the weights share (``f.threads`` says how many); the same bits for
     any count.
     ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a

@@ -45,8 +45,8 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
                  cuda_graphs: bool | None = None, quantization: str | None = None):
     """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
     ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
-    threads in the process that calls it (the engine's), and the w4a8 kernel takes as many as
-    torch then has. ``speculative``: None, ``"ngram"``
+    threads in the process that calls it (the engine's), and the w4a8 kernel takes as many
+    (:func:`llminfra.quant.w4a8.default_threads`). ``speculative``: None, ``"ngram"``
     (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
     rule and at most ``num_speculative_tokens`` drafts a step. ``matmul``: ``"plain"``
     (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`)
@@ -87,20 +87,20 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
                      enable_prefix_caching=enable_prefix_caching, speculative=spec,
                      runner="fast" if quantization else resolve_runner(runner, net),
                      cuda_graphs=cuda_graphs,
-                     linear=quantized_linear(quantization, torch.get_num_threads()))
+                     linear=quantized_linear(quantization))
 
 
-def quantized_linear(quantization: str | None, threads: int | None = None):
+def quantized_linear(quantization: str | None):
     """The fast runner's ``linear`` for ``--quantization``: None (the model's own weights), or
     for ``"w4a8"`` :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights, int8 activations, the
-    course's C kernel, on ``threads`` threads split by output rows, at most 64; None: every core
-    this process may use; ``RuntimeError`` naming the reason where it cannot be built)."""
+    course's C kernel, on torch's thread count split by output rows;
+    ``RuntimeError`` naming the reason where it cannot be built)."""
     if quantization is None:
         return None
     if quantization != "w4a8":
         raise ValueError(f"quantization {quantization!r}; allowed: None, 'w4a8'")
-    from llminfra.quant.w4a8 import MAX_THREADS, w4a8_linear
-    return w4a8_linear(threads=None if threads is None else min(threads, MAX_THREADS))
+    from llminfra.quant.w4a8 import w4a8_linear
+    return w4a8_linear()
 
 
 def resolve_runner(runner: str, net) -> str:
