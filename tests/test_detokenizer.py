@@ -1,13 +1,14 @@
-"""Incremental detokenization (llminfra/engine/detokenizer.py): the text after each token equals
-decoding every token again, for the byte tokenizer and the real model's byte-level BPE, on text
-with Korean syllables and emoji (3- and 4-byte UTF-8 characters split across tokens)."""
+"""Incremental detokenization (``IncrementalDetokenizer`` in llminfra/engine/sequence.py): the
+text after each token equals decoding every token again, for the byte tokenizer and the real
+model's byte-level BPE, on text with Korean syllables and emoji (3- and 4-byte UTF-8 characters
+split across tokens)."""
 
 import random
 
 import pytest
 
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.detokenizer import IncrementalDetokenizer
+from llminfra.engine.sequence import IncrementalDetokenizer
 from llminfra.model import load_tiny
 from llminfra.model.gguf_file import GGUFFile
 from llminfra.model.pretrained import gguf_tokenizer, pretrained_path

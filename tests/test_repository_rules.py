@@ -249,7 +249,7 @@ def test_the_function_rule_sees_a_long_function():
 #: who writes each field of :class:`llminfra.engine.sequence.Sequence` once it exists: the
 #: scheduler (deciding a step in ``scheduler``, writing its result in ``scheduler_update``),
 #: through the sequence's own verbs (``set_status``, ``append_output``) where it has them; the
-#: stop rules write the text a stop string cut. Fields absent here are set when the sequence
+#: stop rules (``check_stop``, beside ``update_from_output``) write the text a stop string cut. Fields absent here are set when the sequence
 #: is built and never written again.
 SCHEDULER = {"llminfra.engine.scheduler", "llminfra.engine.scheduler_update"}
 SEQUENCE_WRITERS = {
@@ -258,7 +258,7 @@ SEQUENCE_WRITERS = {
     "detok": {"llminfra.engine.sequence"},                # Sequence.append_output
     "num_computed_tokens": SCHEDULER, "cache_seq": SCHEDULER, "swapped": SCHEDULER,
     "spec_token_ids": SCHEDULER, "output_logprobs": SCHEDULER,
-    "stop_text": {"llminfra.engine.stopping"},
+    "stop_text": {"llminfra.engine.scheduler_update"},   # check_stop
 }
 #: the sequence's verbs that write its fields, and who may call them
 SEQUENCE_VERBS = {"set_status": SCHEDULER, "append_output": SCHEDULER}

@@ -1,5 +1,5 @@
-"""One rule on a request's length (:mod:`llminfra.engine.request_limits`), applied alike by
-``LLMEngine.add_request`` and by the OpenAI-compatible server: the boundary (a request that
+"""One rule on a request's length (:func:`llminfra.engine.sampling_params.max_tokens_for`),
+applied alike by ``LLMEngine.add_request`` and by the OpenAI-compatible server: the boundary (a request that
 exactly fills the context, or the KV pool, is served; one token more is refused),
 ``max_tokens = None`` takes the room left, and the engine and the server refuse the same
 request naming the same field with the same message.
@@ -12,9 +12,8 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings, strategies as st
 
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.engine.request_limits import (CONTEXT_LENGTH_EXCEEDED, KV_CACHE_EXCEEDED,
-                                            RequestTooLong, max_tokens_for)
-from llminfra.engine.sampling_params import InvalidParameter
+from llminfra.engine.sampling_params import (CONTEXT_LENGTH_EXCEEDED, KV_CACHE_EXCEEDED,
+                                             InvalidParameter, RequestTooLong, max_tokens_for)
 from llminfra.model import load_tiny
 from llminfra.serving.server import create_app
 

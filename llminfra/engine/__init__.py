@@ -4,26 +4,27 @@
 KV cache of :mod:`llminfra.kvcache`; one :class:`~llminfra.attention.StepMetadata` per step
 carries the ragged batch through the model. Modules, one concept each:
 
-* :mod:`.sampling_params` — :class:`SamplingParams`;
-* :mod:`.request_limits` — the one rule on a request's length (prompt + ``max_tokens`` within
-  the context and the KV pool), which the engine and the server both apply;
-* :mod:`.sequence` — requests, sequences and their state machine;
+* :mod:`.sampling_params` — :class:`SamplingParams`, and the one rule on a request's length
+  (prompt + ``max_tokens`` within the context and the KV pool), which the engine and the
+  server both apply;
+* :mod:`.sequence` — requests, sequences and their state machine; a sequence's text, decoded
+  incrementally (a few tokens per step);
 * :mod:`.scheduler_io` — what goes in and out of the scheduler: :class:`SchedulerConfig`,
   :class:`SchedulerOutput`;
 * :mod:`.scheduler` — continuous batching, chunked prefill, admission by free blocks,
   preemption; the verbs every other part asks (the one writer of a sequence's fields);
-* :mod:`.scheduler_update` — ``update_from_output``, the one writer of a step's result;
-* :mod:`.stopping` — the stop rules (JSON complete, stop strings, stop tokens, length);
+* :mod:`.scheduler_update` — ``update_from_output``, the one writer of a step's result, and
+  the stop rules (JSON complete, stop strings, stop tokens, length);
 * :mod:`.static_batch` — the static and dynamic baselines (padding rows, worst-case reservation);
 * :mod:`.model_runner` — the step on the device: which runner (:func:`make_runner`);
-* :mod:`.readable_runner` — step inputs, the readable forward, sampling;
+* :mod:`.readable_runner` — the readable forward on the step's metadata;
 * :mod:`.fast_runner` — the fused forward, CUDA graphs for decode;
 * :mod:`.spec_decode` — speculative decoding: exact verification, the adaptive γ;
 * :mod:`.draft_proposers` — who guesses the drafts: prompt lookup, a draft model;
-* :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators;
+* :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators; a
+  step's tokens from any runner's logits (drafts verified);
 * :mod:`.engine` — :class:`LLMEngine`;
 * :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
-* :mod:`.detokenizer` — incremental detokenization (a few tokens decoded per step);
 * :mod:`.metrics` — timestamps, TTFT / TPOT / latency percentiles, throughput.
 
 The same scheduler against a step-time model (no GPU needed) is :mod:`llminfra.sim`; more than

@@ -35,9 +35,10 @@ import torch
 
 from llminfra.engine.metrics import RequestMetrics
 from llminfra.engine.outputs import RequestOutput, request_output
-from llminfra.engine.request_limits import max_tokens_for
 from llminfra.engine.model_runner import make_runner
-from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, pair_with_params
+from llminfra.engine.sampler import sample_step
+from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, max_tokens_for,
+                                              pair_with_params)
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.engine.spec_decode import SpeculativeConfig, Speculator
@@ -123,7 +124,7 @@ class LLMEngine:
                            else Speculator(speculative, cfg.max_seq_len))
         #: runs each step on the device: the readable model, or the fused fast step
         #: (:mod:`.model_runner`; ``cuda_graphs`` replays its decode steps from CUDA graphs)
-        self.runner = make_runner(runner, model, self.cache, self.device, self.speculator,
+        self.runner = make_runner(runner, model, self.cache, self.device,
                                   max_num_seqs=max_num_seqs, cuda_graphs=cuda_graphs,
                                   linear=linear)
         self.requests: dict[str, Request] = {}
@@ -166,9 +167,10 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Queue a request; returns its id. ``ValueError`` (an :class:`InvalidParameter` naming
-        the field) for a request that breaks the rule of :mod:`.request_limits`, the server's
-        too (an empty prompt, prompt + ``max_tokens`` beyond the model's context or beyond what
-        the KV pool holds), ``n`` above ``max_num_seqs`` (it could never run), bad parameters,
+        the field) for a request that breaks the length rule
+        (:func:`~llminfra.engine.sampling_params.max_tokens_for`), the server's too (an empty
+        prompt, prompt + ``max_tokens`` beyond the model's context or beyond what the KV pool
+        holds), ``n`` above ``max_num_seqs`` (it could never run), bad parameters,
         a non-finite ``arrival_time``, or a request id already in use. ``max_tokens = None``
         takes all the room the context and the pool leave."""
         params = SamplingParams() if params is None else params
@@ -284,9 +286,10 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput, touched: dict) -> None:
-        """The runner's forward pass and sampling over the scheduled (sequence, new tokens)
-        pairs and the padding rows (:mod:`.model_runner`); then the scheduler writes the result
-        (:meth:`Scheduler.update_from_output`)."""
+        """The runner's forward pass over the scheduled (sequence, new tokens) pairs and the
+        padding rows (:mod:`.model_runner`), the caught-up sequences' tokens sampled from its
+        logits (:func:`~llminfra.engine.sampler.sample_step`); then the scheduler writes the
+        result (:meth:`Scheduler.update_from_output`)."""
         start = self.clock()
         scheduled, padding = sched.scheduled, sched.padding
         for seq, _ in scheduled:
@@ -294,7 +297,8 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time, m.num_cached_prompt_tokens = start, seq.num_computed_tokens
                 self.counters["prompt_tokens_total"] += len(seq.request.prompt_token_ids)
-        sampled, logprobs = self.runner.execute(sched)
+        logits = self.runner.forward(scheduled, padding, sched.caught)
+        sampled, logprobs = sample_step(list(sched.caught.items()), logits, self.speculator)
         self.counters["num_steps"] += 1
         now = self.clock()
         if self.step_log is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llminfra.engine.readable_runner import PAD_TOKEN_ID, ReadableRunner, step_tokens
+from llminfra.engine.readable_runner import PAD_TOKEN_ID, ReadableRunner
 from llminfra.model.fast_step import PrefillInputs, decode_step, layer_pools, mixed_step
 from llminfra.model.fused import FusedWeights
 
@@ -41,9 +41,9 @@ class FastRunner(ReadableRunner):
 
     name = "fast"
 
-    def __init__(self, model, cache, device: torch.device, speculator=None, *,
-                 max_num_seqs: int = 64, cuda_graphs: bool | str | None = None, linear=None):
-        super().__init__(model, cache, device, speculator)
+    def __init__(self, model, cache, device: torch.device, *, max_num_seqs: int = 64,
+                 cuda_graphs: bool | str | None = None, linear=None):
+        super().__init__(model, cache, device)
         self.weights = FusedWeights(model, linear)
         self.pools = layer_pools(cache)
         self.num_blocks, self.B = cache.allocator.num_blocks, cache.block_size
@@ -106,7 +106,7 @@ class FastRunner(ReadableRunner):
     def _decode(self, scheduled, padding, cache_ids, slots, caught) -> torch.Tensor:
         """Every sequence brings one token: the graph bucket, or the eager step at the
         batch's exact width. Logits of the caught-up sequences, then of the padding rows."""
-        tokens = [step_tokens(s, 1)[0] for s, _ in scheduled] + [PAD_TOKEN_ID] * len(padding)
+        tokens = [s.step_tokens(1)[0] for s, _ in scheduled] + [PAD_TOKEN_ID] * len(padding)
         positions = [self.cache.seq_len(c) - 1 for c in cache_ids]
         n = len(tokens)
         bucket = next((b for b in self.buckets if b >= n), None)
@@ -132,7 +132,7 @@ class FastRunner(ReadableRunner):
         slot_at = np.cumsum([0] + lens)
         for i in order:
             seq, n = sched_all[i]
-            toks = step_tokens(seq, n) if i < len(scheduled) else [PAD_TOKEN_ID]
+            toks = seq.step_tokens(n) if i < len(scheduled) else [PAD_TOKEN_ID]
             end = self.cache.seq_len(cache_ids[i])
             tokens += toks
             positions += range(end - n, end)

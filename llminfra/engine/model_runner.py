@@ -1,8 +1,9 @@
-"""The model runner: one scheduled step in, the sampled tokens of every sequence out.
+"""The model runner: one scheduled step in, the logits of every caught-up sequence out.
 
 :class:`~llminfra.engine.engine.LLMEngine` decides *what* runs (the scheduler); the runner
 runs it on the device — the split of vLLM's ``GPUModelRunner`` and nano-vllm's
-``ModelRunner``::
+``ModelRunner`` — and the engine samples the tokens from its logits
+(:func:`~llminfra.engine.sampler.sample_step`, the same for every runner)::
 
     SchedulerOutput ─▶ step inputs (device tensors) ─▶ forward ─▶ logits ─▶ sample ─▶ tokens
 
@@ -29,15 +30,14 @@ Chapter 05 (the engine) and chapter 08 (why a GPU decode step needs graphs).
 from __future__ import annotations
 
 from llminfra.engine.fast_runner import FastRunner, graph_buckets  # noqa: F401 - re-exported
-from llminfra.engine.readable_runner import (PAD_TOKEN_ID, ReadableRunner,  # noqa: F401
-                                             sample, step_tokens)
+from llminfra.engine.readable_runner import PAD_TOKEN_ID, ReadableRunner  # noqa: F401
 
 #: ``runner`` choices of :func:`make_runner`
 RUNNERS = ("readable", "fast")
 
 
-def make_runner(runner: str, model, cache, device, speculator=None, *, max_num_seqs: int = 64,
-                cuda_graphs=None, linear=None):
+def make_runner(runner: str, model, cache, device, *, max_num_seqs: int = 64, cuda_graphs=None,
+                linear=None):
     """``"readable"`` or ``"fast"`` (:data:`RUNNERS`). ``linear`` (fast runner only): a
     ``linear(W) -> f`` applied to each fused matrix and the output matrix — e.g.
     :func:`llminfra.quant.w4a8.w4a8_linear`, int4 weights on the w4a8 kernel for any batch
@@ -50,8 +50,8 @@ def make_runner(runner: str, model, cache, device, speculator=None, *, max_num_s
         if linear is not None:
             raise ValueError("a linear for the fused matrices needs runner='fast' (the fused "
                              "weights are what it applies to)")
-        return ReadableRunner(model, cache, device, speculator)
+        return ReadableRunner(model, cache, device)
     if runner == "fast":
-        return FastRunner(model, cache, device, speculator, max_num_seqs=max_num_seqs,
+        return FastRunner(model, cache, device, max_num_seqs=max_num_seqs,
                           cuda_graphs=cuda_graphs, linear=linear)
     raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")

@@ -107,3 +107,42 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple:
     best = torch.topk(lp, top) if top else None
     pairs = [] if best is None else [(int(i), float(v)) for v, i in zip(*best)]
     return int(token), float(lp[token]), pairs
+
+
+def sample_step(caught: list[tuple], logits: torch.Tensor, speculator) -> tuple[dict, dict]:
+    """A step's tokens: for each caught-up ``(sequence, drafts)`` of ``caught``, from its rows
+    of ``logits`` (one row, or its drafts + 1), one sampled token (shared logits for the
+    siblings that fork from it now, a JSON grammar's mask applied), or its drafts verified by
+    ``speculator`` (:mod:`llminfra.engine.spec_decode`) and one more; an exception in its place
+    if that fails (that request fails, the others go on). Returns ``(tokens, logprobs)``:
+    ``logprobs[seq]`` the log-probabilities of a sampled token whose request asked for them —
+    the scheduler writes both (:meth:`~llminfra.engine.scheduler.Scheduler.update_from_output`).
+    Every runner's logits go through here (:mod:`llminfra.engine.model_runner`)."""
+    plain, rows, out, row = [], [], {}, 0
+    logprobs = {}
+    for seq, drafts in caught:
+        if drafts:
+            try:
+                out[seq] = speculator.verify(seq, logits[row:row + drafts + 1],
+                                             seq.spec_token_ids[:drafts])
+            except Exception as err:  # noqa: BLE001 - fails this request only
+                out[seq] = err
+        else:
+            req = seq.request
+            forks = req.forks_pending if seq.index == 0 and not seq.output_token_ids else []
+            plain += [seq] + forks
+            rows += [row] * (1 + len(forks))
+        row += drafts + 1
+    chosen = logits[rows]
+    for i, seq in enumerate(plain):                 # structured output: only what the JSON allows
+        if seq.grammar is not None:
+            chosen[i] = chosen[i].masked_fill(~seq.grammar.allowed(chosen.shape[-1]),
+                                              float("-inf"))
+    tokens = sample_tokens(chosen, [s.params for s in plain], [s.generator for s in plain],
+                           errors="return",
+                           histories=[(s.prompt_token_ids, s.output_token_ids) for s in plain])
+    for seq, token, row in zip(plain, tokens, rows):
+        out[seq] = token if isinstance(token, Exception) else [token]
+        if seq.params.logprobs is not None and not isinstance(token, Exception):
+            logprobs[seq] = token_logprobs(logits[row], token, seq.params.logprobs)
+    return out, logprobs

@@ -125,8 +125,9 @@ class Scheduler(StepUpdate):
 
     def _end_batch_if_done(self) -> None:
         """Once no real member runs or is swapped out, the padding rows go too, at once (so no
-        block is held when :meth:`has_unfinished` turns False)."""
-        if not self.running and not self.swapped:
+        block is held when :meth:`has_unfinished` turns False). Continuous batching holds no
+        padding row, so it has nothing to drop."""
+        if self.padding and not self.running and not self.swapped:
             self.batches.drop_padding()
 
     def adopt(self, seq: Sequence, num_computed_tokens: int, fill: Callable[[int], None],

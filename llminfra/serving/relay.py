@@ -3,7 +3,7 @@
 A prompt becomes checked token ids (in a worker thread when it is long:
 :data:`THREAD_TOKENIZE_CHARS`), the request's fields become
 :class:`~llminfra.engine.sampling_params.SamplingParams` by the engine's own length rule
-(:func:`~llminfra.engine.request_limits.max_tokens_for`), the request is queued on the engine
+(:func:`~llminfra.engine.sampling_params.max_tokens_for`), the request is queued on the engine
 loop, and its outputs come back whole or as server-sent events
 (:func:`~llminfra.serving.streaming.sse_response`). Every refusal is an
 :class:`~llminfra.serving.api_errors.APIError` naming the field at fault; a client that leaves
@@ -17,8 +17,8 @@ import asyncio
 
 from fastapi import Request
 
-from llminfra.engine.request_limits import max_tokens_for
-from llminfra.engine.sampling_params import InvalidParameter, SamplingParams, clip_repr
+from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, clip_repr,
+                                              max_tokens_for)
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import CLIENT_CLOSED_REQUEST, APIError
 from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLoop
@@ -50,7 +50,8 @@ class Relay:
         self.stall_timeout_s = stall_timeout_s
         cache = None if isinstance(engine, EngineLoop) else getattr(engine, "cache", None)
         #: (num_blocks, block_size) of an engine in this process; an engine in a process of
-        #: its own checks its pool itself, by the same rule (:mod:`~llminfra.engine.request_limits`)
+        #: its own checks its pool itself, by the same rule
+        #: (:func:`~llminfra.engine.sampling_params.max_tokens_for`)
         self.kv_pool = None if cache is None else (cache.allocator.num_blocks, cache.block_size)
         self.metrics = ServerMetrics(lambda: self.loop.stats)
         if isinstance(engine, EngineLoop):          # e.g. an EngineProcess
@@ -107,7 +108,7 @@ class Relay:
 
     def sampling(self, req, n_prompt: int, max_tokens: int | None, prompt_param: str = "prompt"):
         """The request's ``SamplingParams``. Its length goes by the engine's own rule,
-        :func:`~llminfra.engine.request_limits.max_tokens_for` with the context
+        :func:`~llminfra.engine.sampling_params.max_tokens_for` with the context
         ``max_model_len`` (and the KV pool of an engine in this process): a refusal is a 400
         with the same ``param`` and message and its ``code`` (``context_length_exceeded``…);
         ``max_tokens`` None takes the room left."""
