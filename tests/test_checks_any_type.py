@@ -26,7 +26,7 @@ from llminfra.calc.step import decode_arithmetic_intensity
 from llminfra.course.checking import CheckFailed
 from llminfra.course.checks import ch01, ch02, ch03, ch04, ch05, ch07, ch08, ch09, ch10, ch11
 from llminfra.engine.spec_decode import accept_greedy, expected_tokens_per_step
-from llminfra.kvcache.block_table import slot_mapping
+from llminfra.kvcache.blocks import slot_mapping
 from llminfra.kvcache.contiguous import contiguous_waste
 from llminfra.parallel.expert_parallel import dispatch_counts
 from llminfra.parallel.pipeline import bubble_fraction

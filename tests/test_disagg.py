@@ -11,7 +11,7 @@ import torch
 from llminfra.cluster.disagg import DecodeWorker, PrefillWorker, run_local
 from llminfra.cluster.kv_transfer import can_import, export_kv, hand_off, import_kv, release
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.kvcache.block_allocator import BlockPoolExhausted
+from llminfra.kvcache.blocks import BlockPoolExhausted
 from llminfra.model import load_tiny
 
 PROMPTS = ["def foo(x):", "Return the sum of", "The quick brown fox " * 6, "a",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llminfra.engine import LLMEngine, SamplingParams
-from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.blocks import blocks_needed
 from llminfra.model import ByteTokenizer, DenseKVCache, ModelConfig, Transformer, generate
 from llminfra.sim.simulator import Simulator
 from llminfra.sim.workload import WorkloadRequest

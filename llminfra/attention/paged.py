@@ -2,7 +2,7 @@
 
 The pool stores keys and values per layer as ``(num_blocks, B, H_kv, d)``; seen as a flat array
 of ``num_blocks · B`` slots, token ``p`` of a sequence sits at slot
-``block_table[p // B] · B + p % B`` (:func:`llminfra.kvcache.block_table.slot_mapping`). Decode
+``block_table[p // B] · B + p % B`` (:func:`llminfra.kvcache.blocks.slot_mapping`). Decode
 attention for one new query per sequence is then ordinary attention over the gathered tokens:
 
     o = softmax(q Kᵀ / √d) V,    K, V = pool[slots of tokens 0 .. context_len-1]

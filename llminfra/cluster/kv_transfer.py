@@ -33,8 +33,7 @@ import torch
 
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.sequence import SequenceStatus
-from llminfra.kvcache.block_allocator import BlockPoolExhausted
-from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.blocks import BlockPoolExhausted, blocks_needed
 
 
 @dataclass

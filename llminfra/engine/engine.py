@@ -42,7 +42,7 @@ from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, m
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llminfra.engine.sequence import Request, Sequence, SequenceStatus
 from llminfra.engine.spec_decode import SpeculativeConfig, Speculator
-from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.blocks import blocks_needed
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator
 

@@ -75,7 +75,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.blocks import blocks_needed
 
 #: temperatures below this act as greedy (argmax): see the module docstring
 MIN_TEMPERATURE = 1e-5

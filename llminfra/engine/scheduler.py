@@ -55,7 +55,7 @@ from llminfra.engine.scheduler_io import (POLICIES, PREEMPTION_MODES,  # noqa: F
 from llminfra.engine.sequence import Sequence, SequenceStatus
 from llminfra.engine.static_batch import StaticBatches
 from llminfra.engine.scheduler_update import StepUpdate
-from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.blocks import blocks_needed
 from llminfra.kvcache.offload import swap_in, swap_out
 from llminfra.kvcache.paged_cache import PagedKVCache
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator

@@ -31,7 +31,7 @@ chapter 05.
 from __future__ import annotations
 
 from llminfra.engine.sequence import Sequence
-from llminfra.kvcache.block_table import blocks_needed
+from llminfra.kvcache.blocks import blocks_needed
 
 
 class StaticBatches:

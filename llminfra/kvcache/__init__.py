@@ -4,9 +4,8 @@ The design follows vLLM (Kwon et al., 2023, "Efficient Memory Management for Lar
 Model Serving with PagedAttention", arXiv:2309.06180). Modules, one concept each:
 
 * :mod:`.contiguous` — caches reserved at the maximum length, or grown by doubling;
-* :mod:`.block_allocator` — the block pool: reference counts and a free list;
-* :mod:`.block_table` — per-sequence block tables and the slot mapping;
-* :mod:`.copy_on_write` — forks that share blocks, copying a block only when it is written;
+* :mod:`.blocks` — the block pool (reference counts, a free list), forks that share blocks
+  and copy one only when it is written, per-sequence block tables and the slot mapping;
 * attention through block tables (PyTorch gather; a Triton kernel for CUDA, also run under
   ``TRITON_INTERPRET=1``) lives with every other attention in :mod:`llminfra.attention.paged`
   and :mod:`llminfra.attention.paged_triton`; it is re-exported here;
@@ -16,10 +15,9 @@ Model Serving with PagedAttention", arXiv:2309.06180). Modules, one concept each
 * :mod:`.trace`, :mod:`.simulate`, :mod:`.sharing` — request traces and the measurements.
 """
 
-from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import BlockTable, blocks_needed, slot_mapping
+from llminfra.kvcache.blocks import (BlockAllocator, BlockPoolExhausted, BlockTable, blocks_needed,
+                                     copy_on_write, fork_blocks, slot_mapping)
 from llminfra.kvcache.contiguous import ContiguousKVCache, GrowingKVCache, contiguous_waste
-from llminfra.kvcache.copy_on_write import copy_on_write, fork_blocks
 from llminfra.kvcache.offload import (SwappedSequence, recompute_time_s, swap_in, swap_out,
                                       swap_time_s)
 from llminfra.attention.paged import contiguous_decode_attention, gather_kv, paged_attention

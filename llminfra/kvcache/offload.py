@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llminfra.kvcache.block_table import BlockTable
+from llminfra.kvcache.blocks import BlockTable
 from llminfra.kvcache.paged_cache import PagedKVCache
 
 
@@ -63,7 +63,7 @@ def swap_out(cache: PagedKVCache, seq: int, pin_memory: bool = False) -> Swapped
 def swap_in(cache: PagedKVCache, swapped: SwappedSequence) -> int:
     """Allocate blocks for a swapped-out sequence, copy its K/V back; return its new id.
 
-    Raises :class:`~llminfra.kvcache.block_allocator.BlockPoolExhausted` (changing nothing)
+    Raises :class:`~llminfra.kvcache.blocks.BlockPoolExhausted` (changing nothing)
     when the pool is too full.
     """
     seq = cache.add_sequence()

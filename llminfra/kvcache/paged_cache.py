@@ -3,7 +3,7 @@
 Storage is one pool per layer, ``(num_blocks, B, H_kv, d)`` for K and for V, shared by all
 sequences (``cache.k`` / ``cache.v``, views of one tensor ``store`` ``(L, 2, num_blocks + 1,
 B, H_kv, d)`` whose last block is a scratch block no sequence gets: the padding lanes of a
-fixed-shape step use it); each sequence owns a :class:`~llminfra.kvcache.block_table.BlockTable`.
+fixed-shape step use it); each sequence owns a :class:`~llminfra.kvcache.blocks.BlockTable`.
 The rest of the engine reads and writes K/V through the cache's verbs (``read_kv`` /
 ``write_kv``, ``gather_blocks`` / ``scatter_blocks``, ``layer_blocks``), never its tensors. Once per step,
 before the forward pass, :meth:`PagedKVCache.prepare_step` reserves slots for the new tokens of
@@ -27,8 +27,7 @@ from __future__ import annotations
 import torch
 
 from llminfra.attention.step_metadata import StepMetadata
-from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import BlockTable, blocks_needed
+from llminfra.kvcache.blocks import BlockAllocator, BlockPoolExhausted, BlockTable, blocks_needed
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
 from llminfra.model.cache import check_update
 from llminfra.validate import positive_int
@@ -173,7 +172,7 @@ class PagedKVCache:
 
         All or nothing: blocks are allocated (copying a shared last block first:
         copy-on-write) for every sequence, or — on
-        :class:`~llminfra.kvcache.block_allocator.BlockPoolExhausted` — for none, and any
+        :class:`~llminfra.kvcache.blocks.BlockPoolExhausted` — for none, and any
         metadata handed out before becomes stale (``update`` refuses it). Called once per step,
         before layer 0; :meth:`rollback_step` undoes it if the forward pass fails.
         """

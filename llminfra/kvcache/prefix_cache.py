@@ -21,8 +21,7 @@ import hashlib
 import operator
 from collections import OrderedDict
 
-from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import BlockTable
+from llminfra.kvcache.blocks import BlockAllocator, BlockPoolExhausted, BlockTable
 
 _ROOT = hashlib.sha256(b"llminfra-prefix-root").hexdigest()
 

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from llminfra.kvcache.block_allocator import BlockAllocator
-from llminfra.kvcache.block_table import BlockTable, blocks_needed
+from llminfra.kvcache.blocks import BlockAllocator, BlockTable, blocks_needed
 from llminfra.kvcache.prefix_cache import PrefixCachingAllocator, match_prefix, register_prefix
 from llminfra.kvcache.trace import Request
 

@@ -10,7 +10,7 @@ full load, the regime of the vLLM paper's throughput experiments). Two designs:
   "Pow2"), ``"oracle"`` exactly prompt + output (Orca "Oracle") — Kwon et al., 2023,
   arXiv:2309.06180, §6.1 baselines and Fig. 2;
 * **paged** (:func:`simulate_paged`): blocks of ``block_size`` slots from a real
-  :class:`~llminfra.kvcache.block_allocator.BlockAllocator`, one more when the last is full; if
+  :class:`~llminfra.kvcache.blocks.BlockAllocator`, one more when the last is full; if
   none is free the newest request is preempted and recomputed later (vLLM §4.5).
 
 At every step while requests are waiting, the budget splits into (summed over steps):
@@ -34,8 +34,7 @@ from __future__ import annotations
 from collections import deque
 
 from llminfra.calc.memory import kv_budget
-from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import BlockTable, blocks_needed
+from llminfra.kvcache.blocks import BlockAllocator, BlockPoolExhausted, BlockTable, blocks_needed
 from llminfra.kvcache.trace import DEFAULT_MAX_SEQ_LEN, Request
 
 PARTS = ("token", "reserved", "internal", "external", "free")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from llminfra.engine.metrics import tpot, ttft
 
-from llminfra.kvcache.block_table import blocks_needed  # ⌈tokens / block_size⌉
+from llminfra.kvcache.blocks import blocks_needed  # ⌈tokens / block_size⌉
 
 
 def admit_fcfs(waiting_prompt_lens: list[int], *, free_blocks: int, block_size: int,

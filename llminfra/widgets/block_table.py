@@ -1,8 +1,8 @@
 """The block-table widget: step through a small paged workload and watch the pool.
 
 :func:`replay` runs a list of events on the real
-:class:`~llminfra.kvcache.block_allocator.BlockAllocator` and
-:class:`~llminfra.kvcache.block_table.BlockTable` and returns, after every event, the block
+:class:`~llminfra.kvcache.blocks.BlockAllocator` and
+:class:`~llminfra.kvcache.blocks.BlockTable` and returns, after every event, the block
 tables, reference counts, free list and which blocks were copied (copy-on-write).
 :class:`BlockTableWidget` wires a step slider to that list through ``observe`` (an ``HTML``
 value and an ``Image`` value; no ``interact``, no printing), so it behaves the same in
@@ -21,8 +21,7 @@ import html
 
 import ipywidgets as widgets
 
-from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import BlockTable
+from llminfra.kvcache.blocks import BlockAllocator, BlockPoolExhausted, BlockTable
 from llminfra.plots.kvcache import block_pool_png
 from llminfra.widgets.panel import Panel, natural_size
 

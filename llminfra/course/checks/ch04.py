@@ -18,8 +18,7 @@ from __future__ import annotations
 import random
 
 from llminfra.course.checking import Case, CheckFailed, checker, run_checks, seeded
-from llminfra.kvcache.block_allocator import BlockAllocator, BlockPoolExhausted
-from llminfra.kvcache.block_table import slot_mapping
+from llminfra.kvcache.blocks import BlockAllocator, BlockPoolExhausted, slot_mapping
 from llminfra.kvcache.contiguous import contiguous_waste
 
 
