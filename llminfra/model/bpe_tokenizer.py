@@ -136,7 +136,7 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of ``ids``; bytes that do not complete a UTF-8 character become U+FFFD (a
-        stream holds those back: :func:`llminfra.serving.server.stable_delta`)."""
+        stream holds those back: :func:`llminfra.serving.relay.stable_delta`)."""
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:

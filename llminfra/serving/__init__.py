@@ -4,8 +4,8 @@ Modules, one concept each:
 
 * :mod:`.openai_protocol` — the API's request / response bodies (pydantic);
 * :mod:`.server` — the OpenAI routes, methods of one service, on a FastAPI app;
-* :mod:`.relay` — what the routes share: prompt checks, sampling parameters, queueing, relaying;
-* :mod:`.streaming` — server-sent events and the one rule for text deltas;
+* :mod:`.relay` — what the routes share: prompt checks, sampling parameters, queueing, relaying
+  whole or as server-sent events (with the one rule for text deltas);
 * :mod:`.api_errors` — OpenAI's error body for every refusal;
 * :mod:`.server_metrics` — ``/metrics`` in Prometheus' text format;
 * :mod:`.engine_core` — the one engine-core loop and its message format (commands, events);

@@ -22,10 +22,9 @@ slow senders and connections are bounded (:mod:`llminfra.serving.http_limits`).
 The routes are the methods of :class:`OpenAIService`, registered onto the app by
 :meth:`OpenAIService.add_routes`; what they share — checking a prompt, building its
 ``SamplingParams``, queueing it and relaying its outputs — is
-:class:`~llminfra.serving.relay.Relay`; refusals are
-:class:`~llminfra.serving.api_errors.APIError`. Streaming
-(:mod:`llminfra.serving.streaming`): deltas hold back a trailing half UTF-8 character until the
-next byte arrives (:func:`~llminfra.serving.streaming.stable_delta`).
+:class:`~llminfra.serving.relay.Relay`, streaming included: deltas hold back a trailing half
+UTF-8 character until the next byte arrives (:func:`~llminfra.serving.relay.stable_delta`);
+refusals are :class:`~llminfra.serving.api_errors.APIError`.
 
 Taught in chapter 05.
 """
@@ -44,10 +43,10 @@ from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import APIError, add_error_handlers
 from llminfra.serving.async_engine import EngineLoop
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
-from llminfra.serving.relay import THREAD_TOKENIZE_CHARS, Relay  # noqa: F401 - re-exported
+from llminfra.serving.relay import (THREAD_TOKENIZE_CHARS, Relay,  # noqa: F401 - re-exported
+                                    stable_delta)
 from llminfra.serving.server_metrics import CONTENT_TYPE
 from llminfra.serving.stall_watch import stall_message, watch_for_stalls
-from llminfra.serving.streaming import stable_delta  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
