@@ -135,7 +135,7 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (they then share one GIL)")
-    # defaults: llminfra.serving.http_limits (not imported here: it loads the engine)
+    # defaults: llminfra.serving.http_limits (not imported here: a command loads what it runs)
     s.add_argument("--max-body-bytes", type=integer(1, 2**31, unit="bytes"), default=None,
                    help="largest request body; larger gets 413 (default 1 MiB)")
     s.add_argument("--body-timeout", type=number(0, 3600, low_open=True, unit="seconds"),

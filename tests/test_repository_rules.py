@@ -344,7 +344,6 @@ LAZY_IMPORTS = {
     "llminfra.bench.kvcache": ({"llminfra.attention.paged_triton"}, _TRITON),
     "llminfra.engine.engine": ({"llminfra.engine.structured"}, _LLGUIDANCE),
     "llminfra.serving.relay": ({"llminfra.engine.structured"}, _LLGUIDANCE),
-    "llminfra.serving.background": ({"llminfra.serving.http_limits"}, _WEB),
     "llminfra.bench.serving_http": ({"llminfra.serving.background", "llminfra.serving.loadtest",
                                      "llminfra.serving.server"}, _WEB),
     "llminfra.serving.loadtest_workload": ({"llminfra.model"}, _NO_TORCH),

@@ -22,6 +22,8 @@ import time
 
 import httpx
 
+from llminfra.serving.http_limits import UVICORN_LIMITS
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -60,7 +62,6 @@ class ServerThread:
                  **uvicorn_options):
         import uvicorn
 
-        from llminfra.serving.http_limits import UVICORN_LIMITS
         self.port = port or free_port()
         self.base_url = f"http://{LOOPBACK}:{self.port}"
         config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning",

@@ -5,7 +5,7 @@ the memory, the connections or the event loop that the others need. The bounds, 
 defaults, and what enforces each:
 
 * the request body: at most :data:`MAX_BODY_BYTES` (1 MiB), else 413 —
-  :class:`RequestBodyLimits`;
+  :class:`~llminfra.serving.server.RequestBodyLimits`, the app's middleware;
 * each part of a body arrives within :data:`BODY_TIMEOUT_S` (30 s), else 408 — the same;
 * open connections and requests: at most ``limit_concurrency`` (256), 503 beyond — uvicorn;
 * an idle keep-alive connection closes after ``timeout_keep_alive`` (5 s) — uvicorn;
@@ -25,17 +25,13 @@ connection until ``limit_concurrency`` is reached (uvicorn has no header timeout
 deployment therefore puts a reverse proxy in front (README, "Putting the server on a
 network").
 
-Taught in chapter 05.
+This module holds the bounds only (it imports no web framework: ``llminfra serve`` reads its
+defaults in the engine's process too); the server enforces them. Taught in chapter 05.
 """
 
 from __future__ import annotations
 
-import asyncio
 from types import MappingProxyType
-
-from fastapi import HTTPException
-
-from llminfra.validate import non_negative_int
 
 #: largest request body accepted (bytes): nginx's default ``client_max_body_size``
 MAX_BODY_BYTES = 2**20
@@ -47,60 +43,3 @@ UVICORN_LIMITS = MappingProxyType({
     "timeout_keep_alive": 5,                   # seconds an idle keep-alive connection stays
     "h11_max_incomplete_event_size": 16 * 1024,  # bytes of request line + headers
 })
-
-
-def content_length(scope) -> int | None:
-    """The request's ``Content-Length`` header as an int (None if absent or malformed)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-class RequestBodyLimits:
-    """ASGI middleware bounding what reading a request body can cost: more than
-    ``max_bytes`` is refused with 413 — by its ``Content-Length`` before a byte is read, or as
-    soon as a chunked body passes the limit — and a body whose next part does not arrive within
-    ``timeout_s`` seconds gets 408. Both are raised as ``HTTPException`` from ``receive``, so
-    the app's own handler writes the error body. Once the body is complete, ``receive`` is
-    passed through untouched: waiting for ``http.disconnect`` (how a handler notices a client
-    that left) is no body read."""
-
-    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S):
-        non_negative_int("max_bytes", max_bytes)
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 (seconds), got {timeout_s!r}")
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
-
-    def too_large(self) -> HTTPException:
-        return HTTPException(413, f"the request body is larger than this server's limit of "
-                                  f"{self.max_bytes} bytes")
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = content_length(scope)
-        read, body_done = 0, False
-
-        async def limited_receive():
-            nonlocal read, body_done
-            if body_done:
-                return await receive()
-            if declared is not None and declared > self.max_bytes:
-                raise self.too_large()
-            try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
-            except asyncio.TimeoutError:
-                raise HTTPException(408, f"the request body did not arrive within "
-                                         f"{self.timeout_s:g} s") from None
-            if message["type"] == "http.request":
-                read += len(message.get("body", b""))
-                if read > self.max_bytes:
-                    raise self.too_large()
-            body_done = message["type"] != "http.request" or not message.get("more_body")
-            return message
-
-        await self.app(scope, limited_receive, send)

@@ -17,7 +17,8 @@ client that disconnects — mid-stream, or while waiting for a non-streamed answ
 request (blocks freed). A request that fails inside the engine (finish reason ``"error"``) gets
 a 500 (or, mid-stream, an error event) while the engine serves the others; ``/health`` answers
 503 when the engine loop is stopped or has made no progress for ``stall_timeout_s``. Bodies,
-slow senders and connections are bounded (:mod:`llminfra.serving.http_limits`).
+slow senders and connections are bounded (:mod:`llminfra.serving.http_limits`; the bodies by
+:class:`RequestBodyLimits`, this app's middleware).
 
 The routes are the methods of :class:`OpenAIService`, registered onto the app by
 :meth:`OpenAIService.add_routes`; what they share — checking a prompt, building its
@@ -35,18 +36,19 @@ import asyncio
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response
 
 from llminfra.engine.sampling_params import clip_repr
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import APIError, add_error_handlers
 from llminfra.serving.async_engine import EngineLoop
-from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestBodyLimits
+from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from llminfra.serving.relay import (THREAD_TOKENIZE_CHARS, Relay,  # noqa: F401 - re-exported
                                     stable_delta)
 from llminfra.serving.server_metrics import CONTENT_TYPE
 from llminfra.serving.stall_watch import stall_message, watch_for_stalls
+from llminfra.validate import non_negative_int
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,63 @@ class OpenAIService(Relay):
         return api.chat_response(rid, self.model_name, choices, use)
 
 
+def content_length(scope) -> int | None:
+    """The request's ``Content-Length`` header as an int (None if absent or malformed)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class RequestBodyLimits:
+    """ASGI middleware bounding what reading a request body can cost: more than
+    ``max_bytes`` is refused with 413 — by its ``Content-Length`` before a byte is read, or as
+    soon as a chunked body passes the limit — and a body whose next part does not arrive within
+    ``timeout_s`` seconds gets 408. Both are raised as ``HTTPException`` from ``receive``, so
+    the app's own handler writes the error body. Once the body is complete, ``receive`` is
+    passed through untouched: waiting for ``http.disconnect`` (how a handler notices a client
+    that left) is no body read."""
+
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S):
+        non_negative_int("max_bytes", max_bytes)
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 (seconds), got {timeout_s!r}")
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+
+    def too_large(self) -> HTTPException:
+        return HTTPException(413, f"the request body is larger than this server's limit of "
+                                  f"{self.max_bytes} bytes")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = content_length(scope)
+        read, body_done = 0, False
+
+        async def limited_receive():
+            nonlocal read, body_done
+            if body_done:
+                return await receive()
+            if declared is not None and declared > self.max_bytes:
+                raise self.too_large()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except asyncio.TimeoutError:
+                raise HTTPException(408, f"the request body did not arrive within "
+                                         f"{self.timeout_s:g} s") from None
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.max_bytes:
+                    raise self.too_large()
+            body_done = message["type"] != "http.request" or not message.get("more_body")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
                max_model_len: int | None = None, max_n: int = 8,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
@@ -159,7 +218,7 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
 
     ``max_model_len`` defaults to ``engine.model.config.max_seq_len`` (required with an
     ``EngineLoop``, which holds no model here); ``max_n`` caps ``n``. ``max_body_bytes`` and
-    ``body_timeout_s`` bound request bodies (413 / 408, :mod:`~llminfra.serving.http_limits`);
+    ``body_timeout_s`` bound request bodies (413 / 408, :class:`RequestBodyLimits`);
     ``/health`` is 503 once the engine loop has made no progress for ``stall_timeout_s``
     seconds (more than an idle engine process' heartbeat,
     :data:`~llminfra.serving.engine_process.HEARTBEAT_S`); then every request in flight fails
