@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence as Seq
 from llminfra.cluster.kv_transfer import KVHandoff, can_import, hand_off, import_kv
 from llminfra.engine.engine import LLMEngine
 from llminfra.engine.metrics import RequestMetrics
-from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams, pair_with_params
+from llminfra.engine.sequence import CompletionOutput, RequestOutput
 from llminfra.validate import non_negative_int
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from llminfra.cluster.kv_link import (CORRUPTIONS, DONE, Refused, measure_link, 
                                       send_done, send_handoff)
 from llminfra.engine.engine import LLMEngine
 from llminfra.engine.metrics import RequestMetrics
-from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams
+from llminfra.engine.sequence import CompletionOutput, RequestOutput
 from llminfra.model import load_model
 from llminfra.parallel.launch import free_port
 

@@ -8,7 +8,8 @@ carries the ragged batch through the model. Modules, one concept each:
   (prompt + ``max_tokens`` within the context and the KV pool), which the engine and the
   server both apply;
 * :mod:`.sequence` — requests, sequences and their state machine; a sequence's text, decoded
-  incrementally (a few tokens per step);
+  incrementally (a few tokens per step); what a request gives back after each step
+  (:class:`RequestOutput`, :class:`CompletionOutput`);
 * :mod:`.scheduler_io` — what goes in and out of the scheduler: :class:`SchedulerConfig`,
   :class:`SchedulerOutput`;
 * :mod:`.scheduler` — continuous batching, chunked prefill, admission by free blocks,
@@ -24,7 +25,6 @@ carries the ragged batch through the model. Modules, one concept each:
 * :mod:`.sampler` — greedy / temperature / top-k / top-p with per-sequence generators; a
   step's tokens from any runner's logits (drafts verified);
 * :mod:`.engine` — :class:`LLMEngine`;
-* :mod:`.outputs` — :class:`RequestOutput`, :class:`CompletionOutput`;
 * :mod:`.metrics` — timestamps, TTFT / TPOT / latency percentiles, throughput.
 
 The same scheduler against a step-time model (no GPU needed) is :mod:`llminfra.sim`; more than
@@ -34,10 +34,10 @@ Neither is imported here: the engine knows nothing above it.
 
 from llminfra.engine.engine import LLMEngine, default_num_blocks
 from llminfra.engine.metrics import RequestMetrics, percentile, summarize
-from llminfra.engine.outputs import CompletionOutput, RequestOutput
 from llminfra.engine.sampling_params import SamplingParams
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+from llminfra.engine.sequence import (CompletionOutput, Request, RequestOutput, Sequence,
+                                      SequenceStatus)
 from llminfra.engine.spec_decode import SpeculativeConfig
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",

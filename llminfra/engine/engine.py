@@ -34,13 +34,13 @@ from dataclasses import replace
 import torch
 
 from llminfra.engine.metrics import RequestMetrics
-from llminfra.engine.outputs import RequestOutput, request_output
 from llminfra.engine.model_runner import make_runner
 from llminfra.engine.sampler import sample_step
 from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, max_tokens_for,
                                               pair_with_params)
 from llminfra.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from llminfra.engine.sequence import Request, Sequence, SequenceStatus
+from llminfra.engine.sequence import (Request, RequestOutput, Sequence, SequenceStatus,
+                                      request_output)
 from llminfra.engine.spec_decode import SpeculativeConfig, Speculator
 from llminfra.kvcache.blocks import blocks_needed
 from llminfra.kvcache.paged_cache import PagedKVCache
