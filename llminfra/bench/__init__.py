@@ -33,6 +33,7 @@ SUITES: dict[str, str] = {
     "distributed": "llminfra.bench.distributed",
     "engine": "llminfra.bench.engine",
     "memory": "llminfra.bench.memory",
+    "serving-profile": "llminfra.bench.serving_profile",
 }
 
 
