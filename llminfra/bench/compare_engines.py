@@ -123,6 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chars-per-token", type=float, default=4.0,
                    help="prompt characters per token (about 4 for SmolLM2's BPE on English)")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds per server")
+    p.add_argument("--log-dir", help="keep every server's log here (default: a temporary "
+                   "folder, removed at the end)")
     p.add_argument("--json", required=True, help="write the results here")
     return p
 
@@ -224,8 +226,10 @@ def main(argv: list[str] | None = None) -> dict:
         del model
         roof = measure_cpu_roofline(threads=args.threads)
         specs = server_specs(args, limits, folder, name, ggufs)
+        logdir = Path(args.log_dir) if args.log_dir else tmp
+        logdir.mkdir(parents=True, exist_ok=True)
         results = run_all(specs, name, requests, limits.max_model_len, args.chars_per_token,
-                          tmp, args.start_timeout)
+                          logdir, args.start_timeout)
     report = _report(args, requests, limits, spec, results, specs, roof, decode)
     out = Path(args.json)
     out.write_text(json.dumps(report, indent=1) + "\n")

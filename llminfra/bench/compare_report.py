@@ -74,6 +74,8 @@ def plan_beside_measured(model: ModelSpec | str, roof: Roofline, results: dict, 
     (bound / measured time, measured / bound tokens/s)."""
     out = {}
     fp32 = [s.label for s in specs if s.fmt == "fp32" and s.label in results]
+    if not fp32:
+        return out
     for c in results[fp32[0]]["concurrency"]:
         row = results[fp32[0]]["concurrency"][c]
         bound = plan_bound(model, roof, int(c), row["prompt_tokens"] / row["num_ok"],

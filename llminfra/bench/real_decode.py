@@ -2,7 +2,7 @@
 :class:`~llminfra.model.FastDecoder` on each matmul kernel and in int4 on each int4 kernel, timed
 against the weight-read floor, and how far each int4 kernel's greedy answers follow the int4
 weights with fp32 activations and the fp32 model. :mod:`llminfra.bench.real` (its module
-docstring) says what each path is; ``make compare-llamacpp`` times the same paths beside
+docstring) says what each path is; ``make compare-engines`` times the same paths beside
 llama.cpp. Chapter 08."""
 
 from __future__ import annotations

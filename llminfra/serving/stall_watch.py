@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from llminfra.serving.async_engine import EngineDeadError, EngineLoop
 
 log = logging.getLogger(__name__)
+
+#: a watchdog tick this much longer than asked (seconds) means the server process itself was
+#: stopped; a busy event loop is late by milliseconds
+OVERSLEEP_S = 2.0
 
 
 def stall_message(idle_s: float) -> str:
@@ -31,10 +36,27 @@ async def watch_for_stalls(loop: EngineLoop, stall_timeout_s: float) -> None:
     """Run until cancelled: every ``min(1 s, stall_timeout_s / 4)``, if ``loop`` has made no
     progress for ``stall_timeout_s``, fail its requests in flight
     (:meth:`~llminfra.serving.async_engine.EngineLoop.fail_in_flight`) and send their aborts
-    from a worker thread (a stopped engine process may not read them for a while)."""
+    from a worker thread (a stopped engine process may not read them for a while). A tick
+    that comes more than :data:`OVERSLEEP_S` late means this process was stopped as well (the
+    whole server SIGSTOPped, as ``make compare-engines`` pauses the servers it is not
+    measuring, or a suspended laptop): that time is left out of the engine's idle time until
+    it next moves, so it gets its full ``stall_timeout_s`` once both run again. (``/health``
+    may say 503 for the second until an idle engine process's next heartbeat.)"""
+    tick_s = min(1.0, stall_timeout_s / 4)
+    excused_s, last_idle_s = 0.0, loop.seconds_since_progress
     while True:
-        await asyncio.sleep(min(1.0, stall_timeout_s / 4))
+        before = time.monotonic()
+        await asyncio.sleep(tick_s)
+        elapsed_s = time.monotonic() - before
         idle_s = loop.seconds_since_progress
+        if idle_s < last_idle_s + elapsed_s - 1e-3:       # the engine moved since the last tick
+            excused_s = 0.0
+        last_idle_s = idle_s
+        # a tick far later than asked: this process was stopped too (the whole server
+        # SIGSTOPped, a suspended machine), and what it missed is not the engine's stall
+        if elapsed_s - tick_s > OVERSLEEP_S:
+            excused_s += elapsed_s - tick_s
+        idle_s = max(0.0, idle_s - excused_s)
         if idle_s > stall_timeout_s:
             ids = loop.fail_in_flight(EngineDeadError(stall_message(idle_s)))
             if ids:
