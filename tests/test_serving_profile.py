@@ -40,7 +40,8 @@ def _check(result: dict, num_requests: int, max_output_tokens: int) -> None:
 def test_profile_engine_process_adds_up():
     n, tokens = 6, 8
     result = sp.profile_serving("tiny", concurrency=3, num_requests=n, max_output_tokens=tokens,
-                                max_model_len=128, chars_per_token=1.0, unprofiled_runs=0)
+                                max_model_len=128, chars_per_token=1.0, repeats=1,
+                                unprofiled=False)
     assert result["settings"]["engine"] == "process"
     assert result["profiling_overhead"] is None
     _check(result, n, tokens)
@@ -61,7 +62,7 @@ def test_profile_engine_thread_adds_up_and_uninstalls():
     n, tokens = 4, 6
     result = sp.profile_serving("tiny", concurrency=2, num_requests=n, max_output_tokens=tokens,
                                 max_model_len=128, chars_per_token=1.0, engine_in_thread=True,
-                                unprofiled_runs=1)
+                                repeats=1)
     assert result["settings"]["engine"] == "thread"
     assert result["unprofiled_runs"][0]["num_ok"] == n
     _check(result, n, tokens)
