@@ -75,7 +75,8 @@ def test_compare_engines_runs_every_peer_given(tmp_path):
         ("vllm", "fp32"), ("llama.cpp", "fp32"), ("llama.cpp Q4_1", "int4"),
         ("llminfra", "fp32"), ("llminfra w4a8", "int4")]
     vllm = specs[0].argv(8000)
-    assert vllm[:3] == [str(tmp_path / "vllm"), "serve", "/m"]
+    assert vllm[:5] == [str(tmp_path / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                        "--model", "/m"]
     assert vllm[vllm.index("--max-num-seqs") + 1] == "16" and "--max-model-len" in vllm
     assert vllm[vllm.index("--dtype") + 1] == "float32" and vllm[-2:] == ["--port", "8000"]
     assert specs[2].argv(1)[specs[2].argv(1).index("-m") + 1] == "q4.gguf"

