@@ -1,6 +1,7 @@
 """The stall watchdog (llminfra.serving.stall_watch) on a clock the test moves: an engine that
 does not move past the timeout has its requests failed; time the server process itself was
-stopped (the whole server SIGSTOPped, then SIGCONT) is not counted as the engine's stall."""
+stopped (the whole server SIGSTOPped, then SIGCONT) is not counted as the engine's stall, and
+a request that arrives the moment it resumes is judged by the last look, not refused."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _run(monkeypatch, gaps: list[float], timeout_s: float = 30.0) -> FakeLoop:
 
     monkeypatch.setattr(stall_watch.asyncio, "sleep", sleep)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(stall_watch.watch_for_stalls(loop, timeout_s))
+        asyncio.run(stall_watch.StallWatch(loop, timeout_s).run())
     return loop
 
 
@@ -88,5 +89,20 @@ def test_progress_after_a_stop_ends_the_excuse(monkeypatch):
 
     monkeypatch.setattr(stall_watch.asyncio, "sleep", sleep)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(stall_watch.watch_for_stalls(loop, 30.0))
+        asyncio.run(stall_watch.StallWatch(loop, 30.0).run())
     assert loop.failed and "no progress for 31.0 s" in loop.failed[0]
+
+
+def test_the_verdict_is_the_last_looks_so_a_resumed_server_admits_at_once(monkeypatch):
+    """/health and new requests read ``stalled``: right after SIGCONT, before the watchdog's
+    next look, the engine's raw idle time includes the stop, the verdict does not; the look
+    then excuses the stop."""
+    clock = Clock()
+    monkeypatch.setattr(stall_watch.time, "monotonic", clock)
+    loop = FakeLoop(clock)
+    watch = stall_watch.StallWatch(loop, 30.0)
+    clock.now += 1.0
+    assert watch.look(1.0) == 1.0 and not watch.stalled
+    clock.now += 60.0                                        # stopped, then resumed
+    assert loop.seconds_since_progress == 61.0 and not watch.stalled
+    assert watch.look(60.0) == pytest.approx(2.0) and not watch.stalled

@@ -31,7 +31,7 @@ from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import CLIENT_CLOSED_REQUEST, APIError
 from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLoop
 from llminfra.serving.server_metrics import ServerMetrics
-from llminfra.serving.stall_watch import stall_message
+from llminfra.serving.stall_watch import StallWatch, stall_message
 
 #: a text prompt longer than this (characters) is tokenized in a worker thread: tokenizing 1 MiB
 #: takes the real model's BPE about a second, which on the event loop would stall every stream
@@ -66,6 +66,7 @@ class Relay:
             self.loop = engine
         else:
             self.loop = AsyncEngine(engine, on_finished=self.metrics.observe_finished)
+        self.stall = StallWatch(self.loop, stall_timeout_s)
 
     def check_model(self, req) -> None:
         if req.model != self.model_name:
@@ -149,9 +150,8 @@ class Relay:
         ``response_format`` schema is compiled here first, in a worker thread, within the
         limits of :mod:`llminfra.engine.structured`: one the engine could not serve is a 400
         before anything is queued."""
-        idle_s = self.loop.seconds_since_progress
-        if idle_s > self.stall_timeout_s:
-            raise APIError(503, stall_message(idle_s), type_="server_error")
+        if self.stall.stalled:
+            raise APIError(503, stall_message(self.stall.idle_s), type_="server_error")
         try:
             if params.json_schema is not None:   # imported here: llguidance only when used
                 from llminfra.engine.structured import check_json_schema, check_schema_shape

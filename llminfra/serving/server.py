@@ -47,7 +47,7 @@ from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from llminfra.serving.relay import (THREAD_TOKENIZE_CHARS, Relay,  # noqa: F401 - re-exported
                                     stable_delta)
 from llminfra.serving.server_metrics import CONTENT_TYPE
-from llminfra.serving.stall_watch import stall_message, watch_for_stalls
+from llminfra.serving.stall_watch import stall_message
 from llminfra.validate import non_negative_int
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class OpenAIService(Relay):
         """Start the engine loop (in a worker thread: an engine process takes seconds to
         build) and the stall watchdog; stop both when the app shuts down."""
         await asyncio.to_thread(self.loop.start)
-        watchdog = asyncio.ensure_future(watch_for_stalls(self.loop, self.stall_timeout_s))
+        watchdog = asyncio.ensure_future(self.stall.run())
         try:
             yield
         finally:
@@ -87,9 +87,8 @@ class OpenAIService(Relay):
         """``GET /health``: 200 while the engine loop runs and moves, else 503."""
         if not self.loop.is_running:
             raise APIError(503, "the engine loop is not running", type_="server_error")
-        idle_s = self.loop.seconds_since_progress
-        if idle_s > self.stall_timeout_s:
-            raise APIError(503, stall_message(idle_s), type_="server_error")
+        if self.stall.stalled:
+            raise APIError(503, stall_message(self.stall.idle_s), type_="server_error")
         return {"status": "ok"}
 
     async def metrics_text(self):

@@ -32,34 +32,54 @@ def stall_message(idle_s: float) -> str:
             f"end, or a stopped engine process)")
 
 
-async def watch_for_stalls(loop: EngineLoop, stall_timeout_s: float) -> None:
-    """Run until cancelled: every ``min(1 s, stall_timeout_s / 4)``, if ``loop`` has made no
-    progress for ``stall_timeout_s``, fail its requests in flight
-    (:meth:`~llminfra.serving.async_engine.EngineLoop.fail_in_flight`) and send their aborts
-    from a worker thread (a stopped engine process may not read them for a while). A tick
-    that comes more than :data:`OVERSLEEP_S` late means this process was stopped as well (the
-    whole server SIGSTOPped, as ``make compare-engines`` pauses the servers it is not
-    measuring, or a suspended laptop): that time is left out of the engine's idle time until
-    it next moves, so it gets its full ``stall_timeout_s`` once both run again. (``/health``
-    may say 503 for the second until an idle engine process's next heartbeat.)"""
-    tick_s = min(1.0, stall_timeout_s / 4)
-    excused_s, last_idle_s = 0.0, loop.seconds_since_progress
-    while True:
-        before = time.monotonic()
-        await asyncio.sleep(tick_s)
-        elapsed_s = time.monotonic() - before
-        idle_s = loop.seconds_since_progress
-        if idle_s < last_idle_s + elapsed_s - 1e-3:       # the engine moved since the last tick
-            excused_s = 0.0
-        last_idle_s = idle_s
-        # a tick far later than asked: this process was stopped too (the whole server
-        # SIGSTOPped, a suspended machine), and what it missed is not the engine's stall
-        if elapsed_s - tick_s > OVERSLEEP_S:
-            excused_s += elapsed_s - tick_s
-        idle_s = max(0.0, idle_s - excused_s)
-        if idle_s > stall_timeout_s:
-            ids = loop.fail_in_flight(EngineDeadError(stall_message(idle_s)))
-            if ids:
-                log.warning("engine stalled for %.1f s: failed %d requests in flight", idle_s,
-                            len(ids))
-                await asyncio.to_thread(loop.abort_all, ids)
+class StallWatch:
+    """The one judge of a stall, for ``/health``, new requests and the requests in flight
+    alike: :meth:`run` looks at the engine loop every ``min(1 s, stall_timeout_s / 4)`` and
+    keeps :attr:`idle_s`, the engine's time without progress at that look, less any time this
+    process itself was stopped (below); :attr:`stalled` once it passes ``stall_timeout_s``,
+    when the requests in flight are failed
+    (:meth:`~llminfra.serving.async_engine.EngineLoop.fail_in_flight`) and their aborts sent
+    from a worker thread (a stopped engine process may not read them for a while).
+
+    A look that comes more than :data:`OVERSLEEP_S` late means this process was stopped as
+    well (the whole server SIGSTOPped, as ``make compare-engines`` pauses the servers it is
+    not measuring, or a suspended laptop): the engine could not be seen to move then, so that
+    time is left out until it next moves, and it gets its full ``stall_timeout_s`` once both
+    run again. The verdict is the last look's, at most one tick old: a request that comes in
+    the moment a stopped server resumes is judged by the look before the stop, not by a clock
+    that ran while nothing could answer it."""
+
+    def __init__(self, loop: EngineLoop, stall_timeout_s: float):
+        self.loop, self.stall_timeout_s = loop, stall_timeout_s
+        self.tick_s = min(1.0, stall_timeout_s / 4)
+        #: the engine's seconds without progress at the last look, stopped time left out
+        self.idle_s = 0.0
+        self._excused_s, self._last_raw_s = 0.0, None
+
+    @property
+    def stalled(self) -> bool:
+        return self.idle_s > self.stall_timeout_s
+
+    def look(self, elapsed_s: float) -> float:
+        """Update :attr:`idle_s` after ``elapsed_s`` seconds since the last look."""
+        raw_s = self.loop.seconds_since_progress
+        if self._last_raw_s is None or raw_s < self._last_raw_s + elapsed_s - 1e-3:
+            self._excused_s = 0.0                       # the engine moved since the last look
+        self._last_raw_s = raw_s
+        if elapsed_s - self.tick_s > OVERSLEEP_S:       # this process was stopped meanwhile
+            self._excused_s += elapsed_s - self.tick_s
+        self.idle_s = max(0.0, raw_s - self._excused_s)
+        return self.idle_s
+
+    async def run(self) -> None:
+        """Look every tick until cancelled; fail the requests in flight while stalled."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.tick_s)
+            self.look(time.monotonic() - before)
+            if self.stalled:
+                ids = self.loop.fail_in_flight(EngineDeadError(stall_message(self.idle_s)))
+                if ids:
+                    log.warning("engine stalled for %.1f s: failed %d requests in flight",
+                                self.idle_s, len(ids))
+                    await asyncio.to_thread(self.loop.abort_all, ids)
