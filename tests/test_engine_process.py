@@ -77,6 +77,39 @@ def test_factory_errors_are_reported():
         EngineProcess(42)
 
 
+def engine_seeing_env(name: str, value: str):
+    """The tiny engine, built only where the process started with ``name=value``."""
+    import os
+    if os.environ.get(name) != value:
+        raise ValueError(f"{name} is {os.environ.get(name)!r} in the engine process")
+    return build_engine()
+
+
+def test_the_engine_process_starts_with_its_env_and_this_one_keeps_its_own(monkeypatch):
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    loop = EngineProcess(partial(engine_seeing_env, "GOMP_SPINCOUNT", "123"),
+                         env={"GOMP_SPINCOUNT": "123"})
+    try:
+        loop.start()
+        assert loop.is_running
+    finally:
+        loop.stop()
+    import os
+    assert os.environ["GOMP_SPINCOUNT"] == "7"
+    with pytest.raises(ValueError, match="GOMP_SPINCOUNT is '7' in the engine process"):
+        EngineProcess(partial(engine_seeing_env, "GOMP_SPINCOUNT", "123")).start()
+
+
+def test_a_w4a8_engine_process_spins_briefly_unless_told_otherwise(monkeypatch):
+    from llminfra.serving.serve import W4A8_GOMP_SPINCOUNT, engine_env
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert engine_env("w4a8") == {"GOMP_SPINCOUNT": W4A8_GOMP_SPINCOUNT}
+    assert engine_env(None) == {}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")       # the caller's choice is kept
+    assert engine_env("w4a8") == {}
+
+
 def test_an_engine_crash_ends_open_requests_and_health():
     app = create_app(EngineProcess(partial(crashing_engine, 3)), ByteTokenizer(),
                      model_name=MODEL, max_model_len=256)

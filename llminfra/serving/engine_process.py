@@ -30,6 +30,7 @@ Taught in chapter 05.
 from __future__ import annotations
 
 import logging
+import os
 import multiprocessing
 import signal
 import threading
@@ -51,15 +52,17 @@ class EngineProcess(EngineLoop):
     function or a ``functools.partial`` of one) in a child process.
 
     ``start()`` returns once the engine is built (``start_timeout_s``); ``stop()`` ends the
-    child (terminated if it does not stop within ``timeout_s``).
+    child (terminated if it does not stop within ``timeout_s``). ``env``: environment
+    variables the child starts with (read by libraries as they load, before ``factory`` runs).
     """
 
     def __init__(self, factory: Callable, *, idle_wait_s: float = 0.05,
-                 start_timeout_s: float = 120.0, on_finished: Callable | None = None):
+                 start_timeout_s: float = 120.0, on_finished: Callable | None = None,
+                 env: dict[str, str] | None = None):
         if not callable(factory):
             raise ValueError(f"factory must be callable, got {type(factory).__name__}")
         super().__init__(idle_wait_s=idle_wait_s, on_finished=on_finished)
-        self.factory, self.start_timeout_s = factory, start_timeout_s
+        self.factory, self.start_timeout_s, self.env = factory, start_timeout_s, dict(env or {})
         self._proc = None
         self._commands = self._results = None
         self._send_lock = threading.Lock()
@@ -75,13 +78,21 @@ class EngineProcess(EngineLoop):
         self._results, res_send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=engine_main, name="llminfra-engine-core", daemon=True,
                            args=(self.factory, cmd_recv, res_send, self.idle_wait_s))
+        saved = {k: os.environ.get(k) for k in self.env}
         try:
+            os.environ.update(self.env)        # a spawned child copies this process's environ
             proc.start()
         except BaseException:
             for conn in (cmd_recv, res_send, self._commands, self._results):
                 conn.close()
             self._commands = self._results = None
             raise
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self._proc = proc
         cmd_recv.close()
         res_send.close()                 # the child holds the only writer: EOF when it ends
