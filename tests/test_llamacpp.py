@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from llminfra.bench import llamacpp
+from llminfra.bench.server_process import free_port
 
 
 def _fake_tool(folder: Path, name: str, body: str) -> Path:
@@ -52,9 +53,10 @@ def test_quantize_failure_and_server_command(tmp_path):
         llamacpp.f32_gguf(tmp_path, tmp_path / "a.gguf", tmp_path / "b.gguf")
     _fake_tool(tmp_path, "llama-server", "print('version: 1 (4227c9b)')")
     assert llamacpp.version(tmp_path) == "version: 1 (4227c9b)"
-    argv = llamacpp.server_command(tmp_path, Path("m.gguf"), "smollm2-135m", 8123, 2, 16, 512)
+    port = free_port()                    # only written into the command line, never bound
+    argv = llamacpp.server_command(tmp_path, Path("m.gguf"), "smollm2-135m", port, 2, 16, 512)
     assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("-c") + 1] == str(16 * 512)
-    assert argv[argv.index("--port") + 1] == "8123" and "--alias" in argv
+    assert argv[argv.index("--port") + 1] == str(port) and "--alias" in argv
 
 
 def test_compare_engines_runs_every_peer_given(tmp_path):
@@ -74,15 +76,17 @@ def test_compare_engines_runs_every_peer_given(tmp_path):
     assert [(s.label, s.fmt) for s in specs] == [
         ("vllm", "fp32"), ("llama.cpp", "fp32"), ("llama.cpp Q4_1", "int4"),
         ("llminfra", "fp32"), ("llminfra w4a8", "int4")]
-    vllm = specs[0].argv(8000)
+    port = free_port()                    # only written into the command lines, never bound
+    vllm = specs[0].argv(port)
     assert vllm[:5] == [str(tmp_path / "python"), "-m", "vllm.entrypoints.openai.api_server",
                         "--model", "/m"]
     assert vllm[vllm.index("--max-num-seqs") + 1] == "16" and "--max-model-len" in vllm
-    assert vllm[vllm.index("--dtype") + 1] == "float32" and vllm[-2:] == ["--port", "8000"]
-    assert specs[2].argv(1)[specs[2].argv(1).index("-m") + 1] == "q4.gguf"
+    assert vllm[vllm.index("--dtype") + 1] == "float32" and vllm[-2:] == ["--port", str(port)]
+    q4 = specs[2].argv(port)
+    assert q4[q4.index("-m") + 1] == "q4.gguf"
     assert specs[1].version == "version: 1 (4227c9b)" and specs[0].env[
         "VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
-    w4a8 = specs[4].argv(1)
+    w4a8 = specs[4].argv(port)
     assert w4a8[w4a8.index("--quantization") + 1] == "w4a8"
     assert w4a8[w4a8.index("--num-blocks") + 1] == str(16 * 512 // 16)
 

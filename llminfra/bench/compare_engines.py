@@ -47,7 +47,6 @@ from llminfra.planning.commands import EngineLimits
 from llminfra.serving.serve import resolve_matmul
 from llminfra.specs import get_model
 
-CONCURRENCY = (1, 4, 16)
 OUTPUT_TOKENS = 64
 MAX_MODEL_LEN = 512
 

@@ -24,7 +24,6 @@ Chapter 05.
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import os
 import resource
@@ -34,12 +33,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 from llminfra.bench.step_profiler import KINDS, STEP_CATEGORIES, StepProfiler, wrapper_cost_s
 from llminfra.bench.timing import cpu_name, environment
-from llminfra.model import load_tokenizer
 from llminfra.serving.background import ServerThread
-from llminfra.serving.engine_process import EngineProcess
 from llminfra.serving.loadtest import run_loadtest
 from llminfra.serving.serve import build_app, build_engine, resolve_matmul, served_name
-from llminfra.serving.server import create_app
 
 #: the measured setting of issue 40: 16 clients, 64-token answers, the real model
 CONCURRENCY, OUTPUT_TOKENS, NUM_REQUESTS, MODEL = 16, 64, 48, "smollm2-135m"
@@ -116,16 +112,10 @@ def _app(model: str, engine_in_thread: bool, profiled: bool, engine_kwargs: dict
     """The app ``serve`` builds (:func:`~llminfra.serving.serve.build_app`); ``profiled``:
     the same with :func:`profiled_engine` as the engine's factory. With the in-thread engine's
     profiler (to uninstall: its wrappers sit in this process's modules), else None."""
-    if not profiled:
-        return build_app(model, engine_process=not engine_in_thread, **engine_kwargs), None
-    name = served_name(model)
-    if engine_in_thread:
-        engine = profiled_engine(model, **engine_kwargs)
-        return create_app(engine, engine.tokenizer, model_name=name), engine.step_profiler
-    tokenizer, config = load_tokenizer(model)
-    return create_app(EngineProcess(functools.partial(profiled_engine, model, **engine_kwargs),
-                                    start_timeout_s=600),
-                      tokenizer, model_name=name, max_model_len=config.max_seq_len), None
+    app = build_app(model, engine_process=not engine_in_thread, start_timeout_s=600,
+                    factory=profiled_engine if profiled else None, **engine_kwargs)
+    engine = getattr(app.state.service.loop, "engine", None)     # in a thread of this process
+    return app, getattr(engine, "step_profiler", None)
 
 
 def _one_run(pool, model: str, engine_in_thread: bool, profiled: bool, engine_kwargs: dict,

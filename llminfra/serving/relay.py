@@ -53,8 +53,6 @@ class Relay:
                  stall_timeout_s: float = float("inf")):
         self.tokenizer, self.model_name = tokenizer, model_name
         self.max_model_len, self.max_n = max_model_len, max_n
-        #: no progress for this long (s) and the engine counts as stalled
-        self.stall_timeout_s = stall_timeout_s
         cache = None if isinstance(engine, EngineLoop) else getattr(engine, "cache", None)
         #: (num_blocks, block_size) of an engine in this process; an engine in a process of
         #: its own checks its pool itself, by the same rule
@@ -66,6 +64,7 @@ class Relay:
             self.loop = engine
         else:
             self.loop = AsyncEngine(engine, on_finished=self.metrics.observe_finished)
+        #: judges the engine stalled after ``stall_timeout_s`` without progress
         self.stall = StallWatch(self.loop, stall_timeout_s)
 
     def check_model(self, req) -> None:

@@ -154,13 +154,17 @@ def served_name(model: str) -> str:
 
 def build_app(model: str = "tiny", *, model_name: str | None = None,
               engine_process: bool = True, max_body_bytes: int = MAX_BODY_BYTES,
-              body_timeout_s: float = BODY_TIMEOUT_S, **engine_kwargs):
+              body_timeout_s: float = BODY_TIMEOUT_S, factory=None, start_timeout_s=120.0,
+              **engine_kwargs):
     """The app serving ``model``. ``engine_process``: the engine runs in a process of its own
     (:class:`~llminfra.serving.engine_process.EngineProcess`, built there from
     :func:`build_engine`), else in a thread of this one. ``max_body_bytes`` and
     ``body_timeout_s`` bound request bodies (:func:`~llminfra.serving.server.create_app`).
     ``engine_kwargs`` go to :func:`build_engine` (in process mode a bad setting is reported
-    when the engine process starts: :func:`run_server` starts it before listening)."""
+    when the engine process starts: :func:`run_server` starts it before listening).
+    ``factory``: what builds the engine from ``(model, **engine_kwargs)`` (default
+    :func:`build_engine`; a bench passes one that instruments it); ``start_timeout_s``: how long
+    the engine process may take to build it."""
     from functools import partial
 
     from llminfra.serving.engine_process import EngineProcess
@@ -169,12 +173,14 @@ def build_app(model: str = "tiny", *, model_name: str | None = None,
 
     name = model_name or served_name(model)
     limits = dict(max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
+    factory = build_engine if factory is None else factory
     if not engine_process:
-        engine = build_engine(model, **engine_kwargs)
+        engine = factory(model, **engine_kwargs)
         return create_app(engine, engine.tokenizer, model_name=name, **limits)
     tokenizer, config = load_tokenizer(model)
     env = engine_env(engine_kwargs.get("quantization"))
-    return create_app(EngineProcess(partial(build_engine, model, **engine_kwargs), env=env),
+    return create_app(EngineProcess(partial(factory, model, **engine_kwargs), env=env,
+                                    start_timeout_s=start_timeout_s),
                       tokenizer, model_name=name, max_model_len=config.max_seq_len, **limits)
 
 
