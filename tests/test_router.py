@@ -178,9 +178,12 @@ def test_two_replica_processes_route_finish_and_match_one_engine(replicas):
     from llminfra.model import load_tiny
     from llminfra.cluster.router_run import compare_policies
 
+    # 20 requests/s: a request arrives after the one before it on its replica has cached its
+    # prompt, on a loaded CI machine too (at 200/s they overlapped there, and prefix-aware's
+    # hit rate fell below round robin's: 0.386 against 0.435; quiet, both rates give 0.58)
     workload = shared_prompt_workload(16, torch.Generator().manual_seed(11),
                                       num_system_prompts=4, system_prompt_tokens=64,
-                                      max_tokens=4, rate_per_s=200.0)
+                                      max_tokens=4, rate_per_s=20.0)
     result = compare_policies(replicas, workload, policies=("round_robin", "prefix_aware"),
                               block_size=16, max_blocks_per_replica=32)
     model, tok = load_tiny()
