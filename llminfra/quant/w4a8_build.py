@@ -1,6 +1,7 @@
 """Building w4a8.c into a shared library, and keeping the builds in a cache that can be trusted.
 
-The C files (``w4a8.c`` and its ``thread_pool.c``) are compiled on first use with the machine's C compiler (``$CC``, else ``cc``,
+The C files (``w4a8.c``, its ``thread_pool.c`` and the other kernels of
+:data:`EXTRA_SOURCES`) are compiled on first use with the machine's C compiler (``$CC``, else ``cc``,
 ``gcc`` or ``clang``) for this CPU (``-march=native``) into a cache folder
 (``$LLMINFRA_CACHE``, else ``$XDG_CACHE_HOME/llminfra`` or ``~/.cache/llminfra``); nothing is
 written into the package. A build's file name is a hash of what it depends on (source,
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("w4a8.c")
 #: the worker threads the kernel splits its rows over, compiled into the same library
 POOL_SOURCE = Path(__file__).with_name("thread_pool.c")
+#: the package's other CPU kernels, compiled into the same library and run on the same pool:
+#: fp32 products of a few rows (``f32_skinny.c``, :mod:`llminfra.model.skinny`)
+EXTRA_SOURCES = (Path(__file__).with_name("f32_skinny.c"),)
 #: no shared library of w4a8.c is smaller (an empty or truncated file is refused)
 MIN_LIBRARY_BYTES = 4096
 #: the first bytes of a shared library: ELF (Linux), Mach-O (macOS, both byte orders and fat)
@@ -97,8 +101,8 @@ def build(arch: str = "native", directory: Path | None = None) -> Path:
     directory = Path(directory) if directory is not None else cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     _remove_orphans(directory)
-    source = b"".join(len(b).to_bytes(8, "little") + b          # both files, unambiguously
-                      for b in (SOURCE.read_bytes(), POOL_SOURCE.read_bytes()))
+    source = b"".join(len(b).to_bytes(8, "little") + b          # every file, unambiguously
+                      for b in (p.read_bytes() for p in _sources()))
     errors = []
     for flags in attempts:
         args = ["-O3", "-shared", "-fPIC", "-pthread", *flags]
@@ -116,6 +120,11 @@ def build(arch: str = "native", directory: Path | None = None) -> Path:
             return target
         errors.append(error)
     raise RuntimeError("could not compile llminfra/quant/w4a8.c:\n" + "\n".join(errors))
+
+
+def _sources() -> list[Path]:
+    """The C files of the library (read at call time: a test swaps :data:`SOURCE`)."""
+    return [SOURCE, POOL_SOURCE, *EXTRA_SOURCES]
 
 
 def _build_key(source: bytes, cc: str, args: list[str]) -> str:
@@ -183,8 +192,7 @@ def _compile(cc: str, args: list[str], target: Path) -> str | None:
     tmp_sum = tmp.with_name(tmp.name + ".sha256")
     command = f"{cc} {' '.join(args)}"
     try:
-        done = subprocess.run([cc, *args, str(SOURCE), str(POOL_SOURCE), "-o", str(tmp),
-                               "-lm"],
+        done = subprocess.run([cc, *args, *map(str, _sources()), "-o", str(tmp), "-lm"],
                               capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             return f"{command}: {done.stderr.strip()[-500:]}"

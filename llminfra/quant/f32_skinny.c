@@ -1,0 +1,121 @@
+/* fp32 products of a few rows, y = x . W^T (+ r), read the way a decode step must read W: once,
+ * front to back.
+ *
+ * A decode step multiplies one row per sequence (M = 1 .. 8) by every weight matrix; the step
+ * is a stream of W through the core, and its speed is how fast that stream flows. A BLAS tuned
+ * for big products (MKL's sgemv / sgemm, oneDNN) walks W in panels that suit its cache blocking,
+ * and on one core of an AMD EPYC it drew about 12 GB/s from memory for SmolLM2-135M's layers,
+ * where summing the same bytes draws 27 GB/s. Here each thread takes a run of W's rows and reads
+ * them in order, one row at a time: the row's K floats meet the M rows of x (which stay in L1)
+ * in M accumulators, so the hardware prefetcher sees one forward stream per thread. That is
+ * llama.cpp's way for F32 weights as well.
+ *
+ * The vectors are GCC / clang vector extensions of 16 floats: AVX-512 registers where the CPU
+ * has them (-march=native), pairs of AVX2 registers, or plain loops elsewhere; one code path.
+ * Each output is one thread's dot product of its own W row, in a fixed order: the result is the
+ * same bits for any thread count. Built into the w4a8 library (llminfra/quant/w4a8_build.py);
+ * driven by llminfra/model/skinny.py. Chapter 08.
+ */
+#include <stddef.h>
+#include <string.h>
+
+#define F32_MAX_ROWS 8       /* rows of x per pass over W: 8 accumulators */
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+/* the 16 lanes' sum as a tree (halves added, then halves of those): a chain of 16 scalar adds
+   would cost more than the row's dot product itself */
+static inline float sum16(v16 v) {
+    v8 a, b;
+    memcpy(&a, &v, sizeof a);
+    memcpy(&b, (char *)&v + sizeof a, sizeof b);
+    a += b;
+    v4 c, d;
+    memcpy(&c, &a, sizeof c);
+    memcpy(&d, (char *)&a + sizeof c, sizeof d);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+int f32_skinny_max_rows(void) { return F32_MAX_ROWS; }
+
+typedef struct {
+    const float *x, *w, *r;
+    float *y;
+    int M, N, K;
+} skinny_job;
+
+/* out[m] = x[m] . w over K (K a multiple of 16 in the vector loop, the rest in scalars), for R
+   rows of x (R a constant where it is inlined: the accumulators live in registers). */
+static inline __attribute__((always_inline)) void dot_rows(
+        const float *x, int K, const float *w, float *out, int R) {
+    v16 acc[F32_MAX_ROWS];
+    for (int m = 0; m < R; m++) acc[m] = (v16){0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        v16 wv = load16(w + k);
+        for (int m = 0; m < R; m++) acc[m] += wv * load16(x + (size_t)m * K + k);
+    }
+    for (int m = 0; m < R; m++) {
+        float s = sum16(acc[m]);
+        for (int t = k; t < K; t++) s += w[t] * x[(size_t)m * K + t];
+        out[m] = s;
+    }
+}
+
+#define ROWS_CASE(R) case R: dot_rows(x, K, w, out, R); break;
+
+/* W's rows c N / C .. (c + 1) N / C, for every row of x, in passes of up to F32_MAX_ROWS. */
+static void skinny_part(void *arg, int c, int C) {
+    const skinny_job *j = (const skinny_job *)arg;
+    int N = j->N, K = j->K;
+    int begin = (int)((long)N * c / C), end = (int)((long)N * (c + 1) / C);
+    for (int m0 = 0; m0 < j->M; m0 += F32_MAX_ROWS) {
+        int R = j->M - m0 < F32_MAX_ROWS ? j->M - m0 : F32_MAX_ROWS;
+        const float *x = j->x + (size_t)m0 * K;
+        for (int n = begin; n < end; n++) {
+            const float *w = j->w + (size_t)n * K;
+            float out[F32_MAX_ROWS];
+            switch (R) {
+                ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+                ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+            }
+            for (int m = 0; m < R; m++) {
+                size_t at = (size_t)(m0 + m) * N + n;
+                j->y[at] = j->r ? j->r[at] + out[m] : out[m];
+            }
+        }
+    }
+}
+
+/* the thread pool (thread_pool.c) */
+typedef void (*pool_fn)(void *arg, int t, int T);
+int w4a8_pool_size(const void *handle);
+int pool_run(void *handle, pool_fn fn, void *arg, int C);
+void run_threads(int T, pool_fn fn, void *arg);
+
+/* y (M, N) = x (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); all
+   contiguous fp32. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between calls, else
+   NULL) split W's rows into up to 4 chunks a thread, claimed by whichever thread runs. Returns
+   0, or -2 for an M, N, K or threads out of range. */
+int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,
+                    int K, int threads, void *pool) {
+    if (M < 0 || N < 0 || K < 0 || threads < 1 || threads > 64) return -2;
+    if (!M || !N) return 0;
+    skinny_job j = {.x = x, .w = w, .r = r, .y = y, .M = M, .N = N, .K = K};
+    int C = N < 4 * threads ? N : 4 * threads;
+    if (threads <= 1 || C <= 1)
+        skinny_part(&j, 0, 1);
+    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, skinny_part, &j, C))
+        run_threads(threads, skinny_part, &j);
+    return 0;
+}
