@@ -3,7 +3,7 @@
 
 import httpx
 
-from llminfra.serving.server_metrics import parse_metrics
+from llminfra.serving.server import parse_metrics
 
 
 def metrics(server) -> dict:

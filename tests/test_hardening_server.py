@@ -582,7 +582,7 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(tiny):
     (the engine loop is not started here: no server)."""
     from fastapi.testclient import TestClient
 
-    from llminfra.serving.server import THREAD_TOKENIZE_CHARS
+    from llminfra.serving.relay import THREAD_TOKENIZE_CHARS
     engine = LLMEngine(*tiny, num_blocks=8, max_num_seqs=2)
     tok = ThreadNotingTokenizer()
     app = TestClient(create_app(engine, tok, model_name=MODEL))

@@ -300,7 +300,7 @@ def test_chat_template_equals_transformers(ours, hf):
 def test_streamed_text_never_splits_a_character(ours):
     """Decoding a growing prefix of Korean / emoji tokens and holding back U+FFFD (what the server
     streams) gives the whole text and never a broken character."""
-    from llminfra.serving.server import stable_delta
+    from llminfra.serving.relay import stable_delta
     _, tok = ours
     for text in ("대규모 언어 모델 🚀🤗 추론", "👩‍👩‍👧 가족"):
         ids, sent, pieces = tok.encode(text), "", []

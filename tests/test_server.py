@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from llminfra.serving.background import ServerProcess, ServerThread
-from llminfra.serving.server import create_app, stable_delta
+from llminfra.serving.relay import stable_delta
+from llminfra.serving.server import create_app
 from server_helpers import metrics
 
 MODEL = "llminfra-tiny"

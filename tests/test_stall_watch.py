@@ -1,4 +1,4 @@
-"""The stall watchdog (llminfra.serving.stall_watch) on a clock the test moves: an engine that
+"""The stall watchdog (llminfra.serving.engine_core) on a clock the test moves: an engine that
 does not move past the timeout has its requests failed; time the server process itself was
 stopped (the whole server SIGSTOPped, then SIGCONT) is not counted as the engine's stall, and
 a request that arrives the moment it resumes is judged by the last look, not refused."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from llminfra.serving import stall_watch
+from llminfra.serving import engine_core
 
 
 class Clock:
@@ -38,7 +38,7 @@ class FakeLoop:
 def _run(monkeypatch, gaps: list[float], timeout_s: float = 30.0) -> FakeLoop:
     """Run the watchdog for len(gaps) ticks, each tick's sleep taking ``gap`` seconds."""
     clock = Clock()
-    monkeypatch.setattr(stall_watch.time, "monotonic", clock)
+    monkeypatch.setattr(engine_core.time, "monotonic", clock)
     loop = FakeLoop(clock)
     ticks = iter(gaps)
 
@@ -48,9 +48,9 @@ def _run(monkeypatch, gaps: list[float], timeout_s: float = 30.0) -> FakeLoop:
         except StopIteration:
             raise asyncio.CancelledError from None
 
-    monkeypatch.setattr(stall_watch.asyncio, "sleep", sleep)
+    monkeypatch.setattr(engine_core.asyncio, "sleep", sleep)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(stall_watch.StallWatch(loop, timeout_s).run())
+        asyncio.run(engine_core.StallWatch(loop, timeout_s).run())
     return loop
 
 
@@ -75,7 +75,7 @@ def test_time_the_server_itself_was_stopped_is_not_the_engines_stall(monkeypatch
 def test_progress_after_a_stop_ends_the_excuse(monkeypatch):
     """After the engine moves, a later stall is counted in full."""
     clock = Clock()
-    monkeypatch.setattr(stall_watch.time, "monotonic", clock)
+    monkeypatch.setattr(engine_core.time, "monotonic", clock)
     loop = FakeLoop(clock)
     gaps = iter([1.0, 101.0, 1.0] + [1.0] * 31)
 
@@ -87,9 +87,9 @@ def test_progress_after_a_stop_ends_the_excuse(monkeypatch):
         if clock.now == 1103.0:               # the engine moves after the stop
             loop._last_progress = clock.now
 
-    monkeypatch.setattr(stall_watch.asyncio, "sleep", sleep)
+    monkeypatch.setattr(engine_core.asyncio, "sleep", sleep)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(stall_watch.StallWatch(loop, 30.0).run())
+        asyncio.run(engine_core.StallWatch(loop, 30.0).run())
     assert loop.failed and "no progress for 31.0 s" in loop.failed[0]
 
 
@@ -98,9 +98,9 @@ def test_the_verdict_is_the_last_looks_so_a_resumed_server_admits_at_once(monkey
     next look, the engine's raw idle time includes the stop, the verdict does not; the look
     then excuses the stop."""
     clock = Clock()
-    monkeypatch.setattr(stall_watch.time, "monotonic", clock)
+    monkeypatch.setattr(engine_core.time, "monotonic", clock)
     loop = FakeLoop(clock)
-    watch = stall_watch.StallWatch(loop, 30.0)
+    watch = engine_core.StallWatch(loop, 30.0)
     clock.now += 1.0
     assert watch.look(1.0) == 1.0 and not watch.stalled
     clock.now += 60.0                                        # stopped, then resumed

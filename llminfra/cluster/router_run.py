@@ -33,7 +33,7 @@ from llminfra.cluster.router import POLICIES, NoReplicaAvailable, RoutePolicy, m
 from llminfra.cluster.router_workload import SharedPromptRequest, with_cache_salt
 from llminfra.engine.metrics import percentile
 from llminfra.engine.sampling_params import SamplingParams
-from llminfra.serving.async_engine import EngineDeadError
+from llminfra.serving.engine_core import EngineDeadError
 from llminfra.serving.engine_process import EngineProcess
 from llminfra.serving.serve import build_engine
 from llminfra.validate import positive_finite

@@ -14,7 +14,7 @@ Taught in chapter 01 (``notebooks/01_training_vs_inference.ipynb``) and used by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from llminfra.specs.models import ModelSpec
 from llminfra.validate import positive_int
@@ -30,7 +30,8 @@ class ModelConfig:
     Fields (Llama naming, Touvron et al. 2023, arXiv:2302.13971, Table 2):
 
     * ``vocab_size`` V — number of token ids (256 for the byte tokenizer);
-    * ``dim`` h — hidden size; ``head_dim = dim // n_heads``;
+    * ``dim`` h — hidden size; ``head_dim`` d = dim // n_heads, derived once in
+      ``__post_init__`` (a field, not a property: every step of the engine reads it);
     * ``n_layers`` L, ``n_heads`` H (query heads), ``n_kv_heads`` H_kv (key/value heads,
       H_kv divides H: grouped-query attention, Ainslie et al. 2023, arXiv:2305.13245);
     * ``ffn_dim`` I — inner size of the SwiGLU MLP (Shazeer 2020, arXiv:2002.05202);
@@ -71,6 +72,8 @@ class ModelConfig:
     num_experts: int = 1
     experts_per_token: int = 1
     moe_gating: str = "softmax"
+    #: d = dim / n_heads, the size of one query/key/value head (set by ``__post_init__``)
+    head_dim: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
@@ -81,8 +84,9 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads "
                              f"{self.n_kv_heads} (grouped-query attention needs H_kv | H)")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"head_dim {self.dim // self.n_heads} must be even for rotary "
+        object.__setattr__(self, "head_dim", self.dim // self.n_heads)  # frozen: set once
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary "
                              f"positions (dim {self.dim}, n_heads {self.n_heads})")
         if isinstance(self.rope_scaling, dict):  # a config.json / checkpoint dict: freeze it
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
@@ -100,11 +104,6 @@ class ModelConfig:
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ValueError(f"rope_theta ({self.rope_theta}) and norm_eps ({self.norm_eps}) "
                              f"must be > 0")
-
-    @property
-    def head_dim(self) -> int:
-        """d = dim / n_heads, the size of one query/key/value head."""
-        return self.dim // self.n_heads
 
     @classmethod
     def from_name(cls, name: str) -> "ModelConfig":
@@ -143,7 +142,7 @@ class ModelConfig:
     def to_dict(self) -> dict:
         """Plain dict of the fields (stored inside checkpoints); a dense model (E = 1) leaves the
         mixture-of-experts fields out, so its dict is what it always was."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         if self.num_experts == 1:
             for key in ("num_experts", "experts_per_token", "moe_gating"):
                 d.pop(key)

@@ -3,12 +3,13 @@
 Modules, one concept each:
 
 * :mod:`.openai_protocol` — the API's request / response bodies (pydantic);
-* :mod:`.server` — the OpenAI routes, methods of one service, on a FastAPI app;
+* :mod:`.server` — the OpenAI routes, methods of one service, on a FastAPI app; ``/metrics``
+  in Prometheus' text format;
 * :mod:`.relay` — what the routes share: prompt checks, sampling parameters, queueing, relaying
   whole or as server-sent events (with the one rule for text deltas);
 * :mod:`.api_errors` — OpenAI's error body for every refusal;
-* :mod:`.server_metrics` — ``/metrics`` in Prometheus' text format;
-* :mod:`.engine_core` — the one engine-core loop and its message format (commands, events);
+* :mod:`.engine_core` — the one engine-core loop and its message format (commands, events),
+  and the one judge of a stalled loop;
 * :mod:`.async_engine` — the caller side, and the loop in a thread of this process;
 * :mod:`.engine_process` — the same loop in a process of its own (no shared GIL);
 * :mod:`.http_limits` — what one client can make the server hold;

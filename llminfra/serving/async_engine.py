@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from llminfra.engine.sampling_params import InvalidParameter
-from llminfra.serving.engine_core import NO_COMMAND, run_engine_loop
+from llminfra.serving.engine_core import NO_COMMAND, EngineDeadError, run_engine_loop
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,6 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     accepted: Future
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (shut down or crashed); no request can be served."""
 
 
 class EngineLoop:

@@ -38,8 +38,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from llminfra.serving.async_engine import EngineDeadError, EngineLoop
-from llminfra.serving.engine_core import NO_COMMAND, run_engine_loop
+from llminfra.serving.async_engine import EngineLoop
+from llminfra.serving.engine_core import NO_COMMAND, EngineDeadError, run_engine_loop
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,8 @@ from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, c
                                               max_tokens_for)
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import CLIENT_CLOSED_REQUEST, APIError
-from llminfra.serving.async_engine import AsyncEngine, EngineDeadError, EngineLoop
-from llminfra.serving.server_metrics import ServerMetrics
-from llminfra.serving.stall_watch import StallWatch, stall_message
+from llminfra.serving.async_engine import AsyncEngine, EngineLoop
+from llminfra.serving.engine_core import EngineDeadError, StallWatch, stall_message
 
 #: a text prompt longer than this (characters) is tokenized in a worker thread: tokenizing 1 MiB
 #: takes the real model's BPE about a second, which on the event loop would stall every stream
@@ -47,10 +46,12 @@ async def _until_disconnected(request: Request) -> None:
 
 
 class Relay:
-    """Validation and relaying between HTTP and the engine loop (one per app)."""
+    """Validation and relaying between HTTP and the engine loop (one per app). ``metrics``
+    (:class:`~llminfra.serving.server.ServerMetrics`) observes every finished request and
+    counts the clients that left before their answer."""
 
     def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, max_n: int,
-                 stall_timeout_s: float = float("inf")):
+                 metrics, stall_timeout_s: float = float("inf")):
         self.tokenizer, self.model_name = tokenizer, model_name
         self.max_model_len, self.max_n = max_model_len, max_n
         cache = None if isinstance(engine, EngineLoop) else getattr(engine, "cache", None)
@@ -58,7 +59,7 @@ class Relay:
         #: its own checks its pool itself, by the same rule
         #: (:func:`~llminfra.engine.sampling_params.max_tokens_for`)
         self.kv_pool = None if cache is None else (cache.allocator.num_blocks, cache.block_size)
-        self.metrics = ServerMetrics(lambda: self.loop.stats)
+        self.metrics = metrics
         if isinstance(engine, EngineLoop):          # e.g. an EngineProcess
             engine.on_finished = self.metrics.observe_finished
             self.loop = engine
