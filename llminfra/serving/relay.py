@@ -68,6 +68,12 @@ class Relay:
         #: judges the engine stalled after ``stall_timeout_s`` without progress
         self.stall = StallWatch(self.loop, stall_timeout_s)
 
+    def check_stalled(self) -> None:
+        """A 503 while the engine is stalled (:class:`~llminfra.serving.engine_core.StallWatch`:
+        ``/health`` and every new request alike)."""
+        if self.stall.stalled:
+            raise APIError(503, stall_message(self.stall.idle_s), type_="server_error")
+
     def check_model(self, req) -> None:
         if req.model != self.model_name:
             raise APIError(404, f"the model {clip_repr(req.model)} does not exist; this server "
@@ -150,8 +156,7 @@ class Relay:
         ``response_format`` schema is compiled here first, in a worker thread, within the
         limits of :mod:`llminfra.engine.structured`: one the engine could not serve is a 400
         before anything is queued."""
-        if self.stall.stalled:
-            raise APIError(503, stall_message(self.stall.idle_s), type_="server_error")
+        self.check_stalled()
         try:
             if params.json_schema is not None:   # imported here: llguidance only when used
                 from llminfra.engine.structured import check_json_schema, check_schema_shape

@@ -55,7 +55,6 @@ from llminfra.engine.sampling_params import clip_repr
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import APIError, add_error_handlers
 from llminfra.serving.async_engine import EngineLoop
-from llminfra.serving.engine_core import stall_message
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from llminfra.serving.relay import Relay
 from llminfra.validate import non_negative_int
@@ -196,8 +195,7 @@ class OpenAIService(Relay):
         """``GET /health``: 200 while the engine loop runs and moves, else 503."""
         if not self.loop.is_running:
             raise APIError(503, "the engine loop is not running", type_="server_error")
-        if self.stall.stalled:
-            raise APIError(503, stall_message(self.stall.idle_s), type_="server_error")
+        self.check_stalled()
         return {"status": "ok"}
 
     async def metrics_text(self):
