@@ -86,6 +86,16 @@ def test_bad_config_raises(kwargs, word):
         ModelConfig(**{**base, **kwargs})
 
 
+def test_head_dim_is_derived_once_and_stays_out_of_the_stored_dict():
+    """d = h / H (24 / 6 = 4), set in ``__post_init__``; ``replace`` derives it again, the dict
+    stored in checkpoints leaves it out, and the config built back from that dict is equal."""
+    assert SMALL.head_dim == SMALL.dim // SMALL.n_heads == 4
+    assert dataclasses.replace(SMALL, dim=48).head_dim == 8
+    assert "head_dim" not in SMALL.to_dict() and ModelConfig(**SMALL.to_dict()) == SMALL
+    with pytest.raises(TypeError):
+        ModelConfig(**SMALL.to_dict(), head_dim=4)
+
+
 def test_unknown_preset_names_the_choices():
     with pytest.raises(KeyError, match="tiny"):
         ModelConfig.from_name("tiny-llama")
