@@ -21,7 +21,7 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MAX_REQUESTS = 1_000_000                # llminfra.serving.loadtest.MAX_REQUESTS
 MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PER_TOKEN
 MAX_PREFIXES = 10_000                   # llminfra.serving.loadtest_workload.MAX_PREFIXES
-MATMULS = ("auto", "plain", "onednn")   # llminfra.serving.serve.MATMULS
+MATMULS = ("auto", "plain", "onednn", "skinny")   # llminfra.serving.serve.MATMULS
 RAMP_UP_STRATEGIES = ("linear", "exponential")  # llminfra.serving.loadtest_workload
 
 
@@ -117,8 +117,11 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--matmul", default="auto", choices=MATMULS,
                    help="plain: F.linear, the readable model as it is; onednn: the weights "
                         "prepacked once for oneDNN, as vLLM's CPU backend runs them (about 2x "
-                        "the tokens/s on a CPU, float32 rounding apart); auto (default): "
-                        "onednn for a real model where PyTorch has it, plain for the tiny one")
+                        "the tokens/s on a CPU, float32 rounding apart); skinny: products of "
+                        "one or two rows (a decode step at 1-2 clients) on the course's C "
+                        "kernel, which streams the weights faster, more on onednn; auto "
+                        "(default): skinny for a real model where the C kernel builds (else "
+                        "onednn), plain for the tiny one")
     s.add_argument("--runner", default="auto", choices=("auto", "readable", "fast"),
                    help="readable: the model as chapter 01 writes it, layer by layer; fast: "
                         "the same weights fused (25 torch calls a layer, CUDA graphs for "

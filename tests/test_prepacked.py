@@ -81,11 +81,16 @@ def test_serve_builds_its_engine_on_the_chosen_kernel():
         build_engine("tiny", matmul="mkl")
 
 
-def test_auto_is_onednn_for_a_real_model_where_torch_has_it(monkeypatch):
-    """``--matmul auto`` (the default): prepacked for a real model, F.linear for the tiny one
-    (whose stored outputs are F.linear's), and F.linear where PyTorch lacks oneDNN."""
+def test_auto_is_prepacked_for_a_real_model_where_torch_has_it(monkeypatch):
+    """``--matmul auto`` (the default): prepacked for a real model (with one or two rows on the
+    C kernel where it builds: ``skinny``), F.linear for the tiny one (whose stored outputs are
+    F.linear's), and F.linear where PyTorch lacks oneDNN."""
+    from llminfra.quant import w4a8
     from llminfra.serving.serve import resolve_matmul
     assert resolve_matmul("auto", "tiny") == "plain"
+    real = ("skinny" if w4a8.available() else "onednn") if pp.available() else "plain"
+    assert resolve_matmul("auto", "smollm2-135m") == real
+    monkeypatch.setattr(w4a8, "available", lambda: False)
     assert resolve_matmul("auto", "smollm2-135m") == ("onednn" if pp.available() else "plain")
     assert resolve_matmul("plain", "smollm2-135m") == "plain"
     assert resolve_matmul("onednn", "tiny") == "onednn"

@@ -44,7 +44,7 @@ from llminfra.bench.compare_servers import FORMATS, server_specs
 from llminfra.bench.server_process import (PROBE_TOKENS, PROBES, Server,  # noqa: F401 - API
                                            agreement, free_port, probe)
 from llminfra.planning.commands import EngineLimits
-from llminfra.serving.serve import resolve_matmul
+from llminfra.serving.serve import MATMULS, resolve_matmul
 from llminfra.specs import get_model
 
 OUTPUT_TOKENS = 64
@@ -113,9 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default=",".join(FORMATS),
                    help="weight formats to serve, of fp32,int4 (default both)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--matmul", default="auto", choices=("auto", "plain", "onednn"),
+    p.add_argument("--matmul", default="auto", choices=MATMULS,
                    help="llminfra serve's matmul kernel (default auto: its own default, "
-                        "oneDNN prepacked on the real model where PyTorch has it)")
+                        "the C kernel for one or two rows and oneDNN prepacked for more)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--requests", default="1:8,4:16,16:32",
                    help="concurrency:requests pairs (default 1:8,4:16,16:32)")

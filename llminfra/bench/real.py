@@ -38,7 +38,8 @@ shared machine does not decide the ratio.
 ``decode_ms_per_token``: batch-1 decode of our model, ``eager`` through plain
 :func:`llminfra.model.generate` with a :class:`~llminfra.model.DenseKVCache` (the readable
 model), ``fast`` through :class:`llminfra.model.FastDecoder`, both on the default kernel, and
-``eager_plain`` / ``fast_plain`` the same on ``F.linear``; ``fast_int4`` through FastDecoder in
+``eager_plain`` / ``fast_plain`` the same on ``F.linear``, ``fast_skinny`` on the package's C kernel
+for few rows (:mod:`llminfra.quant.f32_skinny`, ``serve``'s kernel at batch 1); ``fast_int4`` through FastDecoder in
 int4 on ``int4_kernel`` (``"w4a8"``: :mod:`llminfra.quant.w4a8`, int8 activations and integer
 dot products as llama.cpp's Q4_1 × Q8_1, where it can be built; else ``"torch"``) and
 ``fast_int4_2pass`` (w4a8 with the activations' int8 rounding error multiplied too) and
@@ -257,6 +258,7 @@ def targets(r: dict) -> dict:
     engine / best HF mode >= 1.3, batch-1 decode / its floor (eager <= 2.5, fast <= 1.6,
     fast_int4 <= 2.5 of the int4 floor). The other kernels' ratios are given beside them
     (``engine_plain_vs_best_hf``, ``eager_plain_vs_floor``, ``fast_plain_vs_floor``,
+    ``fast_skinny_vs_floor``,
     ``fast_int4_2pass_vs_floor``, ``fast_int4_torch_vs_floor``), not held to a target."""
     thr, d, f = r["throughput_tokens_per_s"], r["decode_ms_per_token"], r["decode_floor_ms"]
     best_hf = max((k for k in thr if k not in ENGINE_SIDES), key=thr.get)
@@ -265,7 +267,7 @@ def targets(r: dict) -> dict:
            "fast_int4_vs_floor": d["fast_int4"] / f["int4"]}
     if "engine_plain" in thr:
         out["engine_plain_vs_best_hf"] = thr["engine_plain"] / thr[best_hf]
-    for path in ("eager_plain", "fast_plain"):
+    for path in ("eager_plain", "fast_plain", "fast_skinny"):
         if path in d:
             out[f"{path}_vs_floor"] = d[path] / f["fp32"]
     for path in ("fast_int4_2pass", "fast_int4_torch"):

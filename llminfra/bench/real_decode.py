@@ -11,12 +11,14 @@ import time
 
 from llminfra.model import DenseKVCache, FastDecoder, generate, prepacked as onednn
 from llminfra.quant import int4_linear, quantize, w4a8
+from llminfra.quant.f32_skinny import skinny_linear
 from llminfra.model.fast_decode import _plain_linear
 
-#: batch-1 decode paths: the default kernel's, the plain kernel's, int4 on the default int4
-#: kernel and on PyTorch's
-DECODE_PATHS = ("eager", "eager_plain", "fast", "fast_plain", "fast_int4", "fast_int4_2pass",
-                "fast_int4_torch")
+#: batch-1 decode paths: the default kernel's, the plain kernel's, the package's fp32 kernel for
+#: few rows (``fast_skinny``: ``serve``'s default at one or two rows, where the C kernels build),
+#: int4 on the default int4 kernel and on PyTorch's
+DECODE_PATHS = ("eager", "eager_plain", "fast", "fast_plain", "fast_skinny", "fast_int4",
+                "fast_int4_2pass", "fast_int4_torch")
 DECODE_PROMPT_LEN = 64
 #: extra timing rounds of a decode path whose n + 1 tokens timed no slower than 1 (noise)
 RETIMES = 5
@@ -46,7 +48,8 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int,
     """Batch-1 decode seconds per token, keyed as :data:`DECODE_PATHS`: ``eager``
     (:func:`generate` with a DenseKVCache), ``fast`` (:class:`llminfra.model.FastDecoder`), both
     on :func:`matmul_kernel`'s kernel, ``eager_plain`` / ``fast_plain`` on ``F.linear`` (left out
-    where that is the default already), and the int4 paths of :func:`int4_decoders` (``int4``:
+    where that is the default already), ``fast_skinny`` on :mod:`llminfra.quant.f32_skinny`
+    (where the C kernels build), and the int4 paths of :func:`int4_decoders` (``int4``:
     built already, with room for the prompt and n + 1 tokens): (best time of n + 1 tokens − best
     time of 1 token) / n, all timed in turn. Also the bytes of weights ``fast_int4`` reads a
     token (the int4 floor's numerator)."""
@@ -63,6 +66,9 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int,
                                              cache=DenseKVCache(model.config.n_layers)),
                  "eager_plain": eager_plain, "fast": lambda k: fast.generate(prompt, k),
                  "fast_plain": paths["fast"]}
+    if w4a8.available():
+        skinny = FastDecoder(model, max_len=size, linear=skinny_linear())
+        paths["fast_skinny"] = lambda k: skinny.generate(prompt, k)
     for name, decoder in int4.items():
         paths[name] = lambda k, d=decoder: d.generate(prompt, k)
     best = {(p, k): float("inf") for p in paths for k in (1, n + 1)}

@@ -75,6 +75,70 @@ class PrepackedMatmul(Matmul):
                                                          "add")
 
 
+class SkinnyMatmul(PrepackedMatmul):
+    """A product of at most ``kernel.max_rows`` rows on the package's C kernel for few rows
+    (``llminfra/quant/f32_skinny.c``: each thread streams its run of ``W``'s rows once, front
+    to back), more on oneDNN's prepacked weight (:class:`PrepackedMatmul`). ``kernel``:
+    :class:`llminfra.quant.f32_skinny.SkinnyKernel` (the C function, its thread pool).
+    A decode step at batch 1 or 2 is a stream of the weights through the core; on the 2-core
+    EPYC oneDNN drew about 15 GB/s from SmolLM2's layers at one row, this kernel 25.
+    Without a bias it also has ``fused`` (as the w4a8 kernel's): ``fused(x, norm=g, eps=ε)``
+    is ``f(RMSNorm(x)·g)`` and ``fused(x, gated=True)`` ``f(silu(gate)·up)`` of
+    ``x = [gate | up]``, formed inside the kernel's call where it takes the rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel):
+        super().__init__(weight, bias)
+        self.weight = self.weight.contiguous()
+        self._kernel = kernel
+        self._rows = kernel.max_rows if self.bias is None else 0
+        self._n, self._k = self.weight.shape
+        if self.bias is None:
+            self.fused = self._fused
+
+    def _product(self, x: torch.Tensor, residual: torch.Tensor | None, M: int,
+                 norm: torch.Tensor | None = None, eps: float = 0.0,
+                 gated: bool = False) -> torch.Tensor:
+        k = self._kernel
+        y = torch.empty(*x.shape[:-1], self._n)
+        status = k.fn(x.data_ptr(), self.weight.data_ptr(),
+                      None if residual is None else residual.data_ptr(), y.data_ptr(),
+                      M, self._n, self._k, x.shape[-1], gated,
+                      None if norm is None else norm.data_ptr(), eps, k.threads, k.pool)
+        if status:
+            raise ValueError(f"f32_skinny_gemm refused x {tuple(x.shape)} for W "
+                             f"{tuple(self.weight.shape)} on {k.threads} threads")
+        return y
+
+    def _rows_of(self, x: torch.Tensor, width: int) -> int:
+        """x's rows where the C kernel takes it (few, contiguous float32, ``width`` wide), else
+        0."""
+        M = x.numel() // width
+        return (M if 0 < M <= self._rows and x.shape[-1] == width and x.is_contiguous()
+                and x.dtype == torch.float32 else 0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        M = self._rows_of(x, self._k)
+        return self._product(x, None, M) if M else super().__call__(x)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        M = self._rows_of(x, self._k)
+        if M and residual.is_contiguous() and residual.dtype == torch.float32:
+            return self._product(x, residual, M)
+        return super().add(x, residual)
+
+    def _fused(self, x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
+               gated: bool = False) -> torch.Tensor:
+        M = self._rows_of(x, 2 * self._k if gated else self._k)
+        if M and (norm is None or (norm.is_contiguous() and norm.dtype == torch.float32)):
+            return self._product(x, None, M, norm, float(eps), bool(gated))
+        if gated:
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
+        if norm is not None:
+            x = F.rms_norm(x, (self._k,), norm, eps)
+        return super().__call__(x)
+
+
 class FunctionMatmul:
     """A ``linear(W) -> f`` of the package (int4, w4a8: :mod:`llminfra.quant`) as a matmul;
     ``add`` is ``residual + f(x)``, and ``fused`` is passed on where ``f`` has it."""
@@ -154,7 +218,8 @@ class FusedWeights:
     ``linear``: ``None`` — :class:`Matmul` (``F.linear``) or :class:`PrepackedMatmul` as the
     model's layers are (:func:`matmul_kind`); or a ``linear(W) -> f`` of the package
     (:func:`llminfra.quant.int4_linear`, :func:`llminfra.quant.w4a8.w4a8_linear`), applied to
-    each stacked matrix and to the output matrix. ``ValueError`` for a mixture-of-experts model.
+    each stacked matrix and to the output matrix; or one with a ``matmul(W, bias)`` of its own
+    (:func:`llminfra.quant.f32_skinny.skinny_linear`: :class:`SkinnyMatmul`). ``ValueError`` for a mixture-of-experts model.
     """
 
     def __init__(self, model: Transformer, linear: Callable | None = None):
@@ -193,8 +258,9 @@ class FusedWeights:
 
     @staticmethod
     def _maker(model, linear):
-        if linear is not None:
-            return lambda w, b=None: FunctionMatmul(linear(w), w, b)
+        if linear is not None:        # a linear that brings its own matmul class, or a function
+            own = getattr(linear, "matmul", None)
+            return own if own is not None else (lambda w, b=None: FunctionMatmul(linear(w), w, b))
         cls = PrepackedMatmul if matmul_kind(model) == "onednn" else Matmul
         return cls
 

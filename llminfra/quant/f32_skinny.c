@@ -16,7 +16,9 @@
  * same bits for any thread count. Built into the w4a8 library (llminfra/quant/w4a8_build.py);
  * driven by llminfra/model/skinny.py. Chapter 08.
  */
+#include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define F32_MAX_ROWS 8       /* rows of x per pass over W: 8 accumulators */
@@ -103,19 +105,61 @@ int w4a8_pool_size(const void *handle);
 int pool_run(void *handle, pool_fn fn, void *arg, int C);
 void run_threads(int T, pool_fn fn, void *arg);
 
-/* y (M, N) = x (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); all
-   contiguous fp32. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between calls, else
-   NULL) split W's rows into up to 4 chunks a thread, claimed by whichever thread runs. Returns
-   0, or -2 for an M, N, K or threads out of range. */
+/* Row m of a from row m of x (x_stride floats apart): with gated, x's row is [gate (K) | up (K)]
+   and a = silu(gate) * up (a SwiGLU's product); else a = x's first K values; then with norm
+   (K gains, else NULL) a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm): what a decode step does
+   before its matmuls, here in the same call. */
+static void form_rows(const float *x, int x_stride, int M, int K, int gated, const float *norm,
+                      float eps, float *a) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * x_stride;
+        float *ar = a + (size_t)m * K;
+        if (gated)
+            for (int k = 0; k < K; k++) ar[k] = xr[k] / (1.f + expf(-xr[k])) * xr[K + k];
+        else
+            memcpy(ar, xr, sizeof(float) * (size_t)K);
+        if (norm) {
+            float part[16] = {0.f}, ss = 0.f;     /* 16 partial sums: the loop vectorizes */
+            int k = 0;
+            for (; k + 16 <= K; k += 16)
+                for (int l = 0; l < 16; l++) part[l] += ar[k + l] * ar[k + l];
+            for (; k < K; k++) ss += ar[k] * ar[k];
+            for (int l = 0; l < 16; l++) ss += part[l];
+            float inv = 1.f / sqrtf(ss / (float)K + eps);
+            for (k = 0; k < K; k++) ar[k] = ar[k] * inv * norm[k];
+        }
+    }
+}
+
+/* y (M, N) = a (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); W, r and y
+   contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL; x_stride = K) or formed
+   from them as form_rows says. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between
+   calls, else NULL) split W's rows into up to 4 chunks a thread, claimed by whichever thread
+   runs. Returns 0, -1 where memory ran out, or -2 for an M, N, K, x_stride or threads out of
+   range. */
 int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,
-                    int K, int threads, void *pool) {
-    if (M < 0 || N < 0 || K < 0 || threads < 1 || threads > 64) return -2;
+                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
+                    void *pool) {
+    if (M < 0 || N < 0 || K < 0 || threads < 1 || threads > 64 ||
+        x_stride < (gated ? 2 * K : K))
+        return -2;
     if (!M || !N) return 0;
-    skinny_job j = {.x = x, .w = w, .r = r, .y = y, .M = M, .N = N, .K = K};
+    float stack[8192];                          /* 32 kB: a decode step's rows fit */
+    float *a = NULL;
+    if (gated || norm) {
+        size_t need = (size_t)M * K;
+        a = need <= sizeof stack / sizeof *stack ? stack : malloc(sizeof(float) * need);
+        if (!a) return -1;
+        form_rows(x, x_stride, M, K, gated, norm, eps, a);
+    } else if (x_stride != K) {
+        return -2;
+    }
+    skinny_job j = {.x = a ? a : x, .w = w, .r = r, .y = y, .M = M, .N = N, .K = K};
     int C = N < 4 * threads ? N : 4 * threads;
     if (threads <= 1 || C <= 1)
         skinny_part(&j, 0, 1);
     else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, skinny_part, &j, C))
         run_threads(threads, skinny_part, &j);
+    if (a && a != stack) free(a);
     return 0;
 }

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 #: ``--speculative`` choices (None: plain decoding)
 SPECULATIVE = (None, "ngram", "draft-int4")
 #: ``--matmul`` choices: ``auto`` (see :func:`resolve_matmul`), ``F.linear`` as the model is,
-#: or :mod:`llminfra.model.prepacked`
-MATMULS = ("auto", "plain", "onednn")
+#: :mod:`llminfra.model.prepacked`, or ``skinny``: products of one or two rows on the package's
+#: C kernel (:mod:`llminfra.quant.f32_skinny`), more on oneDNN's prepacked weights
+MATMULS = ("auto", "plain", "onednn", "skinny")
 #: ``--runner`` choices: the readable model, the fused fast step, or ``auto``
 #: (:func:`resolve_runner`)
 RUNNERS = ("auto", "readable", "fast")
@@ -50,8 +51,9 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     (:func:`llminfra.quant.w4a8.default_threads`). ``speculative``: None, ``"ngram"``
     (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
     rule and at most ``num_speculative_tokens`` drafts a step. ``matmul``: ``"plain"``
-    (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`)
-    or ``"auto"`` (:func:`resolve_matmul`). ``runner``: ``"readable"``, ``"fast"`` or ``"auto"``
+    (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`),
+    ``"skinny"`` (:mod:`llminfra.quant.f32_skinny` for one or two rows, the fast runner) or
+    ``"auto"`` (:func:`resolve_matmul`). ``runner``: ``"readable"``, ``"fast"`` or ``"auto"``
     (:func:`resolve_runner`); ``cuda_graphs``: None (on where the model is on CUDA), True or
     False (:mod:`llminfra.engine.model_runner`); ``quantization``: None, or ``"w4a8"`` (int4
     weights on the w4a8 kernel, the fast runner; ``runner="readable"`` is then refused)."""
@@ -73,7 +75,13 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     if quantization is not None and runner == "readable":
         raise ValueError(f"quantization={quantization!r} runs on the fast runner; "
                          f"runner='readable' cannot take it")
-    if resolve_matmul(matmul, model) == "onednn" and quantization is None:
+    kind = resolve_matmul(matmul, model) if quantization is None else None
+    if kind == "skinny" and resolve_runner(runner, net) == "readable":
+        if matmul == "skinny":
+            raise ValueError("matmul='skinny' runs on the fast runner; runner='readable' (or a "
+                             "model the fused weights do not take) cannot take it")
+        kind = "onednn"
+    if kind == "onednn":
         from llminfra.model.prepacked import prepacked
         net = prepacked(net)
     spec = None
@@ -82,13 +90,18 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     elif speculative == "draft-int4":
         spec = SpeculativeConfig("draft", num_speculative_tokens, adaptive=True,
                                  draft=FastDecoder(net, linear=int4_linear(64)))
+    linear = _skinny_linear() if kind == "skinny" else quantized_linear(quantization)
     return LLMEngine(net, tokenizer, num_blocks=num_blocks, block_size=block_size,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
                      enable_prefix_caching=enable_prefix_caching, speculative=spec,
-                     runner="fast" if quantization else resolve_runner(runner, net),
-                     cuda_graphs=cuda_graphs,
-                     linear=quantized_linear(quantization))
+                     runner="fast" if linear is not None else resolve_runner(runner, net),
+                     cuda_graphs=cuda_graphs, linear=linear)
+
+
+def _skinny_linear():
+    from llminfra.quant.f32_skinny import skinny_linear
+    return skinny_linear()
 
 
 def quantized_linear(quantization: str | None):
@@ -123,20 +136,24 @@ def resolve_runner(runner: str, net) -> str:
 
 
 def resolve_matmul(matmul: str, model: str) -> str:
-    """The kernel ``matmul`` means for ``model``: ``"auto"`` is ``"onednn"`` for a real model
-    (anything but ``"tiny"``) where this PyTorch has oneDNN's prepacked linear — about 2× the
+    """The kernel ``matmul`` means for ``model``: ``"auto"`` is ``"skinny"`` for a real model
+    (anything but ``"tiny"``) where this PyTorch has oneDNN's prepacked linear and the
+    package's C kernel builds (:func:`llminfra.quant.w4a8.available`): oneDNN — about 2× the
     tokens/s of ``F.linear`` on SmolLM2 on a CPU (``python -m llminfra bench real``), the kernel
-    vLLM's CPU backend uses — and ``"plain"`` otherwise: the tiny model's 12 MB of weights sit
-    in cache, where repacking them on each call costs little, and the course's stored
-    tiny-model outputs are ``F.linear``'s."""
+    vLLM's CPU backend uses — for every product but those of one or two rows, which stream
+    the weights faster through ``f32_skinny.c``. Without a C compiler it is ``"onednn"``, and
+    ``"plain"`` for the tiny model: its 12 MB of weights sit in cache, where repacking them on
+    each call costs little, and the course's stored tiny-model outputs are ``F.linear``'s."""
     from llminfra.model import prepacked
+    from llminfra.quant import w4a8
 
     if matmul not in MATMULS:
         raise ValueError(f"matmul {matmul!r}; allowed: {MATMULS}")
     if matmul != "auto":
         return matmul
-    real = str(model).strip().lower() != "tiny"
-    return "onednn" if real and prepacked.available() else "plain"
+    if str(model).strip().lower() == "tiny" or not prepacked.available():
+        return "plain"
+    return "skinny" if w4a8.available() else "onednn"
 
 
 def served_name(model: str) -> str:

@@ -1,0 +1,117 @@
+"""fp32 products of a few rows on the package's C kernel: a decode step read as one stream of W.
+
+At batch 1 a decode step multiplies one row by every weight matrix, so it is a stream of the
+weights through the core: its time is the weights' bytes over the bandwidth the kernel draws.
+oneDNN and MKL block their loops for big products; for one row on this 2-core AMD EPYC they drew
+about 12–15 GB/s from SmolLM2-135M's layers on one thread, where a plain sum over the same bytes
+draws 27 GB/s. ``f32_skinny.c`` (beside this file, in the w4a8 library, on its thread pool)
+reads each thread's run of ``W``'s rows front to back against the rows of ``x`` held in L1, as
+llama.cpp does for F32 weights. Measured 2026-12-05, SmolLM2-135M's 30 layers (425 MB) from
+memory, ms per pass:
+
+=========  =====================  ==================  ====================
+rows       threads  f32_skinny    oneDNN prepacked    F.linear (MKL)
+=========  =====================  ==================  ====================
+1          1        16.9          28.6                32.2
+2          1        19.6          34.4                52.0
+4          1        30.1          22.3                43.9
+1          2        14.0          20.2                35.0
+2          2        13.8          20.4                52.3
+4          2        16.7          16.3                45.9
+=========  =====================  ==================  ====================
+
+Past two rows the kernel's arithmetic (one multiply-add per weight per row, no register
+blocking) costs more than oneDNN's, so :func:`skinny_linear` hands it products of at most
+:data:`MAX_ROWS` rows and the rest to oneDNN (:class:`llminfra.model.fused.SkinnyMatmul`).
+Each output is one thread's dot product of its own row of ``W``: the same bits for any thread
+count. Chapter 08 (where a decode step's time goes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from llminfra.model.fused import SkinnyMatmul
+from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
+
+#: products of at most this many rows go to the C kernel (see the table above)
+MAX_ROWS = 2
+
+
+@dataclass(frozen=True)
+class SkinnyKernel:
+    """The C function ``f32_skinny_gemm``, the thread pool it runs on (its handle), its thread
+    count and the most rows a product may have to be sent to it."""
+
+    fn: ctypes._CFuncPtr
+    pool: int | None
+    threads: int
+    max_rows: int
+    owner: ThreadPool           # keeps the pool's workers alive while the kernel is in use
+
+
+def _function(lib: ctypes.CDLL):
+    fn = lib.f32_skinny_gemm
+    p, i = ctypes.c_void_p, ctypes.c_int
+    fn.argtypes = [p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i, p]
+    fn.restype = i
+    return fn
+
+
+def kernel(threads: int | None = None, max_rows: int = MAX_ROWS) -> SkinnyKernel:
+    """The kernel on a :class:`~llminfra.quant.w4a8.ThreadPool` of ``threads`` (None: torch's
+    thread count). ``RuntimeError`` where the library cannot be built (no C compiler),
+    ``ValueError`` for a thread count outside 1..64 or ``max_rows`` below 0."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
+        raise ValueError(f"max_rows must be an int >= 0, got {max_rows!r}")
+    lib = library()
+    pool = ThreadPool(_check_threads(threads), lib)
+    return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool)
+
+
+class skinny_linear:
+    """A ``linear`` for :class:`llminfra.model.fused.FusedWeights` (the engine's fast runner):
+    each matrix becomes a :class:`~llminfra.model.fused.SkinnyMatmul` sharing one
+    :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, more on oneDNN's
+    prepacked weight. ``RuntimeError`` where the C kernel cannot be built."""
+
+    def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS):
+        self.kernel = kernel(threads, max_rows)
+
+    def matmul(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> SkinnyMatmul:
+        return SkinnyMatmul(weight, bias, kernel=self.kernel)
+
+    def __call__(self, weight: torch.Tensor):
+        """``linear(W) -> f`` as the package's other linears (``f(x) = x · Wᵀ``)."""
+        return self.matmul(weight)
+
+
+def f32_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
+           threads: int | None = None) -> torch.Tensor:
+    """``residual + x · Wᵀ`` (``x`` ``(M, K)``, ``W`` ``(N, K)``, ``residual`` ``(M, N)`` or None)
+    on the C kernel for any M, on ``threads`` threads started for the call: for checking it.
+    ``ValueError`` for shapes that do not fit or a dtype other than float32."""
+    threads = _check_threads(threads)
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dim() != 2 or t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a 2-D float32 CPU tensor, got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device}")
+    (M, K), (N, K2) = x.shape, weight.shape
+    if K != K2:
+        raise ValueError(f"x has {K} features, the weight {K2}: x (M, K) · W (N, K)ᵀ")
+    if residual is not None and (tuple(residual.shape) != (M, N) or
+                                 residual.dtype != torch.float32):
+        raise ValueError(f"residual must be float32 of shape {(M, N)}, got {residual.dtype} "
+                         f"{tuple(residual.shape)}")
+    x, weight = x.contiguous(), weight.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    y = torch.empty(M, N)
+    status = _function(library())(x.data_ptr(), weight.data_ptr(),
+                                  None if residual is None else residual.data_ptr(),
+                                  y.data_ptr(), M, N, K, K, 0, None, 0.0, threads, None)
+    if status:
+        raise ValueError(f"f32_skinny_gemm refused M = {M}, N = {N}, K = {K}")
+    return y

@@ -1,0 +1,163 @@
+"""The fp32 kernel for products of a few rows (llminfra/quant/f32_skinny.c) and its use: against
+torch's product, the same bits for any thread count, bad input refused plainly, and the engine's
+fast runner on it giving the tokens oneDNN gives."""
+
+import pytest
+import torch
+
+from llminfra.quant import w4a8
+
+pytestmark = pytest.mark.skipif(not w4a8.available(),
+                                reason=f"the C kernels do not build here: "
+                                       f"{w4a8.unavailable_reason()}")
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("M", [0, 1, 2, 3, 7, 8, 9, 17])
+@pytest.mark.parametrize("K", [576, 100, 16, 5])
+def test_products_match_torch(M, K):
+    from llminfra.quant.f32_skinny import f32_mm
+
+    g = torch.Generator().manual_seed(M * 1000 + K)
+    x, W = torch.randn(M, K, generator=g), torch.randn(37, K, generator=g)
+    r = torch.randn(M, 37, generator=g)
+    _close(f32_mm(x, W), x @ W.t())
+    _close(f32_mm(x, W, r), torch.addmm(r, x, W.t()))
+
+
+def test_same_bits_for_any_thread_count():
+    from llminfra.quant.f32_skinny import f32_mm
+
+    g = torch.Generator().manual_seed(1)
+    x, W = torch.randn(3, 576, generator=g), torch.randn(1000, 576, generator=g)
+    one = f32_mm(x, W, threads=1)
+    for t in (2, 3, 7):
+        assert torch.equal(f32_mm(x, W, threads=t), one)
+
+
+def test_views_are_read_as_their_values():
+    from llminfra.quant.f32_skinny import f32_mm
+
+    g = torch.Generator().manual_seed(2)
+    x, W = torch.randn(4, 128, generator=g), torch.randn(64, 256, generator=g)
+    _close(f32_mm(x.t()[:, :2].t(), W[:, ::2]), x.t()[:, :2].t() @ W[:, ::2].t())
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(x=torch.randn(2, 8), weight=torch.randn(3, 9)), "8 features, the weight 9"),
+    (dict(x=torch.randn(2, 8).double(), weight=torch.randn(3, 8)), "float32"),
+    (dict(x=torch.randn(8), weight=torch.randn(3, 8)), "2-D"),
+    (dict(x=torch.randn(2, 8), weight=torch.randn(3, 8), residual=torch.randn(3, 2)),
+     "residual must be float32 of shape"),
+    (dict(x=torch.randn(2, 8), weight=torch.randn(3, 8), threads=0), "threads"),
+])
+def test_bad_input_is_refused_plainly(bad, message):
+    from llminfra.quant.f32_skinny import f32_mm
+
+    with pytest.raises(ValueError, match=message):
+        f32_mm(**bad)
+
+
+def test_kernel_settings_are_checked():
+    from llminfra.quant.f32_skinny import kernel
+
+    for rows in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_rows"):
+            kernel(max_rows=rows)
+    with pytest.raises(ValueError, match="threads"):
+        kernel(threads=65)
+
+
+def test_matmul_sends_few_rows_to_the_kernel_and_more_to_onednn(monkeypatch):
+    from llminfra.model import fused
+    from llminfra.quant.f32_skinny import f32_mm, skinny_linear
+
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(96, 64, generator=g)
+    m = skinny_linear(threads=2, max_rows=2).matmul(W)
+    sent = []
+    product = fused.SkinnyMatmul._product
+    monkeypatch.setattr(fused.SkinnyMatmul, "_product",
+                        lambda self, x, r, M: sent.append(M) or product(self, x, r, M))
+    for M in (1, 2, 3, 16):
+        x, r = torch.randn(M, 64, generator=g), torch.randn(M, 96, generator=g)
+        _close(m(x), x @ W.t())
+        _close(m.add(x, r), torch.addmm(r, x, W.t()))
+    assert sent == [1, 1, 2, 2]                  # 3 and 16 rows went to oneDNN
+    x = torch.randn(1, 1, 64, generator=g)       # FastDecoder's (1, T, dim)
+    assert m(x).shape == (1, 1, 96)
+    assert torch.equal(m(x)[0], f32_mm(x[0], W))
+    assert torch.equal(m(x.transpose(0, 1)), m(x))   # a non-contiguous x: oneDNN, same values
+    assert sent[-1] == 1
+
+
+def test_a_biased_matrix_stays_on_onednn():
+    from llminfra.quant.f32_skinny import skinny_linear
+
+    W, b = torch.randn(8, 16), torch.randn(8)
+    m = skinny_linear(max_rows=2).matmul(W, b)
+    x = torch.randn(1, 16)
+    _close(m(x), x @ W.t() + b)
+
+
+def test_fast_runner_on_skinny_gives_onednns_tokens():
+    """The engine on the tiny model: greedy tokens with matmul='skinny' (batch 1 and 2 on the C
+    kernel) are oneDNN's."""
+    from llminfra.engine import SamplingParams
+    from llminfra.serving.serve import build_engine
+
+    prompts = ["The cat sat on", "Paged attention keeps", "def fib(n):"]
+    outs = {}
+    for kind in ("onednn", "skinny"):
+        engine = build_engine("tiny", num_blocks=64, max_num_seqs=2, matmul=kind)
+        outs[kind] = [o.outputs[0].token_ids for o in engine.generate(
+            prompts, SamplingParams(max_tokens=12, temperature=0.0))]
+    assert outs["skinny"] == outs["onednn"]
+    assert all(len(t) == 12 for t in outs["skinny"])
+
+
+def test_serve_picks_skinny_for_a_real_model_and_refuses_it_on_the_readable_runner():
+    from llminfra.serving.serve import build_engine, resolve_matmul
+
+    assert resolve_matmul("auto", "smollm2-135m") == "skinny"
+    assert resolve_matmul("auto", "tiny") == "plain"
+    with pytest.raises(ValueError, match="skinny.*fast runner"):
+        build_engine("tiny", num_blocks=16, matmul="skinny", runner="readable")
+
+
+@pytest.mark.parametrize("M", [1, 2, 5])
+def test_fused_norm_and_swiglu_match_torch(M):
+    """``fused(x, norm=g)`` is f(RMSNorm(x)·g) and ``fused(x, gated=True)`` f(silu(gate)·up),
+    inside the kernel's call for 1-2 rows and in torch calls for more."""
+    import torch.nn.functional as F
+
+    from llminfra.quant.f32_skinny import skinny_linear
+
+    g = torch.Generator().manual_seed(M)
+    W, gain = torch.randn(40, 100, generator=g), torch.rand(100, generator=g) + 0.5
+    m = skinny_linear(threads=2, max_rows=2).matmul(W)
+    x = torch.randn(M, 100, generator=g) * 3
+    _close(m.fused(x, norm=gain, eps=1e-5), F.rms_norm(x, (100,), gain, 1e-5) @ W.t())
+    xx = torch.randn(1, M, 200, generator=g)
+    gate, up = xx.chunk(2, -1)
+    _close(m.fused(xx, gated=True), (F.silu(gate) * up) @ W.t())
+    with pytest.raises(ValueError, match="x_stride|refused|shape|size"):
+        m._product(torch.randn(1, 50), None, 1)        # narrower than K: the C code refuses
+    assert not hasattr(skinny_linear().matmul(W, torch.zeros(40)), "fused")
+
+
+def test_fast_decoder_on_skinny_gives_onednns_tokens():
+    """FastDecoder takes the fused forms (its norms and SwiGLU inside the kernel's call at one
+    row): greedy tokens equal oneDNN's on the tiny model."""
+    from llminfra.model import FastDecoder, load_model, prepacked
+    from llminfra.quant.f32_skinny import skinny_linear
+
+    net, _ = load_model("tiny")
+    prompt = list(range(5, 25))
+    dnn = FastDecoder(net, max_len=64, linear=prepacked.onednn_linear).generate(prompt, 16)
+    skinny = FastDecoder(net, max_len=64, linear=skinny_linear())
+    assert skinny.fused
+    assert skinny.generate(prompt, 16) == dnn
