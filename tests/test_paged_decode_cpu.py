@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llminfra.model.fast_step import (_c_decode, c_function, decode_attention, decode_step,
-                                      kv_rows, layer_pools, paged_attention_c)
+from llminfra.model.fast_step import decode_attention, decode_step, kv_rows, layer_pools
 from llminfra.quant import w4a8
+from llminfra.quant.paged_decode import c_function, kernel, paged_attention_c
 
 pytestmark = pytest.mark.skipif(not w4a8.available(), reason="no C compiler for the w4a8 library")
 
@@ -183,22 +183,29 @@ def step_inputs(engine, pad: int = 1):
 def test_decode_step_on_the_kernel_gives_the_gather_sdpa_logits(engine_state):
     _, engine = engine_state
     args = step_inputs(engine)
+    weights = args[0]
+    assert weights.paged_decode is None            # an engine built without the C kernels
     with torch.no_grad():
         want = decode_step(*args, c_kernel=False)
-        got = decode_step(*args, c_kernel=True)
-        auto = decode_step(*args)
+        assert torch.equal(decode_step(*args), want)
+        got = decode_step(*args, c_kernel=kernel())
+        weights.paged_decode = kernel(threads=2)
+        try:
+            auto = decode_step(*args)
+        finally:
+            weights.paged_decode = None
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(auto, got)                               # the default on the CPU
+    assert torch.equal(auto, got)                  # the weights' own kernel: the same bits
     bad = list(args)
     bad[3] = args[3].clone()
     bad[3][0] = args[5].shape[1] * engine.cache.block_size      # a position past the table
     with pytest.raises(ValueError, match="context length"):
-        decode_step(*bad, c_kernel=True)
+        decode_step(*bad, c_kernel=kernel())
 
 
-def test_the_engine_s_greedy_tokens_are_unchanged(monkeypatch):
-    """A short greedy run of the fast runner: the C kernel's tokens are the gather + SDPA
-    path's (the kernel switched off through its cached loader)."""
+def test_the_engine_s_greedy_tokens_are_unchanged():
+    """A short greedy run of the fast runner: the C kernel's tokens (the weights given it, as
+    ``serve``'s linears give it) are the gather + SDPA path's."""
     from llminfra.engine import LLMEngine, SamplingParams
     from llminfra.model import ByteTokenizer, ModelConfig, Transformer
     from llminfra.model import fast_step
@@ -209,15 +216,30 @@ def test_the_engine_s_greedy_tokens_are_unchanged(monkeypatch):
     prompts = [[rng.randrange(1, 256) for _ in range(rng.randrange(1, 50))] for _ in range(6)]
     greedy = SamplingParams(max_tokens=16, ignore_eos=True)
 
-    def run():
+    def run(c_kernel):
         engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=6,
                            block_size=16)
+        engine.runner.weights.paged_decode = c_kernel
         return [out.outputs[0].token_ids for out in engine.generate(prompts, greedy)]
 
     calls = []
-    real = fast_step._c_decode
-    monkeypatch.setattr(fast_step, "_c_decode", lambda t: calls.append(t) or real(t))
-    got = run()
-    assert calls and calls[0] == min(torch.get_num_threads(), 64)   # torch's thread count
-    monkeypatch.setattr(fast_step, "_c_decode", lambda t: None)
-    assert run() == got
+    real = fast_step.c_attend
+    k = kernel()
+    try:
+        fast_step.c_attend = lambda *a: calls.append(a[0]) or real(*a)
+        got = run(k)
+    finally:
+        fast_step.c_attend = real
+    assert calls and all(c is k for c in calls)
+    assert k.threads == min(torch.get_num_threads(), 64)      # torch's thread count
+    assert run(None) == got
+
+
+def test_serve_s_linears_bring_the_kernel_on_their_own_threads():
+    from llminfra.quant.f32_skinny import skinny_linear
+    from llminfra.serving.serve import quantized_linear
+
+    for linear in (skinny_linear(threads=2), quantized_linear("w4a8")):
+        assert linear.paged_decode is not None
+        owner = linear.kernel.owner if hasattr(linear, "kernel") else linear.pool
+        assert linear.paged_decode.owner is owner             # one pool, not two

@@ -26,8 +26,7 @@ ALLOWED = {
     "specs": {"validate"},
     "calc": {"validate", "specs"},
     "attention": {"validate"},                # a leaf: every attention the model runs
-    "model": {"validate", "attention", "specs", "quant"},   # quant: fast_step's C decode kernel,
-                                                           # lazily (LAZY_IMPORTS)
+    "model": {"validate", "attention", "specs"},
     "kvcache": {"validate", "attention", "model", "specs", "calc"},
     "quant": {"validate", "attention", "model", "specs", "calc"},
     "parallel": {"validate", "attention", "model", "specs", "calc"},
@@ -327,8 +326,6 @@ def test_the_writer_rule_sees_a_writer():
 #: (everything else is imported at the top, where a reader sees it)
 _CLI = "the command line starts in a tenth of a second: a command loads what it runs"
 _TRITON = "Triton kernels load only where Triton is installed and the step asks for them"
-_C_KERNEL = ("; the C decode kernel (w4a8 library) is compiled on the first CPU step that "
-             "takes it, not when the model imports")
 _WEB = "FastAPI / uvicorn load only where a server is started"
 _LLGUIDANCE = "llguidance loads only for a request with a response_format schema"
 _NO_TORCH = "the load generator runs without torch (it can test any OpenAI endpoint)"
@@ -343,8 +340,7 @@ LAZY_IMPORTS = {
                      _CLI),
     "llminfra.cli_serving": ({"llminfra.serving.loadtest", "llminfra.serving.serve"}, _CLI),
     "llminfra.attention.ragged": ({"llminfra.attention.paged_triton"}, _TRITON),
-    "llminfra.model.fast_step": ({"llminfra.attention.paged_triton", "llminfra.quant"},
-                                 _TRITON + _C_KERNEL),
+    "llminfra.model.fast_step": ({"llminfra.attention.paged_triton"}, _TRITON),
     "llminfra.bench.kvcache": ({"llminfra.attention.paged_triton"}, _TRITON),
     "llminfra.engine.engine": ({"llminfra.engine.structured"}, _LLGUIDANCE),
     "llminfra.serving.relay": ({"llminfra.engine.structured"}, _LLGUIDANCE),

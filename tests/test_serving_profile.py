@@ -37,6 +37,22 @@ def _check(result: dict, num_requests: int, max_output_tokens: int) -> None:
     assert "event loop" in sp.format_table(result)
 
 
+def test_profile_on_the_c_kernels_times_them():
+    """``--matmul skinny``: the fused matmuls (their RMSNorm / SwiGLU inside) and the C decode
+    attention are timed as such; no gather, no SDPA in a decode step."""
+    from llminfra.quant import w4a8
+    if not w4a8.available():
+        pytest.skip(f"the C kernels do not build here: {w4a8.unavailable_reason()}")
+    result = sp.profile_serving("tiny", concurrency=2, num_requests=4, max_output_tokens=8,
+                                max_model_len=128, chars_per_token=1.0, repeats=1,
+                                unprofiled=False, matmul="skinny")
+    assert result["settings"]["matmul"] == "skinny"
+    assert result["profiled_run"]["profile"]["missing"] == []
+    decode = result["profiled_run"]["profile"]["seconds"]["decode"]
+    assert decode["attention: C paged kernel"] > 0 and decode["matmuls"] > 0
+    assert decode["attention: K/V gather"] == decode["attention: SDPA"] == 0
+
+
 def test_profile_engine_process_adds_up():
     n, tokens = 6, 8
     result = sp.profile_serving("tiny", concurrency=3, num_requests=n, max_output_tokens=tokens,

@@ -158,20 +158,23 @@ def profile_serving(model: str = MODEL, *, concurrency: int = CONCURRENCY,
                     num_requests: int = NUM_REQUESTS, max_output_tokens: int = OUTPUT_TOKENS,
                     max_model_len: int | None = MAX_MODEL_LEN, chars_per_token: float = 4.0,
                     engine_in_thread: bool = False, num_threads: int | None = None,
-                    repeats: int = 2, unprofiled: bool = True, seed: int = 0) -> dict:
+                    repeats: int = 2, unprofiled: bool = True, seed: int = 0,
+                    matmul: str = "auto") -> dict:
     """Profile ``serve`` on ``model`` under ``concurrency`` closed-loop streaming clients
     (``num_requests`` chapter-04 trace requests fitting ``max_model_len``, outputs capped at
     ``max_output_tokens``, greedy, ``ignore_eos``): ``repeats`` profiled runs, each after a run
     of the same server without the wrappers (``unprofiled``); the fastest of each kind counts
     (the least disturbed on a shared machine), every run is kept. ``num_threads``: torch's
-    threads in the engine (None: serve's default, all cores). Returns the settings, every run,
+    threads in the engine (None: serve's default, all cores); ``matmul``: serve's ``--matmul``.
+    Returns the settings, every run,
     and the categories of the counted profiled run (:func:`categories`)."""
 
     load_before = os.getloadavg()
     options = dict(concurrency=concurrency, num_requests=num_requests, seed=seed,
                    max_model_len=max_model_len, max_output_tokens=max_output_tokens,
                    chars_per_token=chars_per_token, temperature=0.0, ignore_eos=True)
-    engine_kwargs = dict(max_num_seqs=max(concurrency, 1), num_threads=num_threads)
+    engine_kwargs = dict(max_num_seqs=max(concurrency, 1), num_threads=num_threads,
+                         matmul=matmul)
     order = ([False, True] if unprofiled else [True]) * repeats
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         pool.submit(_ready).result()
@@ -186,7 +189,7 @@ def profile_serving(model: str = MODEL, *, concurrency: int = CONCURRENCY,
                             "cpu_count": os.cpu_count(), "load_average_before": load_before,
                             "load_average_after": os.getloadavg()},
             "settings": {"model": model, **options, "engine": "thread" if engine_in_thread
-                         else "process", **_served_kinds(model),
+                         else "process", **_served_kinds(model, matmul),
                          "engine_torch_threads": profiled["profile"]["torch_threads"],
                          "num_threads_setting": num_threads,
                          "method": "time.perf_counter wrappers installed from outside "
@@ -202,10 +205,10 @@ def profile_serving(model: str = MODEL, *, concurrency: int = CONCURRENCY,
             **categories(profiled)}
 
 
-def _served_kinds(model: str) -> dict:
-    """The runner and matmul ``serve``'s defaults give ``model``."""
+def _served_kinds(model: str, matmul: str = "auto") -> dict:
+    """The runner ``serve``'s default gives ``model``, and the matmul ``matmul`` means."""
     return {"runner": "auto (fast where the fused weights take the model)",
-            "matmul": resolve_matmul("auto", model)}
+            "matmul": resolve_matmul(matmul, model)}
 
 
 def categories(run: dict) -> dict:

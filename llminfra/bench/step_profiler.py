@@ -32,10 +32,13 @@ STEP_CATEGORIES = (
     ("scheduler", "Scheduler.schedule + update_from_output, less the rows below"),
     ("step inputs", "runner.forward less the model: slots, token/position lists, block "
                     "tables, one upload"),
-    ("matmuls", "the fused linear layers (qkv, o, gate|up, down) and the LM head"),
+    ("matmuls", "the fused linear layers (qkv, o, gate|up, down) and the LM head (on the C "
+                "kernels with the RMSNorm / SwiGLU they form in the same call)"),
     ("attention: K/V gather", "index_select of every sequence's K/V blocks, padded to the "
                               "longest, for every layer"),
     ("attention: SDPA", "decode/prefill attention less the gather: SDPA under the mask"),
+    ("attention: C paged kernel", "decode attention in C (llminfra/quant/paged_decode.c), "
+                                  "each sequence's blocks read in place: no gather"),
     ("other model ops", "embedding, RMSNorm, RoPE, K/V write (index_copy_), SiLU·up"),
     ("sampling", "sample_step(): the logits rows, sample_tokens"),
     ("detokenize", "tokenizer.decode of the incremental detokenizer"),
@@ -192,11 +195,23 @@ class StepProfiler:
         self._wrap_global("attention: SDPA", inner, ["decode_attention"])
         self._wrap_global("attention: SDPA", inner, ["_prefill_attention"])
         self._wrap_global("attention: K/V gather", inner, ["_gather"])
+        self._wrap_c_attention(inner)
         w = runner.weights
         for layer in w.layers:
             for name in ("wqkv", "wo", "w13", "w2"):
                 self._patch(layer, name, _TimedMatmul(getattr(layer, name), self))
         self._patch(w, "output", _TimedMatmul(w.output, self))
+
+    def _wrap_c_attention(self, steps) -> None:
+        """The C decode attention: ``c_attend`` builds a step's ``attend`` closure; the
+        closure it returns is timed."""
+        for fn in steps:
+            g = getattr(fn, "__globals__", None)
+            if g is not None and callable(g.get("c_attend")):
+                real = g["c_attend"]
+                self._patch(g, "c_attend", lambda *a, **k: self.timed(
+                    "attention: C paged kernel", real(*a, **k)))
+                return
 
     def uninstall(self) -> None:
         """Undo every wrapper, last first."""
@@ -242,6 +257,8 @@ class _TimedMatmul:
         self.inner = inner
         self._call = profiler.timed("matmuls", inner.__call__)
         self.add = profiler.timed("matmuls", inner.add)
+        if hasattr(inner, "fused"):       # the C kernels form RMSNorm / SwiGLU in the call
+            self.fused = profiler.timed("matmuls", inner.fused)
 
     def __call__(self, x):
         return self._call(x)

@@ -30,14 +30,15 @@ A decode step's attention can skip that copy: a kernel walks each sequence's blo
 reads its keys where they lie, up to its length — the Triton kernel on CUDA
 (:mod:`llminfra.attention.paged_triton`), and on the CPU the C kernel
 ``llminfra/quant/paged_decode.c`` (built into the w4a8 library, one ctypes call a layer, on the
-library's thread pool). At 16 sequences of SmolLM2-135M the gather and the padded SDPA were a
-third of the CPU step. Chapter 05.
+library's thread pool), which the weights bring where their ``linear`` does
+(:mod:`llminfra.quant.paged_decode`; ``serve`` on a real model). At 16 sequences of
+SmolLM2-135M the gather and the padded SDPA were a third of the CPU step. Where every matmul
+also forms RMSNorm and SwiGLU in its own call (``w.fused_kernels``: the C kernels), the layer's
+norms and SwiGLU are theirs. Chapter 05.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -78,104 +79,30 @@ def layer_pools(cache) -> list[Pool]:
     return pools
 
 
-#: what ``paged_decode_f32`` (llminfra/quant/paged_decode.c) returns for input it refuses
-C_KERNEL_ERRORS = {-2: "a size or thread count out of range",
-                   -3: "a context length outside 1 .. W·B (the block table's keys)",
-                   -4: "a block id of a table outside the pool",
-                   -5: "no memory for a thread's state"}
-
-
-@functools.cache
-def _c_decode(threads: int):
-    """``(fn, pool)``: the C paged decode kernel (``llminfra/quant/paged_decode.c``, built into
-    the w4a8 library) with its ctypes argument types, and a w4a8 ``ThreadPool`` of ``threads``
-    (``ValueError`` outside 1 .. 64); None where the library does not build (no C compiler)."""
-    try:
-        from llminfra.quant import w4a8
-        lib = w4a8.library()
-    except (ImportError, RuntimeError, OSError):
-        return None
-    fn = c_function(lib)
-    return None if fn is None else (fn, w4a8.ThreadPool(threads, lib))
-
-
-def c_function(lib: ctypes.CDLL):
-    """``paged_decode_f32`` of a build of the w4a8 library with its argument types (None where
-    the build lacks it)."""
-    fn = getattr(lib, "paged_decode_f32", None)
-    if fn is None:                 # pragma: no cover - a library built without paged_decode.c
-        return None
-    p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [p, ctypes.c_long, p, p, p, p, p, i, i, i, i, i, i, i, ctypes.c_float, i, p]
-    fn.restype = i
-    return fn
-
-
-def _torch_threads() -> int:
-    """torch's thread count, at most 64: the rule of :func:`llminfra.quant.w4a8.default_threads`
-    (kept here: the step reads it without importing the quant package)."""
-    return min(torch.get_num_threads(), 64)
-
-
-def _c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Tensor,
-              heads: tuple[int, int, int], q_row: int):
-    """``attend(q, pool)`` on the C kernel ``kernel`` (:func:`_c_decode`): each sequence's
-    blocks read in place up to its length (``lens`` ``(n,)``), one ctypes call a layer, into
-    one ``(n, H·d)`` buffer. ``K`` a K pool (its shape), ``heads`` ``(H, H_kv, d)``; q
-    ``(n, H, d)`` with unit strides in a row of heads, its rows ``q_row`` floats apart."""
-    fn, pool = kernel
+def c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Tensor,
+             heads: tuple[int, int, int], q_row: int):
+    """``attend(q, pool)`` on the C paged decode kernel ``kernel``
+    (:class:`llminfra.quant.paged_decode.PagedDecodeKernel`): each sequence's blocks read in
+    place up to its length (``lens`` ``(n,)``), one ctypes call a layer, into one ``(n, H·d)``
+    buffer. ``K`` a K pool (its shape), ``heads`` ``(H, H_kv, d)``; q ``(n, H, d)`` with unit
+    strides in a row of heads, its rows ``q_row`` floats apart."""
     n, W = block_tables.shape
     P, B = K.shape[:2]
     H, H_kv, d = heads
     tables = block_tables.to(torch.int32).contiguous()
     lens = lens.to(torch.int32).contiguous()
     out = torch.empty(n, H * d, dtype=torch.float32)      # every layer's: wo.add reads it first
+    fn = kernel.fn
     rest = (tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, H, H_kv, d, B, W, P,
-            d ** -0.5, pool.threads, pool.handle)
+            d ** -0.5, kernel.threads, kernel.pool)
 
     def attend(q, p, _alive=(tables, lens)):     # the closure holds what rest points into
         rc = fn(q.data_ptr(), q_row, p[2].data_ptr(), p[3].data_ptr(), *rest)
         if rc:
-            raise ValueError(f"paged_decode_f32 refused its input: {C_KERNEL_ERRORS.get(rc, rc)}")
+            raise ValueError(f"paged_decode_f32 refused its input: "
+                             f"{kernel.errors.get(rc, rc)}")
         return out
     return attend
-
-
-def paged_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      block_tables: torch.Tensor, context_lens: torch.Tensor,
-                      threads: int | None = None) -> torch.Tensor:
-    """Decode attention through block tables on the C kernel, checked: the contract of
-    :func:`llminfra.attention.paged_triton.paged_attention_triton` on CPU fp32 tensors. q
-    ``(N, H, d)``; K and V pools ``(num_blocks, B, H_kv, d)``; ``block_tables`` ``(N, W)``;
-    ``context_lens`` ``(N,)`` in 1 .. W·B; ``threads`` 1 .. 64 (None: torch's thread count).
-    Returns ``(N, H, d)``. ``ValueError`` for what the kernel cannot read, ``RuntimeError``
-    where the w4a8 library does not build."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or not 1 <= threads <= 64):
-        raise ValueError(f"threads must be an int in 1..64 (None: torch's), got {threads!r}")
-    kernel = _c_decode(_torch_threads() if threads is None else threads)
-    if kernel is None:
-        raise RuntimeError("the C paged decode kernel needs the w4a8 library, which does not "
-                           "build here (llminfra.quant.w4a8.unavailable_reason())")
-    tensors = (q, k_cache, v_cache, block_tables, context_lens)
-    if any(not isinstance(t, torch.Tensor) or t.device.type != "cpu" for t in tensors) or \
-            any(t.dtype != torch.float32 for t in tensors[:3]) or \
-            any(t.is_floating_point() for t in tensors[3:]):
-        raise ValueError("q, k_cache and v_cache must be fp32 CPU tensors, block_tables and "
-                         "context_lens integer CPU tensors")
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or \
-            k_cache.shape[3] != q.shape[2] or q.shape[1] % k_cache.shape[2] or \
-            block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0] or \
-            context_lens.shape != (q.shape[0],):
-        raise ValueError(f"need q (N, H, d), pools (num_blocks, B, H_kv, d) with H a multiple "
-                         f"of H_kv, block_tables (N, W), context_lens (N,); got q "
-                         f"{tuple(q.shape)}, pools {tuple(k_cache.shape)} / "
-                         f"{tuple(v_cache.shape)}, {tuple(block_tables.shape)}, "
-                         f"{tuple(context_lens.shape)}")
-    (N, H, d), H_kv = q.shape, k_cache.shape[2]
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    attend = _c_attend(kernel, block_tables, context_lens, k_cache, (H, H_kv, d), H * d)
-    return attend(q, (None, None, k_cache, v_cache)).view(N, H, d)
 
 
 def _triton_decode():
@@ -187,18 +114,37 @@ def _triton_decode():
     return paged_decode_launch if triton is not None else None
 
 
+def _normed(f, x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """``f(RMSNorm(x)·gain)`` in the matmul's own call (``f.fused``, + its bias)."""
+    y = f.fused(x, norm=gain, eps=eps)
+    return y if f.bias is None else y + f.bias
+
+
 def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Pool,
            write_rows: torch.Tensor, N: int, attend) -> torch.Tensor:
-    """Block i on the step's ``x`` ``(N, dim)``; ``attend(q, blocks) -> (N, H·d)``."""
+    """Block i on the step's ``x`` ``(N, dim)``; ``attend(q, blocks) -> (N, H·d)``. Where every
+    matmul forms RMSNorm and SwiGLU itself (``w.fused_kernels``: the C kernels), they do."""
     c, layer = w.config, w.layers[i]
     H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
-    h = F.rms_norm(x, (c.dim,), layer.attn_norm, c.norm_eps)
-    r = w.rotate(layer.wqkv(h), rot, N)                            # (N, H + 2·H_kv, d)
+    if w.fused_kernels:
+        qkv = _normed(layer.wqkv, x, layer.attn_norm, c.norm_eps)
+    else:
+        qkv = layer.wqkv(F.rms_norm(x, (c.dim,), layer.attn_norm, c.norm_eps))
+    r = w.rotate(qkv, rot, N)                                       # (N, H + 2·H_kv, d)
     pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of each token
     x = layer.wo.add(attend(r[:, :H], pool), x)
+    if w.fused_kernels:
+        return x + layer.w2.fused(_normed(layer.w13, x, layer.ffn_norm, c.norm_eps), gated=True)
     h = F.rms_norm(x, (c.dim,), layer.ffn_norm, c.norm_eps)
     gate, up = layer.w13(h).chunk(2, dim=-1)
     return layer.w2.add(F.silu(gate) * up, x)
+
+
+def _logits(w: FusedWeights, x: torch.Tensor) -> torch.Tensor:
+    c = w.config
+    if w.fused_kernels:
+        return _normed(w.output, x, w.norm, c.norm_eps)
+    return w.output(F.rms_norm(x, (c.dim,), w.norm, c.norm_eps))
 
 
 def write_rows(slots: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
@@ -239,15 +185,16 @@ def _page_pool(pools: list[Pool]) -> tuple[int, int]:
 def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
                 positions: torch.Tensor, slots: torch.Tensor,
                 block_tables: torch.Tensor, triton_kernel: bool | None = None,
-                c_kernel: bool | None = None) -> torch.Tensor:
+                c_kernel=None) -> torch.Tensor:
     """Logits ``(n, V)`` of one token per sequence (see the module docstring); each token's
     K/V is written to its slot first. ``pools``: :func:`layer_pools` of the cache. Attention
     is the gather + SDPA above, or a kernel that reads each sequence's blocks in place up to
     its length (1 call a layer): on CUDA (``triton_kernel=None``: where the weights are on
     CUDA; True forces it, as the tests do under ``TRITON_INTERPRET=1``) the Triton paged
-    kernel; on the CPU (``c_kernel=None``: where the w4a8 library builds and the pool is fp32;
-    False: gather + SDPA; True: it or ``RuntimeError``) the C kernel
-    ``llminfra/quant/paged_decode.c``."""
+    kernel; on the CPU the C kernel ``llminfra/quant/paged_decode.c`` — ``c_kernel=None``: the
+    weights' own (``w.paged_decode``, brought by the ``linear`` they were built with) where
+    weights and pool are fp32; False: gather + SDPA; or a
+    :class:`~llminfra.quant.paged_decode.PagedDecodeKernel` to use."""
     num_blocks, B = _page_pool(pools)
     n, W, c = len(tokens), block_tables.size(1), w.config
     rot = w.head_rotation(positions)
@@ -256,10 +203,8 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     on_cuda = w.device.type == "cuda" if triton_kernel is None else triton_kernel
     kernel = _triton_decode() if on_cuda and not B & (B - 1) else None
     fp32 = w.dtype == pools[0][2].dtype == torch.float32
-    cpu = None if on_cuda or c_kernel is False or not fp32 else _c_decode(_torch_threads())
-    if c_kernel and cpu is None:
-        raise RuntimeError("c_kernel=True: the C paged decode kernel needs fp32 weights and "
-                           "pool on the CPU and the w4a8 library (llminfra.quant.w4a8.available)")
+    cpu = None if on_cuda or c_kernel is False or not fp32 else (
+        w.paged_decode if c_kernel is None else c_kernel)
     if kernel is not None:   # CUDA: read each sequence's blocks in place, up to its length
         tables, lens = block_tables.to(torch.int32), (positions + 1).to(torch.int32)
 
@@ -267,7 +212,7 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
             return kernel(q, p[2], p[3], tables, lens).view(n, c.n_heads * c.head_dim)
     elif cpu is not None:    # CPU: the same in C
         H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim    # q: r[:, :H] of (n, H + 2·H_kv, d)
-        attend = _c_attend(cpu, block_tables, positions + 1, pools[0][2], (H, H_kv, d),
+        attend = c_attend(cpu, block_tables, positions + 1, pools[0][2], (H, H_kv, d),
                            (H + 2 * H_kv) * d)
     else:
         blocks = kv_rows(block_tables, num_blocks)
@@ -278,7 +223,7 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
             return decode_attention(q, p, blocks, mask, n, c)
     for i, pool in enumerate(pools):
         x = _layer(w, i, x, rot, pool, rows, n, attend)
-    return w.output(F.rms_norm(x, (c.dim,), w.norm, c.norm_eps))
+    return _logits(w, x)
 
 
 def _prefill_attention(q: torch.Tensor, pool: torch.Tensor, pre: PrefillInputs,
@@ -323,4 +268,4 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     x = F.embedding(tokens, w.embedding)
     for i, pool in enumerate(pools):
         x = _layer(w, i, x, rot, pool, rows, N, attend)
-    return w.output(F.rms_norm(x[logits_rows], (c.dim,), w.norm, c.norm_eps))
+    return _logits(w, x[logits_rows])

@@ -231,6 +231,9 @@ class FusedWeights:
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
         make = self._maker(model, linear)
+        #: the C paged decode kernel the linear brings (:mod:`llminfra.quant.paged_decode`), or
+        #: None: the decode step's attention on the CPU (:func:`~llminfra.model.fast_step.decode_step`)
+        self.paged_decode = getattr(linear, "paged_decode", None)
         with torch.no_grad():
             self.layers = []
             for block in model.layers:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from llminfra.model.fused import SkinnyMatmul
+from llminfra.quant import paged_decode
 from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
 
 #: products of at most this many rows go to the C kernel (see the table above)
@@ -76,10 +77,14 @@ class skinny_linear:
     """A ``linear`` for :class:`llminfra.model.fused.FusedWeights` (the engine's fast runner):
     each matrix becomes a :class:`~llminfra.model.fused.SkinnyMatmul` sharing one
     :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, more on oneDNN's
-    prepacked weight. ``RuntimeError`` where the C kernel cannot be built."""
+    prepacked weight — and brings the C paged decode attention on the same thread pool
+    (``paged_decode``: :mod:`llminfra.quant.paged_decode`). ``RuntimeError`` where the C kernels
+    cannot be built."""
 
     def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS):
         self.kernel = kernel(threads, max_rows)
+        #: the decode step's attention in C, on the same threads
+        self.paged_decode = paged_decode.kernel(pool=self.kernel.owner)
 
     def matmul(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> SkinnyMatmul:
         return SkinnyMatmul(weight, bias, kernel=self.kernel)

@@ -346,4 +346,5 @@ def w4a8_linear(passes: int = 1, threads: int | None = None):
         apply.threads = pool.threads
         apply.nbytes = sum(w[k].numel() * w[k].element_size() for k in ("codes", "d", "m"))
         return apply
+    prepare_weight.pool = pool          # other kernels of the library may run on it
     return prepare_weight

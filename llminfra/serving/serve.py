@@ -107,14 +107,18 @@ def _skinny_linear():
 def quantized_linear(quantization: str | None):
     """The fast runner's ``linear`` for ``--quantization``: None (the model's own weights), or
     for ``"w4a8"`` :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights, int8 activations, the
-    course's C kernel, on torch's thread count split by output rows;
+    course's C kernel, on torch's thread count split by output rows) with the C paged decode
+    attention on the same threads (:mod:`llminfra.quant.paged_decode`;
     ``RuntimeError`` naming the reason where it cannot be built)."""
     if quantization is None:
         return None
     if quantization != "w4a8":
         raise ValueError(f"quantization {quantization!r}; allowed: None, 'w4a8'")
+    from llminfra.quant import paged_decode
     from llminfra.quant.w4a8 import w4a8_linear
-    return w4a8_linear()
+    linear = w4a8_linear()
+    linear.paged_decode = paged_decode.kernel(pool=linear.pool)   # attention in C as well
+    return linear
 
 
 def resolve_runner(runner: str, net) -> str:
@@ -195,28 +199,33 @@ def build_app(model: str = "tiny", *, model_name: str | None = None,
         engine = factory(model, **engine_kwargs)
         return create_app(engine, engine.tokenizer, model_name=name, **limits)
     tokenizer, config = load_tokenizer(model)
-    env = engine_env(engine_kwargs.get("quantization"))
+    env = engine_env(engine_kwargs.get("quantization"),
+                     resolve_matmul(engine_kwargs.get("matmul", "auto"), model))
     return create_app(EngineProcess(partial(factory, model, **engine_kwargs), env=env,
                                     start_timeout_s=start_timeout_s),
                       tokenizer, model_name=name, max_model_len=config.max_seq_len, **limits)
 
 
-#: GNU OpenMP's spin before a waiting thread sleeps, in the w4a8 engine's process
+#: GNU OpenMP's spin before a waiting thread sleeps, in an engine process on the C kernels
 W4A8_GOMP_SPINCOUNT = "10000"
 
 
-def engine_env(quantization: str | None) -> dict[str, str]:
-    """Environment for the engine process. With ``"w4a8"`` two thread pools share the cores:
-    torch's OpenMP workers (norms, attention) and the C kernel's (the matmuls). Each spins
-    after its work for the next job, and by default libgomp's spin (``GOMP_SPINCOUNT``, 300,000
-    polls) outlasts a w4a8 call, so its idle workers hold the core the kernel's worker needs.
-    Measured on the 2-core EPYC, ``serve --quantization w4a8 --threads 2``, SmolLM2-135M, 64
-    tokens a request: 41 / 85 output tokens/s at 1 / 16 clients by default, no faster than
-    one thread (45 / 82); 58 / 143 with ``GOMP_SPINCOUNT=10000`` (57 / 145 with
-    ``OMP_WAIT_POLICY=PASSIVE``). The fp32 engine (one pool) is left as it is: 26.9 / 109
-    by default, 26.4 / 115 with the short spin, and passive waiting lost 17 % at one client.
-    A value the caller set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
-    if quantization != "w4a8" or {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
+def engine_env(quantization: str | None, matmul: str = "auto") -> dict[str, str]:
+    """Environment for the engine process. On the package's C kernels (``"w4a8"``, or fp32 with
+    ``matmul`` ``"skinny"``) two thread pools share the cores: torch's OpenMP workers (norms,
+    rotary, the rest) and the C kernels' (matmuls, decode attention). Each spins after its
+    work for the next job, and by default libgomp's spin (``GOMP_SPINCOUNT``, 300,000 polls)
+    outlasts a C call, so its idle workers hold the core the kernel's worker needs. Measured
+    on the 2-core EPYC, ``serve --quantization w4a8 --threads 2``, SmolLM2-135M, 64 tokens a
+    request: 41 / 85 output tokens/s at 1 / 16 clients by default, no faster than one thread
+    (45 / 82); 58 / 143 with ``GOMP_SPINCOUNT=10000`` (57 / 145 with
+    ``OMP_WAIT_POLICY=PASSIVE``). The engine's decode step at one sequence, 2 threads
+    (2026-12-05): skinny 23.0 ms by default, 20.2 ms with the short spin (16 sequences: 47.3,
+    48.7); w4a8 9.2 and 7.1 ms. The fp32 engine on oneDNN alone (one pool) is left as it is
+    (33.2 / 34.2 ms), and passive waiting lost it 17 % at one client. A value the caller set
+    (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
+    c_kernels = quantization == "w4a8" or (quantization is None and matmul == "skinny")
+    if not c_kernels or {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
         return {}
     return {"GOMP_SPINCOUNT": W4A8_GOMP_SPINCOUNT}
 
