@@ -249,6 +249,11 @@ class FusedWeights:
             self.embedding = model.tok_embeddings.weight.detach()
             self.norm = model.norm.weight.detach()
             self.output = make(model.output.weight.detach())
+        layer = self.layers[0]
+        #: True where every matmul also forms RMSNorm and SwiGLU itself (``f.fused``: the C
+        #: kernels, w4a8 and skinny): the fast paths then let them
+        self.fused_kernels = all(hasattr(m, "fused") for m in (layer.wqkv, layer.w13,
+                                                                layer.w2, self.output))
         d, H, H_kv = c.head_dim, c.n_heads, c.n_kv_heads
         self.split = (H * d, H_kv * d, H_kv * d)
         inv_freq = rope_inv_freq(d, c.rope_theta, c.rope_scaling, self.device)
@@ -266,12 +271,6 @@ class FusedWeights:
             return own if own is not None else (lambda w, b=None: FunctionMatmul(linear(w), w, b))
         cls = PrepackedMatmul if matmul_kind(model) == "onednn" else Matmul
         return cls
-
-    @property
-    def fused_kernels(self) -> bool:
-        """True where every matmul also forms RMSNorm and SwiGLU itself (``f.fused``: w4a8)."""
-        layer = self.layers[0]
-        return all(hasattr(m, "fused") for m in (layer.wqkv, layer.w13, layer.w2, self.output))
 
     def head_rotation(self, positions: torch.Tensor) -> torch.Tensor:
         """``(N, H + 2·H_kv, d/2)`` complex: e^{i·m·θ_j} for the q and k heads of a token at
