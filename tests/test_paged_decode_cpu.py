@@ -8,6 +8,7 @@ tokens unchanged."""
 from __future__ import annotations
 
 import random
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -203,7 +204,8 @@ def test_decode_step_on_the_kernel_gives_the_gather_sdpa_logits(engine_state):
         decode_step(*bad, c_kernel=kernel())
 
 
-def test_the_engine_s_greedy_tokens_are_unchanged():
+@pytest.mark.parametrize("budget", [512, 24])   # 24: prompt chunks beside decodes (mixed steps)
+def test_the_engine_s_greedy_tokens_are_unchanged(budget):
     """A short greedy run of the fast runner: the C kernel's tokens (the weights given it, as
     ``serve``'s linears give it) are the gather + SDPA path's."""
     from llminfra.engine import LLMEngine, SamplingParams
@@ -218,19 +220,22 @@ def test_the_engine_s_greedy_tokens_are_unchanged():
 
     def run(c_kernel):
         engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=6,
-                           block_size=16)
+                           block_size=16, max_num_batched_tokens=budget)
         engine.runner.weights.paged_decode = c_kernel
         return [out.outputs[0].token_ids for out in engine.generate(prompts, greedy)]
 
-    calls = []
+    calls, callers = [], []
     real = fast_step.c_attend
     k = kernel()
     try:
-        fast_step.c_attend = lambda *a: calls.append(a[0]) or real(*a)
+        fast_step.c_attend = lambda *a: (calls.append(a[0]), callers.append(
+            sys._getframe(1).f_code.co_name)) and real(*a)
         got = run(k)
     finally:
         fast_step.c_attend = real
     assert calls and all(c is k for c in calls)
+    # a small budget: some steps ran decode lanes beside a prompt chunk, on the kernel too
+    assert ("mixed_step" in callers) == (budget < 50) and "decode_step" in callers
     assert k.threads == min(torch.get_num_threads(), 64)      # torch's thread count
     assert run(None) == got
 

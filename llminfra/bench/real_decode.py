@@ -133,6 +133,7 @@ def int4_kernel() -> str:
 
 def matmul_kernel() -> str:
     """The kernel of the ``engine``, ``eager`` and ``fast`` rows: ``"onednn"`` (prepacked
-    weights, what ``llminfra serve --matmul auto`` gives the real model) where this PyTorch has
+    weights: ``llminfra serve --matmul onednn``, and what ``--matmul auto`` gives the real model
+    past two rows; ``fast_skinny`` is auto's one- and two-row kernel) where this PyTorch has
     it, else ``"plain"``."""
     return "onednn" if onednn.available() else "plain"

@@ -243,7 +243,8 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
                logits_rows: torch.Tensor) -> torch.Tensor:
     """Logits of ``logits_rows`` for a step whose first ``num_decodes`` flat tokens are one-token
     sequences (``decode_tables`` ``(num_decodes, W)``) and the rest multi-token sequences
-    (``pre``). Queries see their own sequence's keys up to their position."""
+    (``pre``). Queries see their own sequence's keys up to their position; the decode lanes'
+    attention is the weights' C kernel where they bring one (as in :func:`decode_step`)."""
     num_blocks, B = _page_pool(pools)
     nd, N = num_decodes, len(tokens)
     rot = w.head_rotation(positions)
@@ -254,16 +255,23 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     pre_mask = (keys[:Sp] <= pre.pad_positions[:, None]).view(-1, 1, pre.T, Sp)
     pre_rows = kv_rows(pre.block_tables, num_blocks)
     c = w.config
-    if nd:
+    cpu = w.paged_decode if nd and w.device.type == "cpu" and \
+        w.dtype == pools[0][2].dtype == torch.float32 else None
+    if cpu is not None:        # the decode lanes on the C kernel, as in decode_step
+        H, H_kv = c.n_heads, c.n_kv_heads
+        dec_attend = c_attend(cpu, decode_tables, positions[:nd] + 1, pools[0][2],
+                              (H, H_kv, c.head_dim), (H + 2 * H_kv) * c.head_dim)
+    elif nd:
         Sd = decode_tables.shape[1] * B
         dec_rows = kv_rows(decode_tables, num_blocks)
         dec_mask = (keys[:Sd] <= positions[:nd, None]).view(nd, 1, 1, Sd)
 
+        def dec_attend(q, pool):
+            return decode_attention(q, pool, dec_rows, dec_mask, nd, c)
+
     def attend(q, pool):
         out = _prefill_attention(q[nd:], pool, pre, pre_mask, pre_rows, c)
-        if not nd:
-            return out
-        return torch.cat((decode_attention(q[:nd], pool, dec_rows, dec_mask, nd, c), out))
+        return torch.cat((dec_attend(q[:nd], pool), out)) if nd else out
 
     x = F.embedding(tokens, w.embedding)
     for i, pool in enumerate(pools):
