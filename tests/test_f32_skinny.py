@@ -144,6 +144,9 @@ def test_fused_norm_and_swiglu_match_torch(M):
     xx = torch.randn(1, M, 200, generator=g)
     gate, up = xx.chunk(2, -1)
     _close(m.fused(xx, gated=True), (F.silu(gate) * up) @ W.t())
+    r = torch.randn(M, 40, generator=g)
+    _close(m.fused(xx[0], gated=True, residual=r), r + (F.silu(gate[0]) * up[0]) @ W.t())
+    assert m.adds_in_fused
     with pytest.raises(ValueError, match="x_stride|refused|shape|size"):
         m._product(torch.randn(1, 50), None, 1)        # narrower than K: the C code refuses
     assert not hasattr(skinny_linear().matmul(W, torch.zeros(40)), "fused")

@@ -134,7 +134,10 @@ def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Po
     pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of each token
     x = layer.wo.add(attend(r[:, :H], pool), x)
     if w.fused_kernels:
-        return x + layer.w2.fused(_normed(layer.w13, x, layer.ffn_norm, c.norm_eps), gated=True)
+        gate_up = _normed(layer.w13, x, layer.ffn_norm, c.norm_eps)
+        if layer.w2.adds_in_fused:                  # the residual inside the call too
+            return layer.w2.fused(gate_up, gated=True, residual=x)
+        return x + layer.w2.fused(gate_up, gated=True)
     h = F.rms_norm(x, (c.dim,), layer.ffn_norm, c.norm_eps)
     gate, up = layer.w13(h).chunk(2, dim=-1)
     return layer.w2.add(F.silu(gate) * up, x)

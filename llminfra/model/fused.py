@@ -40,6 +40,9 @@ from llminfra.model.prepacked import PrepackedLinear, pack_weight
 class Matmul:
     """``x · Wᵀ (+ b)`` on a weight ``W`` ``(out, in)`` as it is stored (``F.linear``)."""
 
+    #: whether ``fused`` (where a matmul has it) takes ``residual=`` and adds it in its call
+    adds_in_fused = False
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self._wt = self.weight.t()                    # a view: addmm reads Wᵀ in place
@@ -86,6 +89,8 @@ class SkinnyMatmul(PrepackedMatmul):
     is ``f(RMSNorm(x)·g)`` and ``fused(x, gated=True)`` ``f(silu(gate)·up)`` of
     ``x = [gate | up]``, formed inside the kernel's call where it takes the rows."""
 
+    adds_in_fused = True
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel):
         super().__init__(weight, bias)
         self.weight = self.weight.contiguous()
@@ -127,21 +132,25 @@ class SkinnyMatmul(PrepackedMatmul):
         return super().add(x, residual)
 
     def _fused(self, x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
-               gated: bool = False) -> torch.Tensor:
+               gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``fused`` (see the class); ``residual``: ``residual + f(…)`` in the same call."""
         M = self._rows_of(x, 2 * self._k if gated else self._k)
-        if M and (norm is None or (norm.is_contiguous() and norm.dtype == torch.float32)):
-            return self._product(x, None, M, norm, float(eps), bool(gated))
+        if M and (norm is None or (norm.is_contiguous() and norm.dtype == torch.float32)) and \
+                (residual is None or residual.is_contiguous()):
+            return self._product(x, residual, M, norm, float(eps), bool(gated))
         if gated:
             gate, up = x.chunk(2, dim=-1)
             x = F.silu(gate) * up
         if norm is not None:
             x = F.rms_norm(x, (self._k,), norm, eps)
-        return super().__call__(x)
+        return super().__call__(x) if residual is None else super().add(x, residual)
 
 
 class FunctionMatmul:
     """A ``linear(W) -> f`` of the package (int4, w4a8: :mod:`llminfra.quant`) as a matmul;
     ``add`` is ``residual + f(x)``, and ``fused`` is passed on where ``f`` has it."""
+
+    adds_in_fused = False
 
     def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor,
                  bias: torch.Tensor | None = None):
