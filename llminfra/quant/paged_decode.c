@@ -264,18 +264,21 @@ static inline __attribute__((always_inline)) void tile(heads_state st, const flo
 #define TILE_CASE(D, R) case R: tile(st, k, v, row, nt, D, R); break;
 #define TILE_CASES(D) switch (R) { \
         TILE_CASE(D, 1) TILE_CASE(D, 2) TILE_CASE(D, 3) TILE_CASE(D, 4) \
-        TILE_CASE(D, 5) TILE_CASE(D, 6) TILE_CASE(D, 7) TILE_CASE(D, 8) }
+        default: tile(st, k, v, row, nt, d, R); }
 
-/* One tile of keys (nt rows at k and v) for R <= PD_GROUP query heads of one K/V head; the
-   common head dims as constants (the query rows and accumulators then stay in registers). */
+/* One tile of keys (nt rows at k and v) for R <= PD_GROUP query heads of one K/V head. Where
+   the CPU has wide vectors, head dim 64 (SmolLM2's, most small models') is a constant for R up
+   to 4 (the query rows and accumulators then stay in registers); any other d and R run as they
+   come. Each constant case is compiled apart: on 128-bit vectors (the portable build) they
+   took the compiler seconds apiece, for a path that is only meant to be correct. */
 static void tile_heads(heads_state st, const float *k, const float *v, long row, int nt, int d,
                        int R) {
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__aarch64__)
     if (d == 64)
         TILE_CASES(64)
-    else if (d == 128)
-        TILE_CASES(128)
     else
-        TILE_CASES(d)
+#endif
+        tile(st, k, v, row, nt, d, R);
 }
 
 /* Ask for the nt key rows of the next block (at `at` in K and V) while this one is computed: a
