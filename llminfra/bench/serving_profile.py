@@ -232,7 +232,7 @@ def categories(run: dict) -> dict:
                  "share_of_step_wall": p["between_steps_s"] / wall,
                  "us_per_decode_step": 1e6 * p["between_steps_s"] / max(p["gaps"], 1)})
     for thread, cpu in sorted(run["web_thread_cpu_s"].items(), key=lambda kv: -kv[1]):
-        if cpu > 0:
+        if cpu > 0 or thread.startswith("llminfra-"):   # our threads even at 0 (10 ms ticks)
             name, holds = WEB_THREADS.get(thread, (f"web process CPU: {thread}", thread))
             rows.append({"category": name, "where": "web process", "holds": holds,
                          "seconds": cpu,
