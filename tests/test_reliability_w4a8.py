@@ -126,8 +126,18 @@ def test_nan_through_the_fused_norm_and_gate(built):
 
 
 # ---------------------------------------------------------------- the cached build
-def _fresh(tmp_path) -> Path:
-    path = w4a8.build("portable", tmp_path)
+@pytest.fixture(scope="module")
+def portable_build(tmp_path_factory) -> Path:
+    """One portable build for the module (a build compiles every C file of the library)."""
+    return w4a8.build("portable", tmp_path_factory.mktemp("portable"))
+
+
+def _fresh(tmp_path, built: Path) -> Path:
+    """The module's build and its checksum, copied where ``build("portable", tmp_path)`` puts
+    it: a cache holding a good build."""
+    for f in (built, built.with_name(built.name + ".sha256")):
+        shutil.copyfile(f, tmp_path / f.name)
+    path = tmp_path / built.name
     assert w4a8.cached_build_problem(path) is None
     return path
 
@@ -146,8 +156,8 @@ def _load_in_subprocess(directory: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("damage", ["truncate", "scramble", "empty", "other library",
                                     "no checksum"])
-def test_a_damaged_cached_build_is_built_again(tmp_path, damage):
-    path = _fresh(tmp_path)
+def test_a_damaged_cached_build_is_built_again(tmp_path, damage, portable_build):
+    path = _fresh(tmp_path, portable_build)
     data = path.read_bytes()
     if damage == "truncate":
         path.write_bytes(data[:len(data) // 3])
