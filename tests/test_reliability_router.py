@@ -118,7 +118,8 @@ def _check_every_request_ends(results, workload, dead_after_s):
     assert all(r.replica == 0 for r in answered if r.arrival_s > dead_after_s)
     assert any(r.replica == 0 for r in answered)
     failed = [r for r in results if r.error is not None]
-    assert failed and all(r.replica == 1 for r in failed), failed
+    assert all(r.replica == 1 for r in failed), failed
+    return failed
 
 
 @pytest.mark.parametrize("policy", ["least_loaded", "prefix_aware"])
@@ -128,6 +129,9 @@ def test_a_replica_killed_mid_run(replicas, policy):
     results, killed_at, took = _run_with(replicas, policy, signal.SIGKILL, 1.0,
                                          deadline_s=60.0, stall_timeout_s=5.0)
     _check_every_request_ends(results, _workload(), killed_at + 1.0)
+    # a 24-token request takes tens of ms on the tiny model: replica 1 may hold none at the kill
+    # (then nothing fails), but it served before it and serves nothing after
+    assert any(r.replica == 1 and r.error is None for r in results if r.arrival_s < killed_at)
     assert all("replica 1" in r.error for r in results if r.error)
     late = [r for r in results if r.arrival_s > killed_at + 1.0]
     assert late and all(r.replica == 0 and r.error is None for r in late)
@@ -140,7 +144,7 @@ def test_a_replica_stopped_mid_run(replicas):
     stall = 2.0
     results, stopped_at, took = _run_with(replicas, "round_robin", signal.SIGSTOP, 1.0,
                                           deadline_s=60.0, stall_timeout_s=stall)
-    _check_every_request_ends(results, _workload(), stopped_at + stall + 1.5)
+    assert _check_every_request_ends(results, _workload(), stopped_at + stall + 1.5)
     assert any("no progress" in r.error for r in results if r.error)
     assert took < 30, f"the run took {took:.1f} s"
 
