@@ -228,8 +228,9 @@ def test_the_engine_s_greedy_tokens_are_unchanged(budget):
     real = fast_step.c_attend
     k = kernel()
     try:
+        # frame 2: the step that asked _c_decode_attend for its attention
         fast_step.c_attend = lambda *a: (calls.append(a[0]), callers.append(
-            sys._getframe(1).f_code.co_name)) and real(*a)
+            sys._getframe(2).f_code.co_name)) and real(*a)
         got = run(k)
     finally:
         fast_step.c_attend = real

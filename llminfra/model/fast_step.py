@@ -105,6 +105,20 @@ def c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Te
     return attend
 
 
+def _c_decode_attend(w: FusedWeights, pools: list[Pool], tables: torch.Tensor,
+                     positions: torch.Tensor, kernel=None):
+    """``attend`` of one-token sequences (block ``tables`` ``(n, W)``, their ``positions``) on
+    the C paged decode kernel — ``kernel``, else the weights' own (``w.paged_decode``) — where
+    weights and pool are fp32 on the CPU; None elsewhere."""
+    kernel = w.paged_decode if kernel is None else kernel
+    if kernel is None or w.device.type != "cpu" or \
+            not w.dtype == pools[0][2].dtype == torch.float32:
+        return None
+    c = w.config
+    H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim    # q: r[:, :H] of (n, H + 2·H_kv, d)
+    return c_attend(kernel, tables, positions + 1, pools[0][2], (H, H_kv, d), (H + 2 * H_kv) * d)
+
+
 def _triton_decode():
     """The Triton paged decode launcher where triton imports (else None)."""
     try:
@@ -205,18 +219,15 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     x = F.embedding(tokens, w.embedding)                      # (n, dim)
     on_cuda = w.device.type == "cuda" if triton_kernel is None else triton_kernel
     kernel = _triton_decode() if on_cuda and not B & (B - 1) else None
-    fp32 = w.dtype == pools[0][2].dtype == torch.float32
-    cpu = None if on_cuda or c_kernel is False or not fp32 else (
-        w.paged_decode if c_kernel is None else c_kernel)
+    cpu = None if on_cuda or c_kernel is False else _c_decode_attend(
+        w, pools, block_tables, positions, c_kernel)
     if kernel is not None:   # CUDA: read each sequence's blocks in place, up to its length
         tables, lens = block_tables.to(torch.int32), (positions + 1).to(torch.int32)
 
         def attend(q, p):
             return kernel(q, p[2], p[3], tables, lens).view(n, c.n_heads * c.head_dim)
     elif cpu is not None:    # CPU: the same in C
-        H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim    # q: r[:, :H] of (n, H + 2·H_kv, d)
-        attend = c_attend(cpu, block_tables, positions + 1, pools[0][2], (H, H_kv, d),
-                           (H + 2 * H_kv) * d)
+        attend = cpu
     else:
         blocks = kv_rows(block_tables, num_blocks)
         keys = torch.arange(W * B, device=w.device)
@@ -258,19 +269,16 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     pre_mask = (keys[:Sp] <= pre.pad_positions[:, None]).view(-1, 1, pre.T, Sp)
     pre_rows = kv_rows(pre.block_tables, num_blocks)
     c = w.config
-    cpu = w.paged_decode if nd and w.device.type == "cpu" and \
-        w.dtype == pools[0][2].dtype == torch.float32 else None
-    if cpu is not None:        # the decode lanes on the C kernel, as in decode_step
-        H, H_kv = c.n_heads, c.n_kv_heads
-        dec_attend = c_attend(cpu, decode_tables, positions[:nd] + 1, pools[0][2],
-                              (H, H_kv, c.head_dim), (H + 2 * H_kv) * c.head_dim)
-    elif nd:
+    # the decode lanes on the weights' C kernel where they bring one, as in decode_step
+    dec_attend = _c_decode_attend(w, pools, decode_tables, positions[:nd]) if nd else None
+    if nd and dec_attend is None:
         Sd = decode_tables.shape[1] * B
         dec_rows = kv_rows(decode_tables, num_blocks)
         dec_mask = (keys[:Sd] <= positions[:nd, None]).view(nd, 1, 1, Sd)
 
-        def dec_attend(q, pool):
+        def gathered(q, pool):
             return decode_attention(q, pool, dec_rows, dec_mask, nd, c)
+        dec_attend = gathered
 
     def attend(q, pool):
         out = _prefill_attention(q[nd:], pool, pre, pre_mask, pre_rows, c)
