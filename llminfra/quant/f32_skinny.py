@@ -89,10 +89,6 @@ class skinny_linear:
     def matmul(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> SkinnyMatmul:
         return SkinnyMatmul(weight, bias, kernel=self.kernel)
 
-    def __call__(self, weight: torch.Tensor):
-        """``linear(W) -> f`` as the package's other linears (``f(x) = x · Wᵀ``)."""
-        return self.matmul(weight)
-
 
 def f32_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
            threads: int | None = None) -> torch.Tensor:

@@ -20,6 +20,7 @@ and :func:`llminfra.model.fast_step.decode_step` calls it, one ctypes call a lay
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,12 @@ def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedD
     return PagedDecodeKernel(c_function(lib), pool.handle, pool.threads, C_KERNEL_ERRORS, pool)
 
 
+@functools.cache
+def _kernel_on(threads: int) -> PagedDecodeKernel:
+    """One kernel (and thread pool) per thread count for :func:`paged_attention_c`."""
+    return kernel(threads)
+
+
 def paged_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, context_lens: torch.Tensor,
                       threads: int | None = None) -> torch.Tensor:
@@ -73,7 +80,7 @@ def paged_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     ``context_lens`` ``(N,)`` in 1 .. W·B; ``threads`` 1 .. 64 (None: torch's thread count).
     Returns ``(N, H, d)``. ``ValueError`` for what the kernel cannot read, ``RuntimeError``
     where the w4a8 library does not build."""
-    k = kernel(threads)
+    k = _kernel_on(_check_threads(threads))
     tensors = (q, k_cache, v_cache, block_tables, context_lens)
     if any(not isinstance(t, torch.Tensor) or t.device.type != "cpu" for t in tensors) or \
             any(t.dtype != torch.float32 for t in tensors[:3]) or \
