@@ -164,3 +164,40 @@ def test_fast_decoder_on_skinny_gives_onednns_tokens():
     skinny = FastDecoder(net, max_len=64, linear=skinny_linear())
     assert skinny.fused
     assert skinny.generate(prompt, 16) == dnn
+
+
+def _has_avx2() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx2 " in flags and " fma " in flags
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="needs an x86 CPU with AVX2 and FMA (the two "
+                    "builds CI machines run); not counted as a pass")
+def test_an_avx2_build_gives_the_native_builds_bits():
+    """CI runs on AVX2 or AVX-512 machines and a notebook's printed tokens must not move with
+    them: both C kernels (the few-row product with its norm, and the paged decode attention)
+    give the same bits built for AVX2 (x86-64-v3) as for this CPU."""
+    from llminfra.model.fast_step import c_attend
+    from llminfra.quant import paged_decode
+    from llminfra.quant.f32_skinny import _function
+
+    g = torch.Generator().manual_seed(11)
+    x, W, gain = torch.randn(2, 576, generator=g), torch.randn(300, 576, generator=g), \
+        torch.rand(576, generator=g)
+    K, V = torch.randn(20, 16, 3, 64, generator=g), torch.randn(20, 16, 3, 64, generator=g)
+    q = torch.randn(3, 9, 64, generator=g)
+    tables, lens = torch.randint(0, 20, (3, 5), generator=g), torch.tensor([70, 5, 33])
+    got = []
+    for arch in ("native", "x86-64-v3"):
+        lib = w4a8.load(w4a8.build(arch))
+        y = torch.empty(2, 300)
+        assert _function(lib)(x.data_ptr(), W.data_ptr(), None, y.data_ptr(), 2, 300, 576, 576,
+                              0, gain.data_ptr(), 1e-5, 1, None) == 0
+        k = paged_decode.PagedDecodeKernel(paged_decode.c_function(lib), None, 1,
+                                           paged_decode.C_KERNEL_ERRORS, None)
+        att = c_attend(k, tables, lens, K, (9, 3, 64), 9 * 64)(q, (None, None, K, V)).clone()
+        got.append((y, att))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
