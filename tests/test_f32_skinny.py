@@ -38,6 +38,19 @@ def test_same_bits_for_any_thread_count():
         assert torch.equal(f32_mm(x, W, threads=t), one)
 
 
+def test_a_row_gets_the_same_bits_in_any_batch():
+    """Each output is one accumulator over K in order, whatever block of W's rows and pass of
+    x's rows holds it: a row alone and the same row among 16 others are equal, bit for bit
+    (37 rows of W: blocks and a ragged last block)."""
+    from llminfra.quant.f32_skinny import f32_mm
+
+    g = torch.Generator().manual_seed(2)
+    x, W = torch.randn(17, 100, generator=g), torch.randn(37, 100, generator=g)
+    batch = f32_mm(x, W, threads=2)
+    for m in (0, 5, 6, 16):
+        assert torch.equal(f32_mm(x[m:m + 1], W, threads=1), batch[m:m + 1])
+
+
 def test_views_are_read_as_their_values():
     from llminfra.quant.f32_skinny import f32_mm
 

@@ -204,6 +204,37 @@ def test_decode_step_on_the_kernel_gives_the_gather_sdpa_logits(engine_state):
         decode_step(*bad, c_kernel=kernel())
 
 
+def test_rope_and_the_kv_write_in_c_equal_the_torch_calls(engine_state):
+    """``rope_write_f32`` (one call a layer on the C path) turns q and k and writes k and v
+    where the torch path's ``rotate`` + ``index_copy_`` do; a position outside the rotation
+    table or a slot outside the pool is a ValueError, with nothing written."""
+    from llminfra.model.fast_step import c_place, write_rows
+    _, engine = engine_state
+    w, pools, _, pos, slots, _ = step_inputs(engine, pad=2)
+    c = w.config
+    H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
+    num_blocks, B = pools[0][1].shape[0] // 2 - 1, pools[0][1].shape[1]
+    N = len(pos)
+    qkv = torch.randn(N, (H + 2 * H_kv) * d, generator=torch.Generator().manual_seed(8))
+    want_pool = pools[0][0].clone()
+    r = w.rotate(qkv, w.head_rotation(pos), N)
+    want_pool.index_copy_(0, write_rows(slots, num_blocks, B), r[:, H:].reshape(2 * N, H_kv, d))
+    pool = tuple(t.clone() for t in pools[0][1:2])
+    view = (pool[0].flatten(0, 1), pool[0], *pool[0].chunk(2))
+    place = c_place(kernel().rope_write, w, pos, slots, (num_blocks + 1) * B)
+    got = qkv.clone()
+    assert place(got, view) is got
+    torch.testing.assert_close(got.view(N, -1, d), r, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(view[0], want_pool, rtol=1e-6, atol=1e-6)
+    for bad_pos, bad_slot in ((len(w.rotation), 0), (0, (num_blocks + 1) * B)):
+        p2, s2 = pos.clone(), slots.clone()
+        p2[-1], s2[-1] = bad_pos, bad_slot
+        before = view[0].clone()
+        with pytest.raises(ValueError, match="rope_write_f32 refused"):
+            c_place(kernel().rope_write, w, p2, s2, (num_blocks + 1) * B)(qkv.clone(), view)
+        assert torch.equal(view[0], before)
+
+
 @pytest.mark.parametrize("budget", [512, 24])   # 24: prompt chunks beside decodes (mixed steps)
 def test_the_engine_s_greedy_tokens_are_unchanged(budget):
     """A short greedy run of the fast runner: the C kernel's tokens (the weights given it, as

@@ -32,9 +32,11 @@ reads its keys where they lie, up to its length — the Triton kernel on CUDA
 ``llminfra/quant/paged_decode.c`` (built into the w4a8 library, one ctypes call a layer, on the
 library's thread pool), which the weights bring where their ``linear`` does
 (:mod:`llminfra.quant.paged_decode`; ``serve`` on a real model). At 16 sequences of
-SmolLM2-135M the gather and the padded SDPA were a third of the CPU step. Where every matmul
-also forms RMSNorm and SwiGLU in its own call (``w.fused_kernels``: the C kernels), the layer's
-norms and SwiGLU are theirs. Chapter 05.
+SmolLM2-135M the gather and the padded SDPA were a third of the CPU step. With the C kernel
+the rotation and the K/V write are one C call as well (``rope_write_f32``, :func:`c_place`):
+the ten torch calls they take cost about 3 ms of a 28 ms batch-1 step of SmolLM2-135M on a
+2-core Xeon. Where every matmul also forms RMSNorm and SwiGLU in its own call
+(``w.fused_kernels``: the C kernels), the layer's norms and SwiGLU are theirs. Chapter 05.
 """
 
 from __future__ import annotations
@@ -119,6 +121,26 @@ def _c_decode_attend(w: FusedWeights, pools: list[Pool], tables: torch.Tensor,
     return c_attend(kernel, tables, positions + 1, pools[0][2], (H, H_kv, d), (H + 2 * H_kv) * d)
 
 
+def c_place(fn, w: FusedWeights, positions: torch.Tensor, slots: torch.Tensor, S: int):
+    """``place(qkv, pool) -> q`` on the C function ``rope_write_f32`` (``fn``,
+    :mod:`llminfra.quant.paged_decode`): each row's q and k heads turned by RoPE in place and
+    its k and v copied to its slot (``S`` slots in a pool), one ctypes call a layer where the
+    torch path makes ten. q stays in ``qkv`` (what :func:`c_attend` reads, a row apart)."""
+    c = w.config
+    H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
+    table = w.rotation_pairs
+    rest = (positions.data_ptr(), table.data_ptr(), len(table), H, H_kv, d, slots.data_ptr(), S)
+    N, row = len(positions), (H + 2 * H_kv) * d
+
+    def place(qkv, p, _alive=(positions, slots)):
+        rc = fn(qkv.data_ptr(), N, row, *rest, p[2].data_ptr(), p[3].data_ptr())
+        if rc:
+            raise ValueError(f"rope_write_f32 refused its input (code {rc}: a position outside "
+                             f"the rotation table or a slot outside the pool)")
+        return qkv
+    return place
+
+
 def _triton_decode():
     """The Triton paged decode launcher where triton imports (else None)."""
     try:
@@ -135,18 +157,24 @@ def _normed(f, x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Pool,
-           write_rows: torch.Tensor, N: int, attend) -> torch.Tensor:
+           write_rows: torch.Tensor, N: int, attend, place=None) -> torch.Tensor:
     """Block i on the step's ``x`` ``(N, dim)``; ``attend(q, blocks) -> (N, H·d)``. Where every
-    matmul forms RMSNorm and SwiGLU itself (``w.fused_kernels``: the C kernels), they do."""
+    matmul forms RMSNorm and SwiGLU itself (``w.fused_kernels``: the C kernels), they do.
+    ``place(qkv, pool) -> q``: RoPE and the K/V write in one C call (:func:`c_place`), else
+    the torch calls below."""
     c, layer = w.config, w.layers[i]
     H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
     if w.fused_kernels:
         qkv = _normed(layer.wqkv, x, layer.attn_norm, c.norm_eps)
     else:
         qkv = layer.wqkv(F.rms_norm(x, (c.dim,), layer.attn_norm, c.norm_eps))
-    r = w.rotate(qkv, rot, N)                                       # (N, H + 2·H_kv, d)
-    pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of each token
-    x = layer.wo.add(attend(r[:, :H], pool), x)
+    if place is None:
+        r = w.rotate(qkv, rot, N)                                   # (N, H + 2·H_kv, d)
+        pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of a token
+        q = r[:, :H]
+    else:
+        q = place(qkv, pool)
+    x = layer.wo.add(attend(q, pool), x)
     if w.fused_kernels:
         gate_up = _normed(layer.w13, x, layer.ffn_norm, c.norm_eps)
         if layer.w2.adds_in_fused:                  # the residual inside the call too
@@ -214,13 +242,17 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     :class:`~llminfra.quant.paged_decode.PagedDecodeKernel` to use."""
     num_blocks, B = _page_pool(pools)
     n, W, c = len(tokens), block_tables.size(1), w.config
-    rot = w.head_rotation(positions)
-    rows = write_rows(slots, num_blocks, B)
     x = F.embedding(tokens, w.embedding)                      # (n, dim)
     on_cuda = w.device.type == "cuda" if triton_kernel is None else triton_kernel
     kernel = _triton_decode() if on_cuda and not B & (B - 1) else None
     cpu = None if on_cuda or c_kernel is False else _c_decode_attend(
         w, pools, block_tables, positions, c_kernel)
+    rope = getattr(w.paged_decode if c_kernel is None else c_kernel, "rope_write", None)
+    place = None if cpu is None or rope is None else c_place(
+        rope, w, positions, slots, (num_blocks + 1) * B)
+    rot = rows = None
+    if place is None:
+        rot, rows = w.head_rotation(positions), write_rows(slots, num_blocks, B)
     if kernel is not None:   # CUDA: read each sequence's blocks in place, up to its length
         tables, lens = block_tables.to(torch.int32), (positions + 1).to(torch.int32)
 
@@ -236,7 +268,7 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
         def attend(q, p):
             return decode_attention(q, p, blocks, mask, n, c)
     for i, pool in enumerate(pools):
-        x = _layer(w, i, x, rot, pool, rows, n, attend)
+        x = _layer(w, i, x, rot, pool, rows, n, attend, place)
     return _logits(w, x)
 
 

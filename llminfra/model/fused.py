@@ -270,6 +270,8 @@ class FusedWeights:
                                           dtype=torch.float32), inv_freq)   # (max_len, d/2)
         #: e^{i·m·θ_j} for every position m: (max_seq_len, d/2) complex64
         self.rotation = torch.polar(torch.ones_like(angles), angles)
+        #: the same table as (cos, sin) pairs (max_seq_len, d/2, 2) float32, for C kernels
+        self.rotation_pairs = torch.view_as_real(self.rotation)
         #: (1, H + 2·H_kv, 1): True for the v heads of a [q | k | v] row (rotated by 1)
         self.v_heads = (torch.arange(H + 2 * H_kv, device=self.device) >= H + H_kv)[None, :, None]
 

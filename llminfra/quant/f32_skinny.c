@@ -6,22 +6,22 @@
  * for big products (MKL's sgemv / sgemm, oneDNN) walks W in panels that suit its cache blocking,
  * and on one core of an AMD EPYC it drew about 12 GB/s from memory for SmolLM2-135M's layers,
  * where summing the same bytes draws 27 GB/s. Here each thread takes a run of W's rows and reads
- * them in order, one row at a time: the row's K floats meet the M rows of x (which stay in L1)
- * in M accumulators, so the hardware prefetcher sees one forward stream per thread. That is
- * llama.cpp's way for F32 weights as well.
+ * them in order, a few rows at a time: each block of W's rows meets the M rows of x (which stay
+ * in L1) in a block of accumulators, so the hardware prefetcher sees a few forward streams per
+ * thread and each load of x serves every row of the block. That is llama.cpp's way for F32
+ * weights as well.
  *
  * The vectors are GCC / clang vector extensions of 16 floats: AVX-512 registers where the CPU
  * has them (-march=native), pairs of AVX2 registers, or plain loops elsewhere; one code path.
  * Each output is one thread's dot product of its own W row, in a fixed order: the result is the
  * same bits for any thread count. Built into the w4a8 library (llminfra/quant/w4a8_build.py);
- * driven by llminfra/model/skinny.py. Chapter 08.
+ * driven by llminfra/quant/f32_skinny.py. Chapter 08.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define F32_MAX_ROWS 8       /* rows of x per pass over W: 8 accumulators */
 
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -48,53 +48,87 @@ static inline float sum16(v16 v) {
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-int f32_skinny_max_rows(void) { return F32_MAX_ROWS; }
-
 typedef struct {
     const float *x, *w, *r;
     float *y;
     int M, N, K;
 } skinny_job;
 
-/* out[m] = x[m] . w over K (K a multiple of 16 in the vector loop, the rest in scalars), for R
-   rows of x (R a constant where it is inlined: the accumulators live in registers). */
-static inline __attribute__((always_inline)) void dot_rows(
-        const float *x, int K, const float *w, float *out, int R) {
-    v16 acc[F32_MAX_ROWS];
-    for (int m = 0; m < R; m++) acc[m] = (v16){0};
+/* The register block: BW rows of W against BR rows of x at a time, BW * BR accumulators of 16
+   floats. Where the CPU has 32 vector registers of 16 floats (AVX-512) 4 x 6 fit with the loads;
+   pairs of AVX2 registers (16 of them) or NEON quads hold fewer. Several W rows at once are also
+   several forward streams, which is what keeps a core's memory requests in flight. */
+#if defined(__AVX512F__)
+#define BW 4
+#define BR 6
+#elif defined(__AVX2__) || defined(__aarch64__)
+#define BW 2
+#define BR 3
+#else
+#define BW 1
+#define BR 2
+#endif
+
+/* out[m * ldo + b] = x[m] . w[b] over K for BW rows of w (ld = K) and R rows of x (R <= BR; a
+   constant where inlined: the accumulators live in registers). Each output is one 16-lane
+   accumulator summed over k in order, then sum16 and the scalar tail: the same bits whatever the
+   block, the row count or the thread that computes it. */
+static inline __attribute__((always_inline)) void dot_block(
+        const float *x, int K, const float *w, int nw, float *out, int ldo, int R) {
+    v16 acc[BW][BR];
+    for (int b = 0; b < nw; b++)
+        for (int m = 0; m < R; m++) acc[b][m] = (v16){0};
     int k = 0;
     for (; k + 16 <= K; k += 16) {
-        v16 wv = load16(w + k);
-        for (int m = 0; m < R; m++) acc[m] += wv * load16(x + (size_t)m * K + k);
+        v16 wv[BW];
+        for (int b = 0; b < nw; b++) wv[b] = load16(w + (size_t)b * K + k);
+        for (int m = 0; m < R; m++) {
+            v16 xv = load16(x + (size_t)m * K + k);
+            for (int b = 0; b < nw; b++) acc[b][m] += wv[b] * xv;
+        }
     }
-    for (int m = 0; m < R; m++) {
-        float s = sum16(acc[m]);
-        for (int t = k; t < K; t++) s += w[t] * x[(size_t)m * K + t];
-        out[m] = s;
-    }
+    for (int b = 0; b < nw; b++)
+        for (int m = 0; m < R; m++) {
+            float s = sum16(acc[b][m]);
+            for (int t = k; t < K; t++) s += w[(size_t)b * K + t] * x[(size_t)m * K + t];
+            out[m * ldo + b] = s;
+        }
 }
 
-#define ROWS_CASE(R) case R: dot_rows(x, K, w, out, R); break;
+#define BLOCK_CASE(R) case R: dot_block(x, K, w, BW, out, BW, R); break;
 
-/* W's rows c N / C .. (c + 1) N / C, for every row of x, in passes of up to F32_MAX_ROWS. */
+/* W's rows c N / C .. (c + 1) N / C, for every row of x: blocks of BW rows of W, each met by
+   every row of x in passes of up to BR rows while the block is in L1 (W is read once). */
 static void skinny_part(void *arg, int c, int C) {
     const skinny_job *j = (const skinny_job *)arg;
     int N = j->N, K = j->K;
     int begin = (int)((long)N * c / C), end = (int)((long)N * (c + 1) / C);
-    for (int m0 = 0; m0 < j->M; m0 += F32_MAX_ROWS) {
-        int R = j->M - m0 < F32_MAX_ROWS ? j->M - m0 : F32_MAX_ROWS;
-        const float *x = j->x + (size_t)m0 * K;
-        for (int n = begin; n < end; n++) {
-            const float *w = j->w + (size_t)n * K;
-            float out[F32_MAX_ROWS];
-            switch (R) {
-                ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
-                ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+    for (int n = begin; n < end; n += BW) {
+        const float *w = j->w + (size_t)n * K;
+        int nw = end - n < BW ? end - n : BW;
+        for (int m0 = 0; m0 < j->M; m0 += BR) {
+            int R = j->M - m0 < BR ? j->M - m0 : BR;
+            const float *x = j->x + (size_t)m0 * K;
+            float out[BR * BW];
+            if (nw == BW) {
+                switch (R) {
+                    BLOCK_CASE(1) BLOCK_CASE(2)
+#if BR > 2
+                    BLOCK_CASE(3)
+#endif
+#if BR > 3
+                    BLOCK_CASE(4) BLOCK_CASE(5) BLOCK_CASE(6)
+#endif
+                }
+            } else {
+                for (int m = 0; m < R; m++) dot_block(x + (size_t)m * K, K, w, nw,
+                                                      out + m * BW, BW, 1);
             }
-            for (int m = 0; m < R; m++) {
-                size_t at = (size_t)(m0 + m) * N + n;
-                j->y[at] = j->r ? j->r[at] + out[m] : out[m];
-            }
+            for (int m = 0; m < R; m++)
+                for (int b = 0; b < nw; b++) {
+                    size_t at = (size_t)(m0 + m) * N + n + b;
+                    j->y[at] = j->r ? j->r[at] + out[m * BW + b] : out[m * BW + b];
+                }
         }
     }
 }

@@ -6,25 +6,30 @@ oneDNN and MKL block their loops for big products; for one row on this 2-core AM
 about 12–15 GB/s from SmolLM2-135M's layers on one thread, where a plain sum over the same bytes
 draws 27 GB/s. ``f32_skinny.c`` (beside this file, in the w4a8 library, on its thread pool)
 reads each thread's run of ``W``'s rows front to back against the rows of ``x`` held in L1, as
-llama.cpp does for F32 weights. Measured 2026-12-05, SmolLM2-135M's 30 layers (425 MB) from
-memory, ms per pass:
+llama.cpp does for F32 weights, four rows of ``W`` at a time (four forward streams, and each
+load of ``x`` meets four rows: a register block of 4 × 6 accumulators where the CPU has AVX-512).
+SmolLM2-135M's 30 layers (425 MB) from memory, ms per pass, the fastest of three:
 
-=========  =====================  ==================  ====================
-rows       threads  f32_skinny    oneDNN prepacked    F.linear (MKL)
-=========  =====================  ==================  ====================
-1          1        16.9          28.6                32.2
-2          1        19.6          34.4                52.0
-4          1        30.1          22.3                43.9
-1          2        14.0          20.2                35.0
-2          2        13.8          20.4                52.3
-4          2        16.7          16.3                45.9
-=========  =====================  ==================  ====================
+=====  =======  ==============================  ==============================
+rows   threads  AMD EPYC, 2026-12-05 (one row    Intel Xeon, 2026-12-05 (4-row
+                a time): f32_skinny / oneDNN    blocks): f32_skinny / oneDNN
+                prepacked / F.linear (MKL)      prepacked / F.linear (MKL)
+=====  =======  ==============================  ==============================
+1      1        16.9 / 28.6 / 32.2              28.9 / 33.6 / 30.8
+2      1        19.6 / 34.4 / 52.0              35.0 / 36.0 / 33.2
+4      1        30.1 / 22.3 / 43.9              43.6 / 36.4 / 54.5
+1      2        14.0 / 20.2 / 35.0              15.3 / 19.6 / 15.6
+2      2        13.8 / 20.4 / 52.3              18.4 / 21.0 / 17.3
+4      2        16.7 / 16.3 / 45.9              22.6 / 22.5 / 32.3
+=====  =======  ==============================  ==============================
 
-Past two rows the kernel's arithmetic (one multiply-add per weight per row, no register
-blocking) costs more than oneDNN's, so :func:`skinny_linear` hands it products of at most
-:data:`MAX_ROWS` rows and the rest to oneDNN (:class:`llminfra.model.fused.SkinnyMatmul`).
-Each output is one thread's dot product of its own row of ``W``: the same bits for any thread
-count. Chapter 08 (where a decode step's time goes).
+On the Xeon, Intel's MKL keeps up with the kernel for one or two rows (on the EPYC it does not);
+oneDNN's blocked loops win from four rows on both: past two rows the kernel's arithmetic (a
+dot product per output, summed across its 16 lanes at the end) costs more than oneDNN's, so
+:func:`skinny_linear` hands it products of at most :data:`MAX_ROWS` rows and the rest to oneDNN
+(:class:`llminfra.model.fused.SkinnyMatmul`). Each output is one 16-lane accumulator over ``K``
+in order, whatever the block, the row count or the thread: the same bits for any thread count
+and any batch. Chapter 08 (where a decode step's time goes).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -395,4 +396,42 @@ int paged_decode_f32(const float *q, long q_row, const float *k, const float *v,
     else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, decode_part, &j, C))
         run_threads(threads, decode_part, &j);
     return atomic_load(&j.failed) ? -5 : 0;
+}
+
+/* What a decode step does between its q/k/v product and attention, in one call instead of some
+   ten torch calls a layer: rows i < N of qkv (row_stride floats apart: H query heads, then H_kv
+   key heads, then H_kv value heads, d floats each) get their query and key heads turned in place
+   by RoPE at position positions[i] — each pair (x_2j, x_2j+1) by the angle of rot, whose row m
+   holds (cos m θ_j, sin m θ_j) for j < d / 2 (a complex table viewed as real; rows 0 .. P - 1) —
+   and the row's keys and values are copied to pool slot slots[i] (the slot's H_kv * d floats at
+   k + slot * H_kv * d, and the same in v; slots 0 .. S - 1). The multiply is torch's complex one,
+   (x_2j + i x_2j+1)(c + i s). Returns 0, or -2 for a size out of range, -3 for a position
+   outside 0 .. P - 1, -4 for a slot outside 0 .. S - 1 (checked first: nothing is written). */
+int rope_write_f32(float *qkv, int N, long row_stride, const int64_t *positions,
+                   const float *rot, long P, int H, int H_kv, int d, const int64_t *slots,
+                   long S, float *k, float *v) {
+    if (N < 0 || H < 1 || H_kv < 1 || d < 2 || d % 2 || d > PD_MAX_HEAD_DIM ||
+        row_stride < (long)(H + 2 * H_kv) * d)
+        return -2;
+    for (int i = 0; i < N; i++) {
+        if (positions[i] < 0 || positions[i] >= P) return -3;
+        if (slots[i] < 0 || slots[i] >= S) return -4;
+    }
+    int half = d / 2;
+    size_t kv = (size_t)H_kv * d;
+    for (int i = 0; i < N; i++) {
+        float *row = qkv + (size_t)i * row_stride;
+        const float *cs = rot + (size_t)positions[i] * d;      /* (cos, sin) pairs */
+        for (int h = 0; h < H + H_kv; h++) {
+            float *x = row + (size_t)h * d;
+            for (int j = 0; j < half; j++) {
+                float a = x[2 * j], b = x[2 * j + 1], c = cs[2 * j], s = cs[2 * j + 1];
+                x[2 * j] = a * c - b * s;
+                x[2 * j + 1] = a * s + b * c;
+            }
+        }
+        memcpy(k + (size_t)slots[i] * kv, row + (size_t)H * d, sizeof(float) * kv);
+        memcpy(v + (size_t)slots[i] * kv, row + (size_t)(H + H_kv) * d, sizeof(float) * kv);
+    }
+    return 0;
 }

@@ -14,7 +14,9 @@ The engine gets it the way it gets its matmul kernels: from the ``linear`` that 
 hands it (:class:`llminfra.quant.f32_skinny.skinny_linear` carries one, and ``serve`` gives the
 w4a8 linear one), as its ``paged_decode``; :class:`llminfra.model.fused.FusedWeights` keeps it
 and :func:`llminfra.model.fast_step.decode_step` calls it, one ctypes call a layer.
-:func:`paged_attention_c` is the checked form, for tests and notebooks. Chapter 05.
+It brings ``rope_write_f32`` too (same file): the step's RoPE on q and k and its K/V write to
+the pool slots, one call a layer where the torch path makes ten. :func:`paged_attention_c` is
+the checked form of the attention, for tests and notebooks. Chapter 05.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class PagedDecodeKernel:
     threads: int
     errors: dict
     owner: ThreadPool              # keeps the pool's workers alive while the kernel is in use
+    #: ``rope_write_f32``: a decode step's RoPE and K/V write in one call (:func:`rope_function`)
+    rope_write: ctypes._CFuncPtr | None = None
 
 
 def c_function(lib: ctypes.CDLL):
@@ -56,13 +60,25 @@ def c_function(lib: ctypes.CDLL):
     return fn
 
 
+def rope_function(lib: ctypes.CDLL):
+    """``rope_write_f32`` of a build of the w4a8 library with its argument types: RoPE on the
+    query and key heads of a step's ``qkv`` rows in place, and their keys and values copied to
+    their pool slots (``paged_decode.c``)."""
+    fn = lib.rope_write_f32
+    p, i, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+    fn.argtypes = [p, i, L, p, p, L, i, i, i, p, L, p, p]
+    fn.restype = i
+    return fn
+
+
 def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedDecodeKernel:
     """The kernel on ``pool`` (a matmul kernel's, shared: the calls of a step come one after
     another), else on a new :class:`~llminfra.quant.w4a8.ThreadPool` of ``threads`` (None:
     torch's thread count). ``RuntimeError`` where the library cannot be built."""
     lib = library()
     pool = ThreadPool(_check_threads(threads), lib) if pool is None else pool
-    return PagedDecodeKernel(c_function(lib), pool.handle, pool.threads, C_KERNEL_ERRORS, pool)
+    return PagedDecodeKernel(c_function(lib), pool.handle, pool.threads, C_KERNEL_ERRORS, pool,
+                             rope_function(lib))
 
 
 @functools.cache
