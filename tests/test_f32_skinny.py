@@ -141,19 +141,25 @@ def test_serve_picks_skinny_for_a_real_model_and_refuses_it_on_the_readable_runn
         build_engine("tiny", num_blocks=16, matmul="skinny", runner="readable")
 
 
-@pytest.mark.parametrize("M", [1, 2, 5])
+@pytest.mark.parametrize("M", [1, 2, 5, 70])
 def test_fused_norm_and_swiglu_match_torch(M):
-    """``fused(x, norm=g)`` is f(RMSNorm(x)·g) and ``fused(x, gated=True)`` f(silu(gate)·up),
-    inside the kernel's call for 1-2 rows and in torch calls for more."""
+    """``fused(x, norm=g)`` is f(RMSNorm(x)·g) and ``fused(x, gated=True)`` f(silu(gate)·up):
+    inside the kernel's call for 1-2 rows; for more the RMSNorm in one C call
+    (``f32_form_rows``, up to ``FORM_MAX_ROWS`` rows: 70 is past it, torch's) and SwiGLU in
+    torch, the product on oneDNN."""
     import torch.nn.functional as F
 
+    from llminfra.model.fused import FORM_MAX_ROWS
     from llminfra.quant.f32_skinny import skinny_linear
 
     g = torch.Generator().manual_seed(M)
     W, gain = torch.randn(40, 100, generator=g), torch.rand(100, generator=g) + 0.5
     m = skinny_linear(threads=2, max_rows=2).matmul(W)
+    formed, form = [], m._form
+    m._form = lambda *a: formed.append(a[0].shape[0]) or form(*a)
     x = torch.randn(M, 100, generator=g) * 3
     _close(m.fused(x, norm=gain, eps=1e-5), F.rms_norm(x, (100,), gain, 1e-5) @ W.t())
+    assert formed == ([M] if 2 < M <= FORM_MAX_ROWS else [])
     xx = torch.randn(1, M, 200, generator=g)
     gate, up = xx.chunk(2, -1)
     _close(m.fused(xx, gated=True), (F.silu(gate) * up) @ W.t())

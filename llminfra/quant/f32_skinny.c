@@ -165,6 +165,16 @@ static void form_rows(const float *x, int x_stride, int M, int K, int gated, con
     }
 }
 
+/* form_rows on its own, into a (M, K): the RMSNorm (or SwiGLU) of rows that go on to a BLAS for
+   their product (more rows than this kernel takes), one call where torch's rms_norm makes six.
+   Returns 0, or -2 for a size out of range. */
+int f32_form_rows(const float *x, int x_stride, int M, int K, int gated, const float *norm,
+                  float eps, float *a) {
+    if (M < 0 || K < 0 || x_stride < (gated ? 2 * K : K)) return -2;
+    form_rows(x, x_stride, M, K, gated, norm, eps, a);
+    return 0;
+}
+
 /* y (M, N) = a (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); W, r and y
    contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL; x_stride = K) or formed
    from them as form_rows says. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between

@@ -57,12 +57,22 @@ class SkinnyKernel:
     threads: int
     max_rows: int
     owner: ThreadPool           # keeps the pool's workers alive while the kernel is in use
+    #: ``f32_form_rows``: RMSNorm of rows bound for oneDNN, in one call (:func:`_form_function`)
+    form: ctypes._CFuncPtr | None = None
 
 
 def _function(lib: ctypes.CDLL):
     fn = lib.f32_skinny_gemm
     p, i = ctypes.c_void_p, ctypes.c_int
     fn.argtypes = [p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i, p]
+    fn.restype = i
+    return fn
+
+
+def _form_function(lib: ctypes.CDLL):
+    fn = lib.f32_form_rows
+    p, i = ctypes.c_void_p, ctypes.c_int
+    fn.argtypes = [p, i, i, i, i, p, ctypes.c_float, p]
     fn.restype = i
     return fn
 
@@ -75,7 +85,8 @@ def kernel(threads: int | None = None, max_rows: int = MAX_ROWS) -> SkinnyKernel
         raise ValueError(f"max_rows must be an int >= 0, got {max_rows!r}")
     lib = library()
     pool = ThreadPool(_check_threads(threads), lib)
-    return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool)
+    return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool,
+                        _form_function(lib))
 
 
 class skinny_linear:
