@@ -101,11 +101,11 @@ def test_the_engine_process_starts_with_its_env_and_this_one_keeps_its_own(monke
 
 
 def test_an_engine_process_on_the_c_kernels_spins_briefly_unless_told_otherwise(monkeypatch):
-    from llminfra.serving.serve import W4A8_GOMP_SPINCOUNT, engine_env
+    from llminfra.serving.serve import C_KERNELS_GOMP_SPINCOUNT, engine_env
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert engine_env("w4a8") == {"GOMP_SPINCOUNT": W4A8_GOMP_SPINCOUNT}
-    assert engine_env(None, "skinny") == {"GOMP_SPINCOUNT": W4A8_GOMP_SPINCOUNT}
+    assert engine_env("w4a8") == {"GOMP_SPINCOUNT": C_KERNELS_GOMP_SPINCOUNT}
+    assert engine_env(None, "skinny") == {"GOMP_SPINCOUNT": C_KERNELS_GOMP_SPINCOUNT}
     assert engine_env(None) == engine_env(None, "onednn") == engine_env(None, "plain") == {}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")       # the caller's choice is kept
     assert engine_env("w4a8") == {}

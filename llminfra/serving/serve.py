@@ -207,7 +207,7 @@ def build_app(model: str = "tiny", *, model_name: str | None = None,
 
 
 #: GNU OpenMP's spin before a waiting thread sleeps, in an engine process on the C kernels
-W4A8_GOMP_SPINCOUNT = "10000"
+C_KERNELS_GOMP_SPINCOUNT = "30000"
 
 
 def engine_env(quantization: str | None, matmul: str = "auto") -> dict[str, str]:
@@ -221,13 +221,18 @@ def engine_env(quantization: str | None, matmul: str = "auto") -> dict[str, str]
     (45 / 82); 58 / 143 with ``GOMP_SPINCOUNT=10000`` (57 / 145 with
     ``OMP_WAIT_POLICY=PASSIVE``). The engine's decode step at one sequence, 2 threads
     (2026-12-05): skinny 23.0 ms by default, 20.2 ms with the short spin (16 sequences: 47.3,
-    48.7); w4a8 9.2 and 7.1 ms. The fp32 engine on oneDNN alone (one pool) is left as it is
-    (33.2 / 34.2 ms), and passive waiting lost it 17 % at one client. A value the caller set
-    (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
+    48.7); w4a8 9.2 and 7.1 ms. On the 2-core Xeon (2026-12-05, median decode step, two runs
+    each) 10,000 polls were too short for the fp32 engine at 16 sequences, whose products of
+    more than two rows are oneDNN's (OpenMP) between the C attention calls: 59–61 ms against
+    54–55 with 30,000 (the same with 100,000 and 300,000), while one sequence took 24.4–24.7
+    ms with either and 25.6 with 300,000; w4a8 was the same with 10,000 and 30,000 (6.0–6.8 ms
+    at one sequence, 32–33 at 16). Hence 30,000. The fp32 engine on oneDNN alone (one pool)
+    is left as it is (33.2 / 34.2 ms on the EPYC), and passive waiting lost it 17 % at one
+    client. A value the caller set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
     c_kernels = quantization == "w4a8" or (quantization is None and matmul == "skinny")
     if not c_kernels or {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
         return {}
-    return {"GOMP_SPINCOUNT": W4A8_GOMP_SPINCOUNT}
+    return {"GOMP_SPINCOUNT": C_KERNELS_GOMP_SPINCOUNT}
 
 
 def run_server(host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
