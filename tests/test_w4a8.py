@@ -92,6 +92,21 @@ def test_threads_give_the_same_bits(lib, monkeypatch, passes):
     assert w4a8.w4a8_linear(threads=None)(weight).threads == w4a8.default_threads()
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+def test_a_row_gets_the_same_bits_in_a_prompt(lib, passes):
+    """Products of many rows (a prompt chunk) unpack each pair of W rows once for all of them
+    (AVX-512: ``dot2_from``); each row's result is the same bits as that row alone (``dot2``),
+    on every block shape, an odd N and several threads."""
+    gen = torch.Generator().manual_seed(21 + passes)
+    for M, N, K in ((4, 7, 576), (9, 33, 896), (37, 49, 1536), (5, 1, 192), (6, 12, 64)):
+        w = w4a8.prepare(quantize(torch.randn(N, K, generator=gen), "int4-g32"), lib)
+        x = torch.randn(M, K, generator=gen) * 2
+        whole = w4a8.w4a8_mm(x, w, lib, passes, threads=2)
+        alone = torch.cat([w4a8.w4a8_mm(x[r:r + 1], w, lib, passes, threads=1)
+                           for r in range(M)])
+        assert torch.equal(whole, alone), (M, N, K)
+
+
 def test_the_kernels_weights_are_the_quantizers(lib):
     """``dequantize`` reads the packed layout back: the int4-g32 weights, up to the fp16 offset."""
     wt = torch.randn(32, 576, generator=torch.Generator().manual_seed(3))

@@ -230,6 +230,55 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
     *y1 = _mm512_reduce_add_ps(a1);
 }
 
+/* A prompt's product meets each pair of W rows once per row of x: dot2 would unpack the 4-bit
+   codes again for every one. unpack_row unpacks a row once, into the order q has (the 64 codes
+   of step t of a block at 32 g + 64 t: the low nibbles, then the high ones), and dot2_from does
+   dot2's arithmetic from there: the same integer sums and the same float steps, so the same
+   bits. */
+#define UNPACK_MIN_ROWS 4
+static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, uint8_t *u) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int b = 0; b < n; b++)
+        for (int t = 0, g = g0[b]; t < nb[b] / 2; t++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(c + 16 * g + 32 * t));
+            _mm512_storeu_si512((void *)(u + 32 * g + 64 * t), _mm512_and_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(w), _mm256_srli_epi16(w, 4), 1), low));
+        }
+}
+
+static void dot2_from(const uint8_t *u0r, const uint8_t *u1r, const uint16_t *d0,
+                      const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
+                      const int8_t *q, const float *dx, const float *sx, int n, const int *nb,
+                      const int *g0, float *y0, float *y1) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int b = 0; b < n; b++) {
+        int B = nb[b], g = g0[b];
+        __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+        for (int t = 0; t < B / 2; t++) {
+            __m512i qv = _mm512_loadu_si512((const void *)(q + 32 * g + 64 * t));
+            p0 = _mm512_dpbusd_epi32(p0, _mm512_loadu_si512((const void *)(u0r + 32 * g + 64 * t)),
+                                     qv);
+            p1 = _mm512_dpbusd_epi32(p1, _mm512_loadu_si512((const void *)(u1r + 32 * g + 64 * t)),
+                                     qv);
+        }
+        __mmask16 k = (__mmask16)((1u << B) - 1);
+        __m512 dxv = _mm512_maskz_loadu_ps(k, dx + g), sxv = _mm512_maskz_loadu_ps(k, sx + g);
+        __m512 s0 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d0 + g)));
+        __m512 s1 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d1 + g)));
+        a0 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m0 + g)), a0);
+        a1 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m1 + g)), a1);
+        if (B < 16) {
+            __m512i idx = _mm512_loadu_si512((const void *)LANE_GROUP[B == 2 ? 0 : B == 4 ? 1 : 2]);
+            s0 = _mm512_permutexvar_ps(idx, s0);
+            s1 = _mm512_permutexvar_ps(idx, s1);
+        }
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, a1);
+    }
+    *y0 = _mm512_reduce_add_ps(a0);
+    *y1 = _mm512_reduce_add_ps(a1);
+}
+
 #elif LANES == 8
 static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i q) {
 #if defined(__AVXVNNI__)
@@ -369,14 +418,32 @@ static void multiply_part(void *arg, int t, int T) {
     int begin = 2 * (int)((long)P * t / T), end = 2 * (int)((long)P * (t + 1) / T);
     size_t rb = (size_t)K / 2;
     if (end > N) end = N;
+    uint8_t *u = NULL;         /* a row pair's codes unpacked once, where many rows of x meet it */
+#if LANES == 16
+    if (R >= UNPACK_MIN_ROWS) u = malloc(2 * (size_t)K);    /* NULL: dot2, as for few rows */
+#endif
     /* the first rows: asked for all at once, so that their misses overlap */
     if (begin < end)
         prefetch_rows(j, begin, end - begin < PREFETCH_ROWS ? end - begin : PREFETCH_ROWS);
     for (int i = begin; i < end; i += 2) {
         int k = i + 1 < end ? i + 1 : i;
         if (i + PREFETCH_ROWS + 1 < end) prefetch_rows(j, i + PREFETCH_ROWS, 2);
+#if LANES == 16
+        if (u) {
+            unpack_row(j->codes + i * rb, j->n, j->nb, j->g0, u);
+            unpack_row(j->codes + k * rb, j->n, j->nb, j->g0, u + K);
+        }
+#endif
         for (int r = 0; r < R; r++) {
             float v0, v1;
+#if LANES == 16
+            if (u)
+                dot2_from(u, u + K, j->d + (size_t)i * G, j->d + (size_t)k * G,
+                          j->m + (size_t)i * G, j->m + (size_t)k * G, j->q + (size_t)r * K,
+                          j->dx + (size_t)r * G, j->sx + (size_t)r * G, j->n, j->nb, j->g0,
+                          &v0, &v1);
+            else
+#endif
             dot2(j->codes + i * rb, j->codes + k * rb, j->d + (size_t)i * G,
                  j->d + (size_t)k * G, j->m + (size_t)i * G, j->m + (size_t)k * G,
                  j->q + (size_t)r * K, j->dx + (size_t)r * G, j->sx + (size_t)r * G, j->n,
@@ -391,6 +458,7 @@ static void multiply_part(void *arg, int t, int T) {
             }
         }
     }
+    free(u);
 }
 
 /* the thread pool (thread_pool.c) */
