@@ -192,23 +192,31 @@ static const int32_t LANE_GROUP[3][16] = {{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0
                                           {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},
                                           {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}};
 
-/* rows c0 and c1 (the same row twice for an odd last one) against one quantized x row */
-static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
-                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
-                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
-    const __m512i low = _mm512_set1_epi8(0x0f);
+/* the 64 codes of step t of a block from their 32 bytes: the low nibbles, then the high ones */
+static inline __m512i unpack64(const uint8_t *c) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)c);
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w),
+                                               _mm256_srli_epi16(w, 4), 1),
+                            _mm512_set1_epi8(0x0f));
+}
+
+/* rows c0 and c1 (the same row twice for an odd last one) against one quantized x row; with
+   unpacked, c0 and c1 are the rows as unpack_row leaves them (the order q has) */
+static inline __attribute__((always_inline)) void dot2_rows(
+        const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+        const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+        const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1,
+        int unpacked) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     for (int b = 0; b < n; b++) {
         int B = nb[b], g = g0[b];
         __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
         for (int t = 0; t < B / 2; t++) {             /* 8 * B / LANES steps */
             __m512i qv = _mm512_loadu_si512((const void *)(q + 32 * g + 64 * t));
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(c0 + 16 * g + 32 * t));
-            __m256i w1 = _mm256_loadu_si256((const __m256i *)(c1 + 16 * g + 32 * t));
-            __m512i u0 = _mm512_and_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(w0), _mm256_srli_epi16(w0, 4), 1), low);
-            __m512i u1 = _mm512_and_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(w1), _mm256_srli_epi16(w1, 4), 1), low);
+            __m512i u0 = unpacked ? _mm512_loadu_si512((const void *)(c0 + 32 * g + 64 * t))
+                                  : unpack64(c0 + 16 * g + 32 * t);
+            __m512i u1 = unpacked ? _mm512_loadu_si512((const void *)(c1 + 32 * g + 64 * t))
+                                  : unpack64(c1 + 16 * g + 32 * t);
             p0 = _mm512_dpbusd_epi32(p0, u0, qv);
             p1 = _mm512_dpbusd_epi32(p1, u1, qv);
         }
@@ -230,53 +238,28 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
     *y1 = _mm512_reduce_add_ps(a1);
 }
 
-/* A prompt's product meets each pair of W rows once per row of x: dot2 would unpack the 4-bit
-   codes again for every one. unpack_row unpacks a row once, into the order q has (the 64 codes
-   of step t of a block at 32 g + 64 t: the low nibbles, then the high ones), and dot2_from does
-   dot2's arithmetic from there: the same integer sums and the same float steps, so the same
-   bits. */
-#define UNPACK_MIN_ROWS 4
-static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, uint8_t *u) {
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    for (int b = 0; b < n; b++)
-        for (int t = 0, g = g0[b]; t < nb[b] / 2; t++) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(c + 16 * g + 32 * t));
-            _mm512_storeu_si512((void *)(u + 32 * g + 64 * t), _mm512_and_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(w), _mm256_srli_epi16(w, 4), 1), low));
-        }
+static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+    dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, n, nb, g0, y0, y1, 0);
 }
 
-static void dot2_from(const uint8_t *u0r, const uint8_t *u1r, const uint16_t *d0,
+/* A prompt's product meets each pair of W rows once per row of x: dot2 would unpack the 4-bit
+   codes again for every one. unpack_row unpacks a row once, into the order q has (step t of a
+   block at 32 g + 64 t), and dot2_from is dot2 from there: the same integer sums and the same
+   float steps, so the same bits. */
+#define UNPACK_MIN_ROWS 4
+static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, uint8_t *u) {
+    for (int b = 0; b < n; b++)
+        for (int t = 0, g = g0[b]; t < nb[b] / 2; t++)
+            _mm512_storeu_si512((void *)(u + 32 * g + 64 * t), unpack64(c + 16 * g + 32 * t));
+}
+
+static void dot2_from(const uint8_t *u0, const uint8_t *u1, const uint16_t *d0,
                       const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
                       const int8_t *q, const float *dx, const float *sx, int n, const int *nb,
                       const int *g0, float *y0, float *y1) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (int b = 0; b < n; b++) {
-        int B = nb[b], g = g0[b];
-        __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
-        for (int t = 0; t < B / 2; t++) {
-            __m512i qv = _mm512_loadu_si512((const void *)(q + 32 * g + 64 * t));
-            p0 = _mm512_dpbusd_epi32(p0, _mm512_loadu_si512((const void *)(u0r + 32 * g + 64 * t)),
-                                     qv);
-            p1 = _mm512_dpbusd_epi32(p1, _mm512_loadu_si512((const void *)(u1r + 32 * g + 64 * t)),
-                                     qv);
-        }
-        __mmask16 k = (__mmask16)((1u << B) - 1);
-        __m512 dxv = _mm512_maskz_loadu_ps(k, dx + g), sxv = _mm512_maskz_loadu_ps(k, sx + g);
-        __m512 s0 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d0 + g)));
-        __m512 s1 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d1 + g)));
-        a0 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m0 + g)), a0);
-        a1 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m1 + g)), a1);
-        if (B < 16) {
-            __m512i idx = _mm512_loadu_si512((const void *)LANE_GROUP[B == 2 ? 0 : B == 4 ? 1 : 2]);
-            s0 = _mm512_permutexvar_ps(idx, s0);
-            s1 = _mm512_permutexvar_ps(idx, s1);
-        }
-        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, a0);
-        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, a1);
-    }
-    *y0 = _mm512_reduce_add_ps(a0);
-    *y1 = _mm512_reduce_add_ps(a1);
+    dot2_rows(u0, u1, d0, d1, m0, m1, q, dx, sx, n, nb, g0, y0, y1, 1);
 }
 
 #elif LANES == 8
