@@ -245,9 +245,10 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     x = F.embedding(tokens, w.embedding)                      # (n, dim)
     on_cuda = w.device.type == "cuda" if triton_kernel is None else triton_kernel
     kernel = _triton_decode() if on_cuda and not B & (B - 1) else None
+    c_kernel = w.paged_decode if c_kernel is None else c_kernel
     cpu = None if on_cuda or c_kernel is False else _c_decode_attend(
         w, pools, block_tables, positions, c_kernel)
-    rope = getattr(w.paged_decode if c_kernel is None else c_kernel, "rope_write", None)
+    rope = getattr(c_kernel, "rope_write", None)
     place = None if cpu is None or rope is None else c_place(
         rope, w, positions, slots, (num_blocks + 1) * B)
     rot = rows = None
