@@ -94,11 +94,13 @@ def test_threads_give_the_same_bits(lib, monkeypatch, passes):
 
 @pytest.mark.parametrize("passes", [1, 2])
 def test_a_row_gets_the_same_bits_in_a_prompt(lib, passes):
-    """Products of many rows (a prompt chunk) unpack each pair of W rows once for all of them
-    (AVX-512: ``dot2_from``); each row's result is the same bits as that row alone (``dot2``),
-    on every block shape, an odd N and several threads."""
+    """Products of several rows take them in tiles of up to 4 (AVX-512: ``dot2_rows``, the
+    tile's integer sums side by side), and of 8 or more unpack each pair of W rows once for all
+    of them (``dot2_from``); each row's result is the same bits as that row alone, on every
+    block shape, whole and partial tiles, an odd N and several threads."""
     gen = torch.Generator().manual_seed(21 + passes)
-    for M, N, K in ((4, 7, 576), (9, 33, 896), (37, 49, 1536), (5, 1, 192), (6, 12, 64)):
+    for M, N, K in ((4, 7, 576), (9, 33, 896), (37, 49, 1536), (5, 1, 192), (6, 12, 64),
+                    (2, 5, 576), (3, 9, 1536), (8, 3, 128)):
         w = w4a8.prepare(quantize(torch.randn(N, K, generator=gen), "int4-g32"), lib)
         x = torch.randn(M, K, generator=gen) * 2
         whole = w4a8.w4a8_mm(x, w, lib, passes, threads=2)

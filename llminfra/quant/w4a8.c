@@ -21,7 +21,10 @@
  *
  * T threads (thread_pool.c) split the output columns, W's rows, in pairs, and the rows of x
  * they quantize: each output is one thread's dot product of its own W row, so the result has
- * the same bits for any T. Within its rows a thread prefetches a few dozen rows ahead: a row of
+ * the same bits for any T. A pair of W rows meets up to 4 rows of x at once (TILE_ROWS): the
+ * integer sums of one row alone would wait on each other (a chain of vpdpbusd), those of 4
+ * rows keep both vector units busy; each output's float steps stay the same, and so its bits,
+ * in any tile, and a product of 8 or more rows unpacks each W row's codes once. Within its rows a thread prefetches a few dozen rows ahead: a row of
  * 576 codes is 288 bytes, too short a stream for the hardware prefetcher to reach memory's
  * bandwidth on its own. Built and loaded by llminfra/quant/w4a8.py; chapter 08.
  */
@@ -48,6 +51,7 @@
    MAX_BLOCKS bounds them all. Every entry point refuses a wider K (returns -2). */
 #define MAX_K (32 * 8 * 1000)
 #define MAX_BLOCKS 1024
+#define TILE_ROWS 4   /* rows of x a pair of W rows meets at once (dot2_rows) */
 
 int w4a8_max_k(void) { return MAX_K; }
 
@@ -200,55 +204,79 @@ static inline __m512i unpack64(const uint8_t *c) {
                             _mm512_set1_epi8(0x0f));
 }
 
-/* rows c0 and c1 (the same row twice for an odd last one) against one quantized x row; with
-   unpacked, c0 and c1 are the rows as unpack_row leaves them (the order q has) */
+/* `rows` rows of x (K int8 codes and G groups apart; a constant 1 .. TILE_ROWS where this is
+   inlined) against W rows c0 and c1 (the same row twice for an odd last one); with unpacked,
+   c0 and c1 are the rows as unpack_row leaves them (the order q has). Each output takes the
+   same float steps whatever `rows` is, so the same bits: only the integer sums of several rows
+   run side by side, as independent chains of vpdpbusd. One row's two chains wait on the
+   instruction's latency (5 cycles); a tile of 4 rows keeps both vector units busy. */
 static inline __attribute__((always_inline)) void dot2_rows(
         const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
         const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
-        const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1,
-        int unpacked) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        const float *sx, int K, int G, int rows, int n, const int *nb, const int *g0,
+        float *y0, float *y1, int unpacked) {
+    __m512 a0[TILE_ROWS], a1[TILE_ROWS];
+    for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     for (int b = 0; b < n; b++) {
         int B = nb[b], g = g0[b];
-        __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+        __m512i p0[TILE_ROWS], p1[TILE_ROWS];
+        for (int r = 0; r < rows; r++) p0[r] = p1[r] = _mm512_setzero_si512();
         for (int t = 0; t < B / 2; t++) {             /* 8 * B / LANES steps */
-            __m512i qv = _mm512_loadu_si512((const void *)(q + 32 * g + 64 * t));
             __m512i u0 = unpacked ? _mm512_loadu_si512((const void *)(c0 + 32 * g + 64 * t))
                                   : unpack64(c0 + 16 * g + 32 * t);
             __m512i u1 = unpacked ? _mm512_loadu_si512((const void *)(c1 + 32 * g + 64 * t))
                                   : unpack64(c1 + 16 * g + 32 * t);
-            p0 = _mm512_dpbusd_epi32(p0, u0, qv);
-            p1 = _mm512_dpbusd_epi32(p1, u1, qv);
+            for (int r = 0; r < rows; r++) {
+                __m512i qv = _mm512_loadu_si512(
+                    (const void *)(q + (size_t)r * K + 32 * g + 64 * t));
+                p0[r] = _mm512_dpbusd_epi32(p0[r], u0, qv);
+                p1[r] = _mm512_dpbusd_epi32(p1[r], u1, qv);
+            }
         }
         __mmask16 k = (__mmask16)((1u << B) - 1);
-        __m512 dxv = _mm512_maskz_loadu_ps(k, dx + g), sxv = _mm512_maskz_loadu_ps(k, sx + g);
-        __m512 s0 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d0 + g)));
-        __m512 s1 = _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d1 + g)));
-        a0 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m0 + g)), a0);
-        a1 = _mm512_fmadd_ps(sxv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m1 + g)), a1);
-        if (B < 16) {
-            __m512i idx = _mm512_loadu_si512((const void *)LANE_GROUP[B == 2 ? 0 : B == 4 ? 1 : 2]);
-            s0 = _mm512_permutexvar_ps(idx, s0);
-            s1 = _mm512_permutexvar_ps(idx, s1);
+        __m512 e0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d0 + g));
+        __m512 e1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d1 + g));
+        __m512 f0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m0 + g));
+        __m512 f1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m1 + g));
+        __m512i idx = _mm512_loadu_si512((const void *)LANE_GROUP[B == 2 ? 0 : B == 4 ? 1 : 2]);
+        for (int r = 0; r < rows; r++) {
+            __m512 dxv = _mm512_maskz_loadu_ps(k, dx + (size_t)r * G + g);
+            __m512 sxv = _mm512_maskz_loadu_ps(k, sx + (size_t)r * G + g);
+            __m512 s0 = _mm512_mul_ps(dxv, e0), s1 = _mm512_mul_ps(dxv, e1);
+            a0[r] = _mm512_fmadd_ps(sxv, f0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(sxv, f1, a1[r]);
+            if (B < 16) {
+                s0 = _mm512_permutexvar_ps(idx, s0);
+                s1 = _mm512_permutexvar_ps(idx, s1);
+            }
+            a0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0[r]), s0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1[r]), s1, a1[r]);
         }
-        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, a0);
-        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, a1);
     }
-    *y0 = _mm512_reduce_add_ps(a0);
-    *y1 = _mm512_reduce_add_ps(a1);
+    for (int r = 0; r < rows; r++) {
+        y0[r] = _mm512_reduce_add_ps(a0[r]);
+        y1[r] = _mm512_reduce_add_ps(a1[r]);
+    }
 }
 
+/* rows (1 .. TILE_ROWS) rows of x against the packed W rows c0 and c1 */
 static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
                  const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
-                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
-    dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, n, nb, g0, y0, y1, 0);
+                 const float *sx, int K, int G, int rows, int n, const int *nb, const int *g0,
+                 float *y0, float *y1) {
+#define DOT2_PACKED(R) dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, K, G, R, n, nb, g0, y0, y1, 0)
+    if (rows == 1) DOT2_PACKED(1);
+    else if (rows == 2) DOT2_PACKED(2);
+    else if (rows == 3) DOT2_PACKED(3);
+    else DOT2_PACKED(4);
+#undef DOT2_PACKED
 }
 
 /* A prompt's product meets each pair of W rows once per row of x: dot2 would unpack the 4-bit
-   codes again for every one. unpack_row unpacks a row once, into the order q has (step t of a
-   block at 32 g + 64 t), and dot2_from is dot2 from there: the same integer sums and the same
-   float steps, so the same bits. */
-#define UNPACK_MIN_ROWS 4
+   codes again for every tile of rows. unpack_row unpacks a row once, into the order q has
+   (step t of a block at 32 g + 64 t), and dot2_from is dot2 from there: the same integer sums
+   and the same float steps, so the same bits. */
+#define UNPACK_MIN_ROWS 8
 static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, uint8_t *u) {
     for (int b = 0; b < n; b++)
         for (int t = 0, g = g0[b]; t < nb[b] / 2; t++)
@@ -257,9 +285,12 @@ static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, ui
 
 static void dot2_from(const uint8_t *u0, const uint8_t *u1, const uint16_t *d0,
                       const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
-                      const int8_t *q, const float *dx, const float *sx, int n, const int *nb,
-                      const int *g0, float *y0, float *y1) {
-    dot2_rows(u0, u1, d0, d1, m0, m1, q, dx, sx, n, nb, g0, y0, y1, 1);
+                      const int8_t *q, const float *dx, const float *sx, int K, int G, int rows,
+                      int n, const int *nb, const int *g0, float *y0, float *y1) {
+#define DOT2_UNPACKED(R) dot2_rows(u0, u1, d0, d1, m0, m1, q, dx, sx, K, G, R, n, nb, g0, y0, y1, 1)
+    if (rows == TILE_ROWS) DOT2_UNPACKED(TILE_ROWS);
+    else DOT2_UNPACKED(1);
+#undef DOT2_UNPACKED
 }
 
 #elif LANES == 8
@@ -272,9 +303,9 @@ static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i q) {
 #endif
 }
 
-static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
-                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
-                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+static void dot2_one(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                     const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                     const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     float off0 = 0.f, off1 = 0.f, s0[8], s1[8];
@@ -313,6 +344,17 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
     *y1 = off1;
 }
 
+
+/* rows rows of x, K codes and G groups apart, against W rows c0 and c1: one at a time */
+static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                 const float *sx, int K, int G, int rows, int n, const int *nb, const int *g0,
+                 float *y0, float *y1) {
+    for (int r = 0; r < rows; r++)
+        dot2_one(c0, c1, d0, d1, m0, m1, q + (size_t)r * K, dx + (size_t)r * G,
+                 sx + (size_t)r * G, n, nb, g0, y0 + r, y1 + r);
+}
+
 #else
 static float dot1(const uint8_t *c, const uint16_t *d, const uint16_t *m, const int8_t *q,
                   const float *dx, const float *sx, int G) {
@@ -327,13 +369,22 @@ static float dot1(const uint8_t *c, const uint16_t *d, const uint16_t *m, const 
     return acc;
 }
 
-static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
-                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
-                 const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+static void dot2_one(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                     const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                     const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
     (void)n;
     (void)g0;
     *y0 = dot1(c0, d0, m0, q, dx, sx, nb[0]);
     *y1 = c1 == c0 ? *y0 : dot1(c1, d1, m1, q, dx, sx, nb[0]);
+}
+/* rows rows of x, K codes and G groups apart, against W rows c0 and c1: one at a time */
+static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                 const float *sx, int K, int G, int rows, int n, const int *nb, const int *g0,
+                 float *y0, float *y1) {
+    for (int r = 0; r < rows; r++)
+        dot2_one(c0, c1, d0, d1, m0, m1, q + (size_t)r * K, dx + (size_t)r * G,
+                 sx + (size_t)r * G, n, nb, g0, y0 + r, y1 + r);
 }
 #endif
 
@@ -392,12 +443,25 @@ static void prefetch_rows(const gemm_job *j, int i, int count) {
     }
 }
 
+/* Row r of the products (R of them) into y: with two passes, rows 2 r' and 2 r' + 1 are the
+   two roundings of x's row r' and add up to its output. */
+static inline void put(const gemm_job *j, int r, int i, int k, float v0, float v1) {
+    float *out = j->y + (size_t)(j->R == j->M ? r : r / 2) * j->N;
+    if (j->R == j->M || r % 2 == 0) {
+        out[i] = v0;
+        if (k != i) out[k] = v1;
+    } else {
+        out[i] += v0;
+        if (k != i) out[k] += v1;
+    }
+}
+
 /* Output columns (W's rows) of pairs P t / T .. P (t+1) / T, P = ceil(N / 2), for every row of
-   y: each output is one dot2 of its own W row, whichever thread takes it, so the result is
-   the same bits for any T. */
+   y, in tiles of TILE_ROWS rows: each output is the same float steps of its own W row and x
+   row, whichever thread and tile take it, so the result is the same bits for any T and M. */
 static void multiply_part(void *arg, int t, int T) {
     const gemm_job *j = (const gemm_job *)arg;
-    int N = j->N, K = j->K, G = j->G, M = j->M, R = j->R, P = (N + 1) / 2;
+    int N = j->N, K = j->K, G = j->G, R = j->R, P = (N + 1) / 2;
     int begin = 2 * (int)((long)P * t / T), end = 2 * (int)((long)P * (t + 1) / T);
     size_t rb = (size_t)K / 2;
     if (end > N) end = N;
@@ -410,6 +474,8 @@ static void multiply_part(void *arg, int t, int T) {
         prefetch_rows(j, begin, end - begin < PREFETCH_ROWS ? end - begin : PREFETCH_ROWS);
     for (int i = begin; i < end; i += 2) {
         int k = i + 1 < end ? i + 1 : i;
+        const uint16_t *d0 = j->d + (size_t)i * G, *d1 = j->d + (size_t)k * G;
+        const uint16_t *m0 = j->m + (size_t)i * G, *m1 = j->m + (size_t)k * G;
         if (i + PREFETCH_ROWS + 1 < end) prefetch_rows(j, i + PREFETCH_ROWS, 2);
 #if LANES == 16
         if (u) {
@@ -417,28 +483,24 @@ static void multiply_part(void *arg, int t, int T) {
             unpack_row(j->codes + k * rb, j->n, j->nb, j->g0, u + K);
         }
 #endif
-        for (int r = 0; r < R; r++) {
-            float v0, v1;
+        for (int r = 0; r < R; r += TILE_ROWS) {
+            int rows = R - r < TILE_ROWS ? R - r : TILE_ROWS;
+            float v0[TILE_ROWS], v1[TILE_ROWS];
+            const int8_t *q = j->q + (size_t)r * K;
+            const float *dx = j->dx + (size_t)r * G, *sx = j->sx + (size_t)r * G;
 #if LANES == 16
-            if (u)
-                dot2_from(u, u + K, j->d + (size_t)i * G, j->d + (size_t)k * G,
-                          j->m + (size_t)i * G, j->m + (size_t)k * G, j->q + (size_t)r * K,
-                          j->dx + (size_t)r * G, j->sx + (size_t)r * G, j->n, j->nb, j->g0,
-                          &v0, &v1);
+            if (u && rows == TILE_ROWS)
+                dot2_from(u, u + K, d0, d1, m0, m1, q, dx, sx, K, G, rows, j->n, j->nb, j->g0,
+                          v0, v1);
+            else if (u)
+                for (int s = 0; s < rows; s++)
+                    dot2_from(u, u + K, d0, d1, m0, m1, q + (size_t)s * K, dx + (size_t)s * G,
+                              sx + (size_t)s * G, K, G, 1, j->n, j->nb, j->g0, v0 + s, v1 + s);
             else
 #endif
-            dot2(j->codes + i * rb, j->codes + k * rb, j->d + (size_t)i * G,
-                 j->d + (size_t)k * G, j->m + (size_t)i * G, j->m + (size_t)k * G,
-                 j->q + (size_t)r * K, j->dx + (size_t)r * G, j->sx + (size_t)r * G, j->n,
-                 j->nb, j->g0, &v0, &v1);
-            float *out = j->y + (size_t)(R == M ? r : r / 2) * N;
-            if (R == M || r % 2 == 0) {
-                out[i] = v0;
-                if (k != i) out[k] = v1;
-            } else {
-                out[i] += v0;
-                if (k != i) out[k] += v1;
-            }
+            dot2(j->codes + i * rb, j->codes + k * rb, d0, d1, m0, m1, q, dx, sx, K, G, rows,
+                 j->n, j->nb, j->g0, v0, v1);
+            for (int s = 0; s < rows; s++) put(j, r + s, i, k, v0[s], v1[s]);
         }
     }
     free(u);
