@@ -1,5 +1,5 @@
-"""The fp32 kernel for products of a few rows (llminfra/quant/f32_skinny.c) and its use: against
-torch's product, the same bits for any thread count, bad input refused plainly, and the engine's
+"""The fp32 kernels for a decode step's products (llminfra/quant/f32_skinny.c for one or two rows,
+f32_panels.c for more) and their use: against torch's product, the same bits for any thread count, bad input refused plainly, and the engine's
 fast runner on it giving the tokens oneDNN gives."""
 
 import pytest
@@ -84,9 +84,11 @@ def test_kernel_settings_are_checked():
         kernel(threads=65)
 
 
-def test_matmul_sends_few_rows_to_the_kernel_and_more_to_onednn(monkeypatch):
+def test_matmul_sends_a_steps_rows_to_the_kernels_and_a_prompt_to_blas(monkeypatch):
+    """One or two rows go to f32_skinny.c, up to PANEL_MAX_ROWS to f32_panels.c, more to
+    F.linear: each right, and the route is the one said."""
     from llminfra.model import fused
-    from llminfra.quant.f32_skinny import f32_mm, skinny_linear
+    from llminfra.quant.f32_skinny import PANEL_MAX_ROWS, f32_mm, skinny_linear
 
     g = torch.Generator().manual_seed(3)
     W = torch.randn(96, 64, generator=g)
@@ -95,16 +97,34 @@ def test_matmul_sends_few_rows_to_the_kernel_and_more_to_onednn(monkeypatch):
     product = fused.SkinnyMatmul._product
     monkeypatch.setattr(fused.SkinnyMatmul, "_product",
                         lambda self, x, r, M: sent.append(M) or product(self, x, r, M))
-    for M in (1, 2, 3, 16):
+    for M in (1, 2, 3, 16, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1):
         x, r = torch.randn(M, 64, generator=g), torch.randn(M, 96, generator=g)
         _close(m(x), x @ W.t())
         _close(m.add(x, r), torch.addmm(r, x, W.t()))
-    assert sent == [1, 1, 2, 2]                  # 3 and 16 rows went to oneDNN
+    assert sent == [1, 1, 2, 2, 3, 3, 16, 16, PANEL_MAX_ROWS, PANEL_MAX_ROWS]   # 65: F.linear
     x = torch.randn(1, 1, 64, generator=g)       # FastDecoder's (1, T, dim)
     assert m(x).shape == (1, 1, 96)
     assert torch.equal(m(x)[0], f32_mm(x[0], W))
-    assert torch.equal(m(x.transpose(0, 1)), m(x))   # a non-contiguous x: oneDNN, same values
-    assert sent[-1] == 1
+    xt, sent_before = torch.randn(64, 3, generator=g).t(), len(sent)
+    _close(m(xt), xt @ W.t())                    # a non-contiguous x: F.linear
+    assert len(sent) == sent_before
+
+
+@pytest.mark.parametrize("N, K", [(96, 64), (37, 100), (5, 7), (1000, 576)])
+def test_panel_rows_get_the_same_bits_in_any_batch_and_thread_count(N, K):
+    """f32_panels.c: tiles of 8 rows against pairs of 16-column panels (N not a multiple of 16
+    or 32 leaves a partial panel and a lone one); each output is one sum over K in order, so a
+    row's result is the same bits in a batch of 3 as of 64, on 1 or 3 threads, and right."""
+    from llminfra.quant.f32_skinny import skinny_linear
+
+    g = torch.Generator().manual_seed(N + K)
+    W, x = torch.randn(N, K, generator=g), torch.randn(64, K, generator=g)
+    r = torch.randn(64, N, generator=g)
+    whole = skinny_linear(threads=3).matmul(W).add(x, r)
+    _close(whole, torch.addmm(r, x, W.t()))
+    one = skinny_linear(threads=1).matmul(W)
+    for rows in (slice(0, 3), slice(5, 14), slice(40, 64)):
+        assert torch.equal(one.add(x[rows], r[rows]), whole[rows])
 
 
 def test_a_biased_matrix_stays_on_onednn():
@@ -142,32 +162,37 @@ def test_serve_picks_skinny_for_a_real_model_and_refuses_it_on_the_readable_runn
 
 
 @pytest.mark.parametrize("M", [1, 2, 5, 70])
-def test_fused_norm_and_swiglu_match_torch(M):
+def test_fused_norm_and_swiglu_match_torch(M, monkeypatch):
     """``fused(x, norm=g)`` is f(RMSNorm(x)·g) and ``fused(x, gated=True)`` f(silu(gate)·up):
-    inside the kernel's call for 1-2 rows; for more the RMSNorm in one C call
-    (``f32_form_rows``, up to ``FORM_MAX_ROWS`` rows: 70 is past it, torch's) and SwiGLU in
-    torch, the product on oneDNN."""
+    the RMSNorm inside the kernels' call for a decode step's rows (up to ``PANEL_MAX_ROWS``: 70
+    is past it, torch's and F.linear); SwiGLU inside f32_skinny.c's call for 1-2 rows, torch's
+    SiLU before f32_panels.c for more."""
     import torch.nn.functional as F
 
-    from llminfra.model.fused import FORM_MAX_ROWS
-    from llminfra.quant.f32_skinny import skinny_linear
+    from llminfra.model import fused
+    from llminfra.quant.f32_skinny import PANEL_MAX_ROWS, skinny_linear
 
     g = torch.Generator().manual_seed(M)
     W, gain = torch.randn(40, 100, generator=g), torch.rand(100, generator=g) + 0.5
     m = skinny_linear(threads=2, max_rows=2).matmul(W)
-    formed, form = [], m._form
-    m._form = lambda *a: formed.append(a[0].shape[0]) or form(*a)
+    calls, product = [], fused.SkinnyMatmul._product
+    monkeypatch.setattr(fused.SkinnyMatmul, "_product", lambda self, x, r, M, norm=None,
+                        eps=0.0, gated=False: calls.append((M, norm is not None, gated))
+                        or product(self, x, r, M, norm, eps, gated))
     x = torch.randn(M, 100, generator=g) * 3
     _close(m.fused(x, norm=gain, eps=1e-5), F.rms_norm(x, (100,), gain, 1e-5) @ W.t())
-    assert formed == ([M] if 2 < M <= FORM_MAX_ROWS else [])
+    assert calls == ([(M, True, False)] if M <= PANEL_MAX_ROWS else [])
     xx = torch.randn(1, M, 200, generator=g)
     gate, up = xx.chunk(2, -1)
     _close(m.fused(xx, gated=True), (F.silu(gate) * up) @ W.t())
     r = torch.randn(M, 40, generator=g)
     _close(m.fused(xx[0], gated=True, residual=r), r + (F.silu(gate[0]) * up[0]) @ W.t())
+    assert calls[1:] == ([(M, False, M <= 2)] * 2 if M <= PANEL_MAX_ROWS else [])
     assert m.adds_in_fused
-    with pytest.raises(ValueError, match="x_stride|refused|shape|size"):
+    with pytest.raises(ValueError, match="f32_skinny_gemm refused"):
         m._product(torch.randn(1, 50), None, 1)        # narrower than K: the C code refuses
+    with pytest.raises(ValueError, match="f32_panel_gemm refused"):
+        m._product(torch.randn(3, 50), None, 3)
     assert not hasattr(skinny_linear().matmul(W, torch.zeros(40)), "fused")
 
 

@@ -78,63 +78,70 @@ class PrepackedMatmul(Matmul):
                                                          "add")
 
 
-#: a decode step's RMSNorm on :class:`SkinnyMatmul`'s kernel up to this many rows (one C call:
-#: torch's ``rms_norm`` takes six, about 60 µs for 16 rows of 576 on the 2-core Xeon)
-FORM_MAX_ROWS = 64
-
-
-class SkinnyMatmul(PrepackedMatmul):
-    """A product of at most ``kernel.max_rows`` rows on the package's C kernel for few rows
-    (``llminfra/quant/f32_skinny.c``: each thread streams its run of ``W``'s rows once, front
-    to back), more on oneDNN's prepacked weight (:class:`PrepackedMatmul`). ``kernel``:
-    :class:`llminfra.quant.f32_skinny.SkinnyKernel` (the C function, its thread pool).
-    A decode step at batch 1 or 2 is a stream of the weights through the core; on the 2-core
-    EPYC oneDNN drew about 15 GB/s from SmolLM2's layers at one row, this kernel 25.
-    Without a bias it also has ``fused`` (as the w4a8 kernel's): ``fused(x, norm=g, eps=ε)``
-    is ``f(RMSNorm(x)·g)`` and ``fused(x, gated=True)`` ``f(silu(gate)·up)`` of
-    ``x = [gate | up]``, formed inside the kernel's call where it takes the rows."""
+class SkinnyMatmul(Matmul):
+    """A product of a decode step's rows on the package's C kernels, ``kernel``
+    (:class:`llminfra.quant.f32_skinny.SkinnyKernel`, on its thread pool): at most
+    ``kernel.max_rows`` rows on ``llminfra/quant/f32_skinny.c`` (each thread streams its run of
+    ``W``'s rows once, front to back: a decode step at batch 1 or 2 is a stream of the
+    weights), up to ``kernel.panel_max_rows`` on ``llminfra/quant/f32_panels.c`` (``W`` packed
+    once in panels of 16 columns, an outer product in registers: 16 sequences' step is
+    arithmetic as much as bytes), more (a prompt chunk) on ``F.linear`` (:class:`Matmul`),
+    whose BLAS blocks a big product for its caches. With a bias every row goes to oneDNN's
+    prepacked weight (:class:`PrepackedMatmul`). Without one it also has ``fused`` (as the w4a8
+    kernel's): ``fused(x, norm=g, eps=ε)`` is ``f(RMSNorm(x)·g)`` and ``fused(x, gated=True)``
+    ``f(silu(gate)·up)`` of ``x = [gate | up]``, formed inside the kernels' call where they take
+    the rows."""
 
     adds_in_fused = True
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel):
-        super().__init__(weight, bias)
-        self.weight = self.weight.contiguous()
+        super().__init__(weight.contiguous(), bias)
         self._kernel = kernel
-        self._rows = kernel.max_rows if self.bias is None else 0
         self._n, self._k = self.weight.shape
-        if self.bias is None:
+        self._blas = PrepackedMatmul(self.weight, self.bias) if bias is not None else None
+        self._panels = None
+        if bias is None and kernel.panel is not None and kernel.panel_max_rows > kernel.max_rows:
+            self._panels = torch.empty(-(-self._n // 16) * 16 * self._k)
+            if kernel.panel_pack(self.weight.data_ptr(), self._panels.data_ptr(), self._n,
+                                 self._k):
+                raise ValueError(f"f32_panel_pack refused W {tuple(self.weight.shape)}")
+        self._rows = (0 if bias is not None else
+                      kernel.panel_max_rows if self._panels is not None else kernel.max_rows)
+        if bias is None:
             self.fused = self._fused
 
     def _product(self, x: torch.Tensor, residual: torch.Tensor | None, M: int,
                  norm: torch.Tensor | None = None, eps: float = 0.0,
                  gated: bool = False) -> torch.Tensor:
         k = self._kernel
+        fn, w = (k.fn, self.weight) if M <= k.max_rows else (k.panel, self._panels)
         y = torch.empty(*x.shape[:-1], self._n)
-        status = k.fn(x.data_ptr(), self.weight.data_ptr(),
-                      None if residual is None else residual.data_ptr(), y.data_ptr(),
-                      M, self._n, self._k, x.shape[-1], gated,
-                      None if norm is None else norm.data_ptr(), eps, k.threads, k.pool)
+        status = fn(x.data_ptr(), w.data_ptr(), None if residual is None else residual.data_ptr(),
+                    y.data_ptr(), M, self._n, self._k, x.shape[-1], gated,
+                    None if norm is None else norm.data_ptr(), eps, k.threads, k.pool)
         if status:
-            raise ValueError(f"f32_skinny_gemm refused x {tuple(x.shape)} for W "
+            raise ValueError(f"{fn.__name__} refused x {tuple(x.shape)} for W "
                              f"{tuple(self.weight.shape)} on {k.threads} threads")
         return y
 
     def _rows_of(self, x: torch.Tensor, width: int) -> int:
-        """x's rows where the C kernel takes it (few, contiguous float32, ``width`` wide), else
-        0."""
+        """x's rows where the C kernels take it (a decode step's, contiguous float32, ``width``
+        wide), else 0."""
         M = x.numel() // width
         return (M if 0 < M <= self._rows and x.shape[-1] == width and x.is_contiguous()
                 and x.dtype == torch.float32 else 0)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         M = self._rows_of(x, self._k)
-        return self._product(x, None, M) if M else super().__call__(x)
+        if M:
+            return self._product(x, None, M)
+        return self._blas(x) if self._blas is not None else super().__call__(x)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         M = self._rows_of(x, self._k)
         if M and residual.is_contiguous() and residual.dtype == torch.float32:
             return self._product(x, residual, M)
-        return super().add(x, residual)
+        return self._blas.add(x, residual) if self._blas is not None else super().add(x, residual)
 
     def _fused(self, x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
                gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,32 +149,16 @@ class SkinnyMatmul(PrepackedMatmul):
         M = self._rows_of(x, 2 * self._k if gated else self._k)
         if M and (norm is None or (norm.is_contiguous() and norm.dtype == torch.float32)) and \
                 (residual is None or residual.is_contiguous()):
+            if gated and M > self._kernel.max_rows:   # torch's SiLU runs vectorized, on the
+                gate, up = x.chunk(2, dim=-1)         # threads; the C loop's expf does not
+                return self._product(F.silu(gate) * up, residual, M)
             return self._product(x, residual, M, norm, float(eps), bool(gated))
         if gated:
             gate, up = x.chunk(2, dim=-1)
             x = F.silu(gate) * up
-        elif norm is not None and self._formed(x, norm):    # RMSNorm in one C call
-            x = self._form(x, norm, eps)
-            norm = None
         if norm is not None:
             x = F.rms_norm(x, (self._k,), norm, eps)
-        return super().__call__(x) if residual is None else super().add(x, residual)
-
-    def _formed(self, x: torch.Tensor, norm: torch.Tensor) -> bool:
-        """Whether the kernel's ``form`` takes x's RMSNorm: a decode step's rows (up to
-        :data:`FORM_MAX_ROWS`), contiguous fp32; more rows are torch's (threads, vectors)."""
-        return (self._kernel.form is not None and x.dim() == 2 and
-                x.shape[0] <= FORM_MAX_ROWS and x.shape[1] == self._k and
-                x.is_contiguous() and x.dtype == norm.dtype == torch.float32 and
-                norm.is_contiguous())
-
-    def _form(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
-        a = torch.empty(x.shape)
-        status = self._kernel.form(x.data_ptr(), self._k, x.shape[0], self._k, 0,
-                                   norm.data_ptr(), float(eps), a.data_ptr())
-        if status:
-            raise ValueError(f"f32_form_rows refused x {tuple(x.shape)}")
-        return a
+        return self(x) if residual is None else self.add(x, residual)
 
 
 class FunctionMatmul:

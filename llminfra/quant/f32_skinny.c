@@ -165,9 +165,9 @@ static void form_rows(const float *x, int x_stride, int M, int K, int gated, con
     }
 }
 
-/* form_rows on its own, into a (M, K): the RMSNorm (or SwiGLU) of rows that go on to a BLAS for
-   their product (more rows than this kernel takes), one call where torch's rms_norm makes six.
-   Returns 0, or -2 for a size out of range. */
+/* form_rows on its own, into a (M, K): the RMSNorm (or SwiGLU) of rows that go on to another
+   kernel for their product (f32_panels.c, more rows than this kernel takes), one call where
+   torch's rms_norm makes six. Returns 0, or -2 for a size out of range. */
 int f32_form_rows(const float *x, int x_stride, int M, int K, int gated, const float *norm,
                   float eps, float *a) {
     if (M < 0 || K < 0 || x_stride < (gated ? 2 * K : K)) return -2;

@@ -26,10 +26,17 @@ rows   threads  AMD EPYC, 2026-12-05 (one row    Intel Xeon, 2026-12-05 (4-row
 On the Xeon, Intel's MKL keeps up with the kernel for one or two rows (on the EPYC it does not);
 oneDNN's blocked loops win from four rows on both: past two rows the kernel's arithmetic (a
 dot product per output, summed across its 16 lanes at the end) costs more than oneDNN's, so
-:func:`skinny_linear` hands it products of at most :data:`MAX_ROWS` rows and the rest to oneDNN
-(:class:`llminfra.model.fused.SkinnyMatmul`). Each output is one 16-lane accumulator over ``K``
-in order, whatever the block, the row count or the thread: the same bits for any thread count
-and any batch. Chapter 08 (where a decode step's time goes).
+:func:`skinny_linear` hands it products of at most :data:`MAX_ROWS` rows. Products of up to
+:data:`PANEL_MAX_ROWS` rows (a decode step of many sequences) go to ``f32_panels.c``: ``W``
+packed once in panels of 16 columns, each x value broadcast against 16 columns into a tile of
+8 rows' accumulators, no per-output sums. One layer's product on one Xeon thread against
+oneDNN's prepacked one (2026-12-06): 1.2–1.75× as fast at 8 and 16 rows, about even from 65 to
+512, where ``F.linear`` (MKL) is as fast as oneDNN's prepacked weight; so more rows than that
+go to ``F.linear`` and no oneDNN copy of the weights is kept. The engine's decode step of
+SmolLM2-135M on two threads: 4 sequences 32.0 → 25.6–26.4 ms, 16 sequences 48–49 → 43–45 ms
+(:class:`llminfra.model.fused.SkinnyMatmul` routes the rows). Each output is a sum over ``K`` in
+order in either kernel, whatever the block, the row count or the thread: the same bits for any
+thread count and any batch in each kernel's range. Chapter 08 (where a decode step's time goes).
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
 
 #: products of at most this many rows go to the C kernel (see the table above)
 MAX_ROWS = 2
+#: products of more rows, up to this many (a decode step's), go to ``f32_panels.c``; more (a
+#: prompt chunk) to ``F.linear``
+PANEL_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,11 @@ class SkinnyKernel:
     threads: int
     max_rows: int
     owner: ThreadPool           # keeps the pool's workers alive while the kernel is in use
-    #: ``f32_form_rows``: RMSNorm of rows bound for oneDNN, in one call (:func:`_form_function`)
-    form: ctypes._CFuncPtr | None = None
+    #: ``f32_panel_gemm`` and ``f32_panel_pack`` (:func:`_panel_functions`): products of more
+    #: than ``max_rows`` and at most ``panel_max_rows`` rows on W packed in panels of 16 columns
+    panel: ctypes._CFuncPtr | None = None
+    panel_pack: ctypes._CFuncPtr | None = None
+    panel_max_rows: int = 0
 
 
 def _function(lib: ctypes.CDLL):
@@ -69,36 +82,46 @@ def _function(lib: ctypes.CDLL):
     return fn
 
 
-def _form_function(lib: ctypes.CDLL):
-    fn = lib.f32_form_rows
+def _panel_functions(lib: ctypes.CDLL):
+    gemm, pack = lib.f32_panel_gemm, lib.f32_panel_pack
     p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [p, i, i, i, i, p, ctypes.c_float, p]
-    fn.restype = i
-    return fn
+    gemm.argtypes = [p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i, p]
+    pack.argtypes = [p, p, i, i]
+    gemm.restype = pack.restype = i
+    return gemm, pack
 
 
-def kernel(threads: int | None = None, max_rows: int = MAX_ROWS) -> SkinnyKernel:
+def _check_rows(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
+           panel_max_rows: int = PANEL_MAX_ROWS) -> SkinnyKernel:
     """The kernel on a :class:`~llminfra.quant.w4a8.ThreadPool` of ``threads`` (None: torch's
-    thread count). ``RuntimeError`` where the library cannot be built (no C compiler),
-    ``ValueError`` for a thread count outside 1..64 or ``max_rows`` below 0."""
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
-        raise ValueError(f"max_rows must be an int >= 0, got {max_rows!r}")
+    thread count); products of more than ``max_rows`` rows up to ``panel_max_rows`` (0: none)
+    on ``f32_panels.c``. ``RuntimeError`` where the library cannot be built (no C compiler),
+    ``ValueError`` for a thread count outside 1..64 or a row count below 0."""
+    _check_rows("max_rows", max_rows)
+    _check_rows("panel_max_rows", panel_max_rows)
     lib = library()
     pool = ThreadPool(_check_threads(threads), lib)
-    return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool,
-                        _form_function(lib))
+    gemm, pack = _panel_functions(lib)
+    return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool, gemm, pack,
+                        panel_max_rows)
 
 
 class skinny_linear:
     """A ``linear`` for :class:`llminfra.model.fused.FusedWeights` (the engine's fast runner):
     each matrix becomes a :class:`~llminfra.model.fused.SkinnyMatmul` sharing one
-    :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, more on oneDNN's
-    prepacked weight — and brings the C paged decode attention on the same thread pool
+    :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, up to
+    ``panel_max_rows`` on ``f32_panels.c``, more on ``F.linear`` — and brings the C paged decode attention on the same thread pool
     (``paged_decode``: :mod:`llminfra.quant.paged_decode`). ``RuntimeError`` where the C kernels
     cannot be built."""
 
-    def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS):
-        self.kernel = kernel(threads, max_rows)
+    def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS,
+                 panel_max_rows: int = PANEL_MAX_ROWS):
+        self.kernel = kernel(threads, max_rows, panel_max_rows)
         #: the decode step's attention in C, on the same threads
         self.paged_decode = paged_decode.kernel(pool=self.kernel.owner)
 

@@ -30,9 +30,11 @@ SOURCE = Path(__file__).with_name("w4a8.c")
 #: the worker threads the kernel splits its rows over, compiled into the same library
 POOL_SOURCE = Path(__file__).with_name("thread_pool.c")
 #: the package's other CPU kernels, compiled into the same library and run on the same pool:
-#: fp32 products of a few rows (``f32_skinny.c``, :mod:`llminfra.model.skinny`); paged decode
-#: attention read in place (``paged_decode.c``, :mod:`llminfra.model.fast_step`)
+#: fp32 products of one or two rows (``f32_skinny.c``) and of a decode step's rows on W packed
+#: in panels (``f32_panels.c``), both :mod:`llminfra.quant.f32_skinny`; paged decode attention
+#: read in place (``paged_decode.c``, :mod:`llminfra.model.fast_step`)
 EXTRA_SOURCES = (Path(__file__).with_name("f32_skinny.c"),
+                 Path(__file__).with_name("f32_panels.c"),
                  Path(__file__).with_name("paged_decode.c"))
 #: no shared library of w4a8.c is smaller (an empty or truncated file is refused)
 MIN_LIBRARY_BYTES = 4096

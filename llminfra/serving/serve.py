@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 #: ``--speculative`` choices (None: plain decoding)
 SPECULATIVE = (None, "ngram", "draft-int4")
 #: ``--matmul`` choices: ``auto`` (see :func:`resolve_matmul`), ``F.linear`` as the model is,
-#: :mod:`llminfra.model.prepacked`, or ``skinny``: products of one or two rows on the package's
-#: C kernel (:mod:`llminfra.quant.f32_skinny`), more on oneDNN's prepacked weights
+#: :mod:`llminfra.model.prepacked`, or ``skinny``: a decode step's products (up to 64 rows) on
+#: the package's C kernels (:mod:`llminfra.quant.f32_skinny`), a prompt chunk's on ``F.linear``
 MATMULS = ("auto", "plain", "onednn", "skinny")
 #: ``--runner`` choices: the readable model, the fused fast step, or ``auto``
 #: (:func:`resolve_runner`)
@@ -52,7 +52,7 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
     rule and at most ``num_speculative_tokens`` drafts a step. ``matmul``: ``"plain"``
     (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`),
-    ``"skinny"`` (:mod:`llminfra.quant.f32_skinny` for one or two rows, the fast runner) or
+    ``"skinny"`` (:mod:`llminfra.quant.f32_skinny` for a decode step's rows, the fast runner) or
     ``"auto"`` (:func:`resolve_matmul`). ``runner``: ``"readable"``, ``"fast"`` or ``"auto"``
     (:func:`resolve_runner`); ``cuda_graphs``: None (on where the model is on CUDA), True or
     False (:mod:`llminfra.engine.model_runner`); ``quantization``: None, or ``"w4a8"`` (int4
@@ -142,10 +142,13 @@ def resolve_runner(runner: str, net) -> str:
 def resolve_matmul(matmul: str, model: str) -> str:
     """The kernel ``matmul`` means for ``model``: ``"auto"`` is ``"skinny"`` for a real model
     (anything but ``"tiny"``) where this PyTorch has oneDNN's prepacked linear and the
-    package's C kernel builds (:func:`llminfra.quant.w4a8.available`): oneDNN — about 2× the
-    tokens/s of ``F.linear`` on SmolLM2 on a CPU (``python -m llminfra bench real``), the kernel
-    vLLM's CPU backend uses — for every product but those of one or two rows, which stream
-    the weights faster through ``f32_skinny.c``. Without a C compiler it is ``"onednn"``, and
+    package's C kernels build (:func:`llminfra.quant.w4a8.available`): products of one or two
+    rows stream the weights through ``f32_skinny.c``, up to 64 rows (a decode step of many
+    sequences) take ``f32_panels.c``'s outer product, faster than oneDNN's prepacked weight
+    there (oneDNN — about 2× the tokens/s of ``F.linear`` on SmolLM2 on a CPU, ``python -m
+    llminfra bench real``, the kernel vLLM's CPU backend uses — is ``"onednn"``), and a prompt
+    chunk goes to ``F.linear``, as fast as oneDNN for that many rows. Without a C compiler it
+    is ``"onednn"``, and
     ``"plain"`` for the tiny model: its 12 MB of weights sit in cache, where repacking them on
     each call costs little, and the course's stored tiny-model outputs are ``F.linear``'s."""
     from llminfra.model import prepacked
