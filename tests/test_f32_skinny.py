@@ -1,6 +1,7 @@
 """The fp32 kernels for a decode step's products (llminfra/quant/f32_skinny.c for one or two rows,
-f32_panels.c for more) and their use: against torch's product, the same bits for any thread count, bad input refused plainly, and the engine's
-fast runner on it giving the tokens oneDNN gives."""
+f32_panels.c for more) and their use: against torch's product, the same bits for any thread
+count, bad input refused plainly, and the engine's fast runner on them giving the tokens oneDNN
+gives."""
 
 import pytest
 import torch

@@ -115,9 +115,9 @@ class skinny_linear:
     """A ``linear`` for :class:`llminfra.model.fused.FusedWeights` (the engine's fast runner):
     each matrix becomes a :class:`~llminfra.model.fused.SkinnyMatmul` sharing one
     :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, up to
-    ``panel_max_rows`` on ``f32_panels.c``, more on ``F.linear`` — and brings the C paged decode attention on the same thread pool
-    (``paged_decode``: :mod:`llminfra.quant.paged_decode`). ``RuntimeError`` where the C kernels
-    cannot be built."""
+    ``panel_max_rows`` on ``f32_panels.c``, more on ``F.linear`` — and brings the C paged decode
+    attention on the same thread pool (``paged_decode``: :mod:`llminfra.quant.paged_decode`).
+    ``RuntimeError`` where the C kernels cannot be built."""
 
     def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS,
                  panel_max_rows: int = PANEL_MAX_ROWS):
