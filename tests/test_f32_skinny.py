@@ -223,11 +223,11 @@ def _has_avx2() -> bool:
                     "builds CI machines run); not counted as a pass")
 def test_an_avx2_build_gives_the_native_builds_bits():
     """CI runs on AVX2 or AVX-512 machines and a notebook's printed tokens must not move with
-    them: both C kernels (the few-row product with its norm, and the paged decode attention)
-    give the same bits built for AVX2 (x86-64-v3) as for this CPU."""
+    them: the C kernels (the few-row product with its norm, the panel product of more rows and
+    the paged decode attention) give the same bits built for AVX2 (x86-64-v3) as for this CPU."""
     from llminfra.model.fast_step import c_attend
     from llminfra.quant import paged_decode
-    from llminfra.quant.f32_skinny import _function
+    from llminfra.quant.f32_skinny import _function, _panel_functions
 
     g = torch.Generator().manual_seed(11)
     x, W, gain = torch.randn(2, 576, generator=g), torch.randn(300, 576, generator=g), \
@@ -235,7 +235,7 @@ def test_an_avx2_build_gives_the_native_builds_bits():
     K, V = torch.randn(20, 16, 3, 64, generator=g), torch.randn(20, 16, 3, 64, generator=g)
     q = torch.randn(3, 9, 64, generator=g)
     tables, lens = torch.randint(0, 20, (3, 5), generator=g), torch.tensor([70, 5, 33])
-    got = []
+    xs, got = torch.randn(11, 576, generator=g), []
     for arch in ("native", "x86-64-v3"):
         lib = w4a8.load(w4a8.build(arch))
         y = torch.empty(2, 300)
@@ -244,5 +244,10 @@ def test_an_avx2_build_gives_the_native_builds_bits():
         k = paged_decode.PagedDecodeKernel(paged_decode.c_function(lib), None, 1,
                                            paged_decode.C_KERNEL_ERRORS, None)
         att = c_attend(k, tables, lens, K, (9, 3, 64), 9 * 64)(q, (None, None, K, V)).clone()
-        got.append((y, att))
-    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+        gemm, pack = _panel_functions(lib)
+        panels, ys = torch.empty(19 * 16 * 576), torch.empty(11, 300)
+        assert pack(W.data_ptr(), panels.data_ptr(), 300, 576) == 0
+        assert gemm(xs.data_ptr(), panels.data_ptr(), None, ys.data_ptr(), 11, 300, 576, 576, 0,
+                    gain.data_ptr(), 1e-5, 1, None) == 0
+        got.append((y, att, ys))
+    assert all(torch.equal(a, b) for a, b in zip(*got))

@@ -14,11 +14,11 @@
  *
  * The vectors are GCC / clang vector extensions of 16 floats (AVX-512 registers with
  * -march=native; pairs of AVX2 registers; plain loops elsewhere). Built into the w4a8 library
- * (llminfra/quant/w4a8_build.py) beside f32_skinny.c, whose f32_form_rows forms the rows
- * (RMSNorm, SwiGLU) first; driven by llminfra/model/fused.py (SkinnyMatmul). Chapter 08.
+ * (llminfra/quant/w4a8_build.py) beside f32_skinny.c, whose f32_product checks the sizes,
+ * forms the rows (RMSNorm, SwiGLU) and splits the work over the threads for both; driven by
+ * llminfra/model/fused.py (SkinnyMatmul). Chapter 08.
  */
 #include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -126,43 +126,22 @@ static void panel_part(void *arg, int c, int C) {
     }
 }
 
-/* the thread pool (thread_pool.c) and the row forming of f32_skinny.c */
+/* the checks, row forming and threads f32_skinny.c's product shares */
 typedef void (*pool_fn)(void *arg, int t, int T);
-int w4a8_pool_size(const void *handle);
-int pool_run(void *handle, pool_fn fn, void *arg, int C);
-void run_threads(int T, pool_fn fn, void *arg);
-int f32_form_rows(const float *x, int x_stride, int M, int K, int gated, const float *norm,
-                  float eps, float *a);
+int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, const float *norm,
+                float eps, int threads, void *pool, pool_fn part, void *job, const float **rows,
+                int units);
 
 /* y (M, N) = a (M, K) . W^T, plus r (M, N) where r is not NULL (y may be r); p is W packed by
    f32_panel_pack, y and r contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL,
-   x_stride = K) or formed from them as f32_form_rows says (RMSNorm, SwiGLU). threads (1 .. 64;
-   pool: a w4a8_pool_new(threads) kept between calls, else NULL) split the pairs of panels into
-   up to 4 chunks a thread. Returns 0, -1 where memory ran out, or -2 for an M, N, K, x_stride
+   x_stride = K) or formed from them (RMSNorm, SwiGLU) as f32_skinny.c's form_rows says.
+   threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between calls, else NULL) split the
+   pairs of panels into up to 4 chunks a thread. Returns 0, -1 where memory ran out, or -2 for an M, N, K, x_stride
    or threads out of range. */
 int f32_panel_gemm(const float *x, const float *p, const float *r, float *y, int M, int N,
                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
                    void *pool) {
-    if (M < 0 || N < 0 || K < 0 || threads < 1 || threads > 64 ||
-        x_stride < (gated ? 2 * K : K))
-        return -2;
-    if (!M || !N) return 0;
-    float stack[16384];                         /* 64 kB: a decode step's rows fit */
-    float *a = NULL;
-    if (gated || norm) {
-        size_t need = (size_t)M * K;
-        a = need <= sizeof stack / sizeof *stack ? stack : malloc(sizeof(float) * need);
-        if (!a) return -1;
-        f32_form_rows(x, x_stride, M, K, gated, norm, eps, a);
-    } else if (x_stride != K) {
-        return -2;
-    }
-    panel_job j = {.x = a ? a : x, .p = p, .r = r, .y = y, .M = M, .N = N, .K = K};
-    int pairs = ((N + 15) / 16 + 1) / 2, C = pairs < 4 * threads ? pairs : 4 * threads;
-    if (threads <= 1 || C <= 1)
-        panel_part(&j, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, panel_part, &j, C))
-        run_threads(threads, panel_part, &j);
-    if (a && a != stack) free(a);
-    return 0;
+    panel_job j = {.p = p, .r = r, .y = y, .M = M, .N = N, .K = K};
+    return f32_product(x, M, N, K, x_stride, gated, norm, eps, threads, pool, panel_part, &j,
+                       &j.x, ((N + 15) / 16 + 1) / 2);
 }

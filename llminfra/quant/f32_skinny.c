@@ -165,30 +165,18 @@ static void form_rows(const float *x, int x_stride, int M, int K, int gated, con
     }
 }
 
-/* form_rows on its own, into a (M, K): the RMSNorm (or SwiGLU) of rows that go on to another
-   kernel for their product (f32_panels.c, more rows than this kernel takes), one call where
-   torch's rms_norm makes six. Returns 0, or -2 for a size out of range. */
-int f32_form_rows(const float *x, int x_stride, int M, int K, int gated, const float *norm,
-                  float eps, float *a) {
-    if (M < 0 || K < 0 || x_stride < (gated ? 2 * K : K)) return -2;
-    form_rows(x, x_stride, M, K, gated, norm, eps, a);
-    return 0;
-}
-
-/* y (M, N) = a (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); W, r and y
-   contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL; x_stride = K) or formed
-   from them as form_rows says. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between
-   calls, else NULL) split W's rows into up to 4 chunks a thread, claimed by whichever thread
-   runs. Returns 0, -1 where memory ran out, or -2 for an M, N, K, x_stride or threads out of
-   range. */
-int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,
-                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
-                    void *pool) {
+/* What f32_skinny_gemm and f32_panel_gemm (f32_panels.c) share: check the sizes, form the rows
+   (form_rows, into a stack buffer where they fit), point *rows at them (x's own where nothing
+   is formed) and run part(job, c, C) over up to 4 chunks a thread of `units`. Returns 0, -1
+   where memory ran out, or -2 for an M, N, K, x_stride or threads out of range. */
+int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, const float *norm,
+                float eps, int threads, void *pool, pool_fn part, void *job, const float **rows,
+                int units) {
     if (M < 0 || N < 0 || K < 0 || threads < 1 || threads > 64 ||
         x_stride < (gated ? 2 * K : K))
         return -2;
     if (!M || !N) return 0;
-    float stack[8192];                          /* 32 kB: a decode step's rows fit */
+    float stack[16384];                         /* 64 kB: a decode step's rows fit */
     float *a = NULL;
     if (gated || norm) {
         size_t need = (size_t)M * K;
@@ -198,12 +186,25 @@ int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, in
     } else if (x_stride != K) {
         return -2;
     }
-    skinny_job j = {.x = a ? a : x, .w = w, .r = r, .y = y, .M = M, .N = N, .K = K};
-    int C = N < 4 * threads ? N : 4 * threads;
+    *rows = a ? a : x;
+    int C = units < 4 * threads ? units : 4 * threads;
     if (threads <= 1 || C <= 1)
-        skinny_part(&j, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, skinny_part, &j, C))
-        run_threads(threads, skinny_part, &j);
+        part(job, 0, 1);
+    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, part, job, C))
+        run_threads(threads, part, job);
     if (a && a != stack) free(a);
     return 0;
+}
+
+/* y (M, N) = a (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); W, r and y
+   contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL; x_stride = K) or formed
+   from them as form_rows says. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between
+   calls, else NULL) split W's rows into up to 4 chunks a thread, claimed by whichever thread
+   runs. Returns as f32_product. */
+int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,
+                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
+                    void *pool) {
+    skinny_job j = {.w = w, .r = r, .y = y, .M = M, .N = N, .K = K};
+    return f32_product(x, M, N, K, x_stride, gated, norm, eps, threads, pool, skinny_part, &j,
+                       &j.x, N);
 }

@@ -344,17 +344,6 @@ static void dot2_one(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, c
     *y1 = off1;
 }
 
-
-/* rows rows of x, K codes and G groups apart, against W rows c0 and c1: one at a time */
-static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
-                 const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
-                 const float *sx, int K, int G, int rows, int n, const int *nb, const int *g0,
-                 float *y0, float *y1) {
-    for (int r = 0; r < rows; r++)
-        dot2_one(c0, c1, d0, d1, m0, m1, q + (size_t)r * K, dx + (size_t)r * G,
-                 sx + (size_t)r * G, n, nb, g0, y0 + r, y1 + r);
-}
-
 #else
 static float dot1(const uint8_t *c, const uint16_t *d, const uint16_t *m, const int8_t *q,
                   const float *dx, const float *sx, int G) {
@@ -377,6 +366,9 @@ static void dot2_one(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, c
     *y0 = dot1(c0, d0, m0, q, dx, sx, nb[0]);
     *y1 = c1 == c0 ? *y0 : dot1(c1, d1, m1, q, dx, sx, nb[0]);
 }
+#endif
+
+#if LANES != 16
 /* rows rows of x, K codes and G groups apart, against W rows c0 and c1: one at a time */
 static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
                  const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
