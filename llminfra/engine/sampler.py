@@ -40,13 +40,13 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution a sampling ``params`` draws from: softmax of the filtered
     ``logits / temperature``; ``(..., V)`` -> ``(..., V)`` (speculative verification compares
-    drafts against it, row by row)."""
-    if logits.dim() == 1:
-        z = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p,
-                          params.min_p)
-    else:
-        z = torch.stack([filter_logits(r.float() / params.temperature, params.top_k,
-                                       params.top_p, params.min_p) for r in logits])
+    drafts against it, row by row). Without top-k, top-p or min-p nothing is filtered (a
+    request's defaults): the rows go to the softmax as they are."""
+    z = logits.float() / params.temperature
+    if params.top_k is not None or params.top_p < 1.0 or params.min_p > 0.0:
+        z = (filter_logits(z, params.top_k, params.top_p, params.min_p) if z.dim() == 1 else
+             torch.stack([filter_logits(r, params.top_k, params.top_p, params.min_p)
+                          for r in z]))
     return torch.softmax(z, dim=-1)
 
 
