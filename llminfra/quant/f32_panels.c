@@ -39,11 +39,8 @@ static inline v16 load_panel(const float *p) {
 #define MR 2
 #endif
 
-/* floats in W's panel copy: ceil(N / 16) panels of K x 16 */
-size_t f32_panel_floats(int N, int K) { return (size_t)((N + 15) / 16) * (size_t)K * 16; }
-
-/* W (N, K) -> p (f32_panel_floats(N, K)): p[(n / 16) K 16 + k 16 + n % 16] = W[n, k], zeros
-   past N. Returns 0, or -2 for N or K below 0. */
+/* W (N, K) -> p (ceil(N / 16) panels of K x 16 floats): p[(n / 16) K 16 + k 16 + n % 16] =
+   W[n, k], zeros past N. Returns 0, or -2 for N or K below 0. */
 int f32_panel_pack(const float *w, float *p, int N, int K) {
     if (N < 0 || K < 0) return -2;
     int P = (N + 15) / 16;
@@ -136,8 +133,7 @@ int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, co
    f32_panel_pack, y and r contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL,
    x_stride = K) or formed from them (RMSNorm, SwiGLU) as f32_skinny.c's form_rows says.
    threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between calls, else NULL) split the
-   pairs of panels into up to 4 chunks a thread. Returns 0, -1 where memory ran out, or -2 for an M, N, K, x_stride
-   or threads out of range. */
+   pairs of panels into up to 4 chunks a thread. Returns as f32_product (f32_skinny.c). */
 int f32_panel_gemm(const float *x, const float *p, const float *r, float *y, int M, int N,
                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
                    void *pool) {

@@ -24,9 +24,10 @@
  * the same bits for any T. A pair of W rows meets up to 4 rows of x at once (TILE_ROWS): the
  * integer sums of one row alone would wait on each other (a chain of vpdpbusd), those of 4
  * rows keep both vector units busy; each output's float steps stay the same, and so its bits,
- * in any tile, and a product of 8 or more rows unpacks each W row's codes once. Within its rows a thread prefetches a few dozen rows ahead: a row of
- * 576 codes is 288 bytes, too short a stream for the hardware prefetcher to reach memory's
- * bandwidth on its own. Built and loaded by llminfra/quant/w4a8.py; chapter 08.
+ * in any tile, and a product of 8 or more rows unpacks each W row's codes once. Within its
+ * rows a thread prefetches a few dozen rows ahead: a row of 576 codes is 288 bytes, too short
+ * a stream for the hardware prefetcher to reach memory's bandwidth on its own. Built and
+ * loaded by llminfra/quant/w4a8.py; chapter 08.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -259,17 +260,25 @@ static inline __attribute__((always_inline)) void dot2_rows(
     }
 }
 
-/* rows (1 .. TILE_ROWS) rows of x against the packed W rows c0 and c1 */
+/* rows (1 .. TILE_ROWS) rows of x against W rows c0 and c1, packed or (unpacked) as unpack_row
+   leaves them: dot2_rows with the row count a constant */
+#define DOT2_TILE(unpacked)                                                                    \
+    switch (rows) {                                                                            \
+        case 1: dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, K, G, 1, n, nb, g0, y0, y1,       \
+                          unpacked); break;                                                    \
+        case 2: dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, K, G, 2, n, nb, g0, y0, y1,       \
+                          unpacked); break;                                                    \
+        case 3: dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, K, G, 3, n, nb, g0, y0, y1,       \
+                          unpacked); break;                                                    \
+        default: dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, K, G, 4, n, nb, g0, y0, y1,      \
+                           unpacked);                                                          \
+    }
+
 static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
                  const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
                  const float *sx, int K, int G, int rows, int n, const int *nb, const int *g0,
                  float *y0, float *y1) {
-#define DOT2_PACKED(R) dot2_rows(c0, c1, d0, d1, m0, m1, q, dx, sx, K, G, R, n, nb, g0, y0, y1, 0)
-    if (rows == 1) DOT2_PACKED(1);
-    else if (rows == 2) DOT2_PACKED(2);
-    else if (rows == 3) DOT2_PACKED(3);
-    else DOT2_PACKED(4);
-#undef DOT2_PACKED
+    DOT2_TILE(0)
 }
 
 /* A prompt's product meets each pair of W rows once per row of x: dot2 would unpack the 4-bit
@@ -283,14 +292,11 @@ static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, ui
             _mm512_storeu_si512((void *)(u + 32 * g + 64 * t), unpack64(c + 16 * g + 32 * t));
 }
 
-static void dot2_from(const uint8_t *u0, const uint8_t *u1, const uint16_t *d0,
+static void dot2_from(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0,
                       const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
                       const int8_t *q, const float *dx, const float *sx, int K, int G, int rows,
                       int n, const int *nb, const int *g0, float *y0, float *y1) {
-#define DOT2_UNPACKED(R) dot2_rows(u0, u1, d0, d1, m0, m1, q, dx, sx, K, G, R, n, nb, g0, y0, y1, 1)
-    if (rows == TILE_ROWS) DOT2_UNPACKED(TILE_ROWS);
-    else DOT2_UNPACKED(1);
-#undef DOT2_UNPACKED
+    DOT2_TILE(1)
 }
 
 #elif LANES == 8
@@ -481,13 +487,9 @@ static void multiply_part(void *arg, int t, int T) {
             const int8_t *q = j->q + (size_t)r * K;
             const float *dx = j->dx + (size_t)r * G, *sx = j->sx + (size_t)r * G;
 #if LANES == 16
-            if (u && rows == TILE_ROWS)
+            if (u)
                 dot2_from(u, u + K, d0, d1, m0, m1, q, dx, sx, K, G, rows, j->n, j->nb, j->g0,
                           v0, v1);
-            else if (u)
-                for (int s = 0; s < rows; s++)
-                    dot2_from(u, u + K, d0, d1, m0, m1, q + (size_t)s * K, dx + (size_t)s * G,
-                              sx + (size_t)s * G, K, G, 1, j->n, j->nb, j->g0, v0 + s, v1 + s);
             else
 #endif
             dot2(j->codes + i * rb, j->codes + k * rb, d0, d1, m0, m1, q, dx, sx, K, G, rows,

@@ -227,11 +227,11 @@ def engine_env(quantization: str | None, matmul: str = "auto") -> dict[str, str]
     48.7); w4a8 9.2 and 7.1 ms. On the 2-core Xeon (2026-12-05, median decode step, two runs
     each) 10,000 polls were too short for the fp32 engine at 16 sequences, whose products of
     more than two rows were then oneDNN's (OpenMP) between the C attention calls: 59–61 ms
-    against 54–55 with 30,000 (the same with 100,000 and 300,000), while one sequence took 24.4–24.7
-    ms with either and 25.6 with 300,000; w4a8 was the same with 10,000 and 30,000 (6.0–6.8 ms
-    at one sequence, 32–33 at 16). Hence 30,000. The fp32 engine on oneDNN alone (one pool)
-    is left as it is (33.2 / 34.2 ms on the EPYC), and passive waiting lost it 17 % at one
-    client. A value the caller set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
+    against 54–55 with 30,000 (the same with 100,000 and 300,000), while one sequence took
+    24.4–24.7 ms with either and 25.6 with 300,000; w4a8 was the same with 10,000 and 30,000
+    (6.0–6.8 ms at one sequence, 32–33 at 16). Hence 30,000. The fp32 engine on oneDNN alone
+    (one pool) is left as it is (33.2 / 34.2 ms on the EPYC), and passive waiting lost it 17 %
+    at one client. A value the caller set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
     c_kernels = quantization == "w4a8" or (quantization is None and matmul == "skinny")
     if not c_kernels or {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
         return {}
