@@ -14,6 +14,8 @@ no GPU is. Chapter 05 (the engine) and chapter 08 (why a GPU decode step needs g
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -46,6 +48,10 @@ class FastRunner(ReadableRunner):
         super().__init__(model, cache, device)
         self.weights = FusedWeights(model, linear)
         self.pools = layer_pools(cache)
+        #: the decode step in one C call where the weights bring one (int4 on the w4a8
+        #: kernels: :mod:`llminfra.quant.decode_stack`, the same logits), else None
+        build = self.weights.decode_stack
+        self.stack = None if build is None else build(self.weights, self.pools)
         self.num_blocks, self.B = cache.allocator.num_blocks, cache.block_size
         self.scratch_slot = cache.scratch_block * self.B
         if cuda_graphs is None:
@@ -116,7 +122,9 @@ class FastRunner(ReadableRunner):
             width = max(-(-(p + 1) // self.B) for p in positions)
             t, p, s, bt = self._upload(np.array(tokens), np.array(positions), np.array(slots),
                                        self._tables(cache_ids, width))
-            logits = decode_step(self.weights, self.pools, t, p, s, bt)
+            step = self.stack if self.stack is not None else functools.partial(
+                decode_step, self.weights, self.pools)
+            logits = step(t, p, s, bt)
         keep = [i for i, (seq, _) in enumerate(scheduled) if seq in caught]
         if len(keep) < len(scheduled):             # a one-token prompt chunk: no logits wanted
             logits = logits[keep + list(range(len(scheduled), n))]

@@ -36,7 +36,10 @@ SmolLM2-135M the gather and the padded SDPA were a third of the CPU step. With t
 the rotation and the K/V write are one C call as well (``rope_write_f32``, :func:`c_place`):
 the ten torch calls they take cost about 3 ms of a 28 ms batch-1 step of SmolLM2-135M on a
 2-core Xeon. Where every matmul also forms RMSNorm and SwiGLU in its own call
-(``w.fused_kernels``: the C kernels), the layer's norms and SwiGLU are theirs. Chapter 05.
+(``w.fused_kernels``: the C kernels), the layer's norms and SwiGLU are theirs. Where the
+weights are int4 on the w4a8 kernels the runner goes one step further: the same calls, made
+from C, for the whole decode step (:mod:`llminfra.quant.decode_stack`; ``w.decode_stack``,
+the same logits bit for bit), this function remaining its readable account. Chapter 05.
 """
 
 from __future__ import annotations

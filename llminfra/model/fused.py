@@ -101,7 +101,8 @@ class SkinnyMatmul(Matmul):
         self._blas = PrepackedMatmul(self.weight, self.bias) if bias is not None else None
         self._panels = None
         if bias is None and kernel.panel is not None and kernel.panel_max_rows > kernel.max_rows:
-            self._panels = torch.empty(-(-self._n // 16) * 16 * self._k)
+            empty = getattr(kernel, "empty", None) or torch.empty     # huge pages, if it has
+            self._panels = empty(-(-self._n // 16) * 16 * self._k)
             if kernel.panel_pack(self.weight.data_ptr(), self._panels.data_ptr(), self._n,
                                  self._k):
                 raise ValueError(f"f32_panel_pack refused W {tuple(self.weight.shape)}")
@@ -258,6 +259,9 @@ class FusedWeights:
         #: the C paged decode kernel the linear brings (:mod:`llminfra.quant.paged_decode`), or
         #: None: the decode step's attention on the CPU (:func:`~llminfra.model.fast_step.decode_step`)
         self.paged_decode = getattr(linear, "paged_decode", None)
+        #: ``build(weights, pools)`` of the whole decode step in one C call where the linear
+        #: brings one (:mod:`llminfra.quant.decode_stack`: w4a8), else None
+        self.decode_stack = getattr(linear, "decode_stack", None)
         with torch.no_grad():
             self.layers = []
             for block in model.layers:

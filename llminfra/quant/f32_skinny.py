@@ -42,12 +42,14 @@ thread count and any batch in each kernel's range. Chapter 08 (where a decode st
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from llminfra.model.fused import SkinnyMatmul
 from llminfra.quant import paged_decode
+from llminfra.quant.huge_pages import Arena
 from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
 
 #: products of at most this many rows go to the C kernel (see the table above)
@@ -72,6 +74,8 @@ class SkinnyKernel:
     panel: ctypes._CFuncPtr | None = None
     panel_pack: ctypes._CFuncPtr | None = None
     panel_max_rows: int = 0
+    #: ``empty(numel) -> float32 tensor`` for the panels: on huge pages (:mod:`.huge_pages`)
+    empty: Callable[[int], torch.Tensor] | None = None
 
 
 def _function(lib: ctypes.CDLL):
@@ -108,7 +112,7 @@ def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
     pool = ThreadPool(_check_threads(threads), lib)
     gemm, pack = _panel_functions(lib)
     return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool, gemm, pack,
-                        panel_max_rows)
+                        panel_max_rows, Arena().empty)
 
 
 class skinny_linear:

@@ -23,20 +23,20 @@ how often each keeps the answers of the same int4 weights with fp32 activations.
 
 The C file is compiled on first use for this CPU into a cache folder, checked before it is
 loaded (:mod:`llminfra.quant.w4a8_build`), and loaded with :mod:`ctypes` (:func:`load` checks
-its symbols and its ``MAX_K``). :func:`build_info` says which code
-path was compiled: ``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI
-where the CPU has it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). On an
-AMD EPYC, SmolLM2's int4 decode step took 4.8 ms on the AVX-512 VNNI path against 8.2 ms for
-PyTorch's int4 kernel, and 9.1 ms on the AVX2 path against 17.3 ms for PyTorch's kernel forced to
-AVX2 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread). Without a
-compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError`` saying why;
-everything else in the course runs without it.
+its symbols and its ``MAX_K``). :func:`build_info` says which code path was compiled:
+``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI where the CPU has
+it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). On an AMD EPYC, SmolLM2's
+int4 decode step took 4.8 ms on the AVX-512 VNNI path against 8.2 ms for PyTorch's int4 kernel,
+and 9.1 ms on AVX2 against 17.3 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread). Without a compiler :func:`available` is
+``False`` and :func:`library` raises ``RuntimeError`` saying why; everything else in the course
+runs without it.
 
-``threads`` (default: torch's thread count, :func:`default_threads`) split a product's output columns (the
-rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot product of
-its own row of ``W``, so the bits are the same for any thread count (``tests/test_w4a8.py``).
-:func:`w4a8_linear` keeps its threads between calls in a :class:`ThreadPool` (``thread_pool.c``:
-they spin 50 µs after each call, then sleep): a call lasts tens of µs. Chapter 08.
+``threads`` (default: torch's thread count, :func:`default_threads`) split a product's output
+columns (the rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot
+product of its own row of ``W``, so the bits are the same for any thread count
+(``tests/test_w4a8.py``). :func:`w4a8_linear` keeps its threads between calls in a
+:class:`ThreadPool` (``thread_pool.c``: they spin 50 µs after each call, then sleep): a call
+lasts tens of µs. Chapter 08.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from pathlib import Path
 
 import torch
 
-from llminfra.quant import packing
+from llminfra.quant import decode_stack, packing
+from llminfra.quant.huge_pages import Arena
 from llminfra.quant.quantize_tensor import quantize
 from llminfra.quant.tensor import QuantizedTensor
 from llminfra.quant.w4a8_build import (SOURCE, build, cache_dir,  # noqa: F401 - the API
@@ -275,8 +276,7 @@ def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
     """``a · Wᵀ`` in ``x``'s dtype, ``a`` formed from ``x (..., K or 2K)`` as ``w4a8_gemm`` in
     the C file says (``gated``: silu(gate)·up; ``norm``: RMSNorm with these gains), on
     ``pool``'s threads, else on ``threads`` started for the call."""
-    if pool is not None:
-        threads = pool.threads
+    threads = threads if pool is None else pool.threads
     N, K = w["shape"]
     width = 2 * K if gated else K
     if x.shape[-1] != width:
@@ -312,21 +312,20 @@ def _check_passes(passes) -> None:
 
 def w4a8_linear(passes: int = 1, threads: int | None = None):
     """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
-    to int4 once (``int4-g32``, round to nearest with a zero point: the same codes
-    :func:`llminfra.quant.int4_linear` holds) and ``f(x)`` multiplies with the w4a8 kernel.
-    ``f.fused(x, norm=g, eps=ε)`` multiplies ``RMSNorm(x)·g`` and ``f.fused(x, gated=True)``
-    multiplies ``silu(gate)·up`` of ``x = [gate | up]`` (twice ``W``'s input width): the kernel
-    forms them while it quantizes ``x``, where the float path spends a few torch calls each.
-    ``passes=2`` rounds what the int8 rounding of ``x`` left to int8 as well and adds that
-    product too: activations good to about 15 bits (greedy tokens then follow the int4 weights
-    with fp32 activations), for a second integer dot product per weight. ``threads`` (None:
-    torch's thread count when called, :func:`default_threads`) split each product's rows, on
-    one :class:`ThreadPool` the weights share (``f.threads`` says how many); the same bits for
-    any count.
+    to int4 once (``int4-g32``, round to nearest with a zero point: the codes of
+    :func:`llminfra.quant.int4_linear`), on huge pages (:mod:`.huge_pages`), and ``f(x)``
+    multiplies with the w4a8 kernel. ``f.fused(x, norm=g, eps=ε)`` multiplies ``RMSNorm(x)·g``
+    and ``f.fused(x, gated=True)`` ``silu(gate)·up`` of ``x = [gate | up]``: the kernel forms
+    them while it quantizes ``x``. ``passes=2`` rounds what the int8 rounding of ``x`` left to
+    int8 as well and adds that product too (activations good to about 15 bits: greedy tokens
+    then follow the int4 weights with fp32 activations) for a second dot product per weight.
+    ``threads`` (None: :func:`default_threads` when called) split each product's rows on one
+    :class:`ThreadPool` the weights share (``f.threads``); the same bits for any count. The
+    engine's decode step runs on them in one C call (``decode_stack``: :mod:`.decode_stack`).
     ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a
     weight whose input width is not a multiple of 64."""
     _check_passes(passes)
-    lib = library()
+    lib, arena = library(), Arena()
     pool = ThreadPool(threads, lib)
 
     def prepare_weight(weight: torch.Tensor):
@@ -334,17 +333,18 @@ def w4a8_linear(passes: int = 1, threads: int | None = None):
             raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
         _check_k(weight.shape[1])
         w = prepare(quantize(weight.detach().float(), f"int4-g{GROUP}"), lib)
+        w.update({k: arena.copy(w[k]) for k in ("codes", "d", "m")})
 
         def fused(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
                   gated: bool = False) -> torch.Tensor:
             return _multiply(lib, w, x, passes, norm, eps, gated, pool=pool)
 
-        def apply(x: torch.Tensor) -> torch.Tensor:
-            return fused(x)
+        apply = functools.partial(fused)      # f(x); attributes below
         apply.fused = fused
         apply.weight = w
         apply.threads = pool.threads
         apply.nbytes = sum(w[k].numel() * w[k].element_size() for k in ("codes", "d", "m"))
         return apply
     prepare_weight.pool = pool          # other kernels of the library may run on it
+    prepare_weight.decode_stack = decode_stack.builder(lib, pool, passes)
     return prepare_weight

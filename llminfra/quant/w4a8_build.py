@@ -32,10 +32,12 @@ POOL_SOURCE = Path(__file__).with_name("thread_pool.c")
 #: the package's other CPU kernels, compiled into the same library and run on the same pool:
 #: fp32 products of one or two rows (``f32_skinny.c``) and of a decode step's rows on W packed
 #: in panels (``f32_panels.c``), both :mod:`llminfra.quant.f32_skinny`; paged decode attention
-#: read in place (``paged_decode.c``, :mod:`llminfra.model.fast_step`)
+#: read in place (``paged_decode.c``, :mod:`llminfra.model.fast_step`); an int4 model's whole
+#: decode step in one call (``decode_stack.c``, :mod:`llminfra.quant.decode_stack`)
 EXTRA_SOURCES = (Path(__file__).with_name("f32_skinny.c"),
                  Path(__file__).with_name("f32_panels.c"),
-                 Path(__file__).with_name("paged_decode.c"))
+                 Path(__file__).with_name("paged_decode.c"),
+                 Path(__file__).with_name("decode_stack.c"))
 #: no shared library of w4a8.c is smaller (an empty or truncated file is refused)
 MIN_LIBRARY_BYTES = 4096
 #: the first bytes of a shared library: ELF (Linux), Mach-O (macOS, both byte orders and fat)

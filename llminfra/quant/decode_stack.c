@@ -1,0 +1,116 @@
+/* A whole decode step of an int4 model in one call: every layer's products (w4a8.c), RoPE and
+ * K/V write and paged attention (paged_decode.c), and the residual adds, in the order the
+ * Python step (llminfra/model/fast_step.py, _layer) calls them one by one.
+ *
+ * At batch 1 the products of SmolLM2-135M read 84 MB in about 3 ms on two cores; the Python
+ * step around them made 6 ctypes calls and two torch adds a layer, some 240 calls of 5-15 us
+ * each: nearly as long again. Here the calls are C calls. Each one is the
+ * same function on the same inputs as in the Python step, and a residual add is the same float
+ * add torch does, so the logits are the same bits (tests/test_decode_stack.py).
+ * Built into the w4a8 library; llminfra/quant/decode_stack.py drives it. Chapter 05.
+ */
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
+              float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
+              float eps, int passes, int threads, void *pool);
+int rope_write_f32(float *qkv, int N, long row_stride, const int64_t *positions,
+                   const float *rot, long P, int H, int H_kv, int d, const int64_t *slots,
+                   long S, float *k, float *v);
+int paged_decode_f32(const float *q, long q_row, const float *k, const float *v,
+                     const int *tables, const int *lens, float *out, int n, int H, int H_kv,
+                     int d, int B, int W, int pool_blocks, float scale, int threads,
+                     void *pool);
+
+/* one w4a8 weight (N, K) as w4a8_pack leaves it */
+typedef struct {
+    const uint8_t *codes;
+    const uint16_t *d, *m;
+    int N, K;
+} stack_weight;
+
+/* one layer: its norms' gains, its four products and its K and V pools */
+typedef struct {
+    const float *attn_norm, *ffn_norm;
+    stack_weight qkv, wo, w13, w2;
+    float *k, *v;
+} stack_layer;
+
+/* the model's sizes and the step's shared settings */
+typedef struct {
+    int n_layers, dim, H, H_kv, d, ffn, passes, threads, B, W, pool_blocks;   /* W: per step */
+    float eps, scale;
+    long rot_rows, slots;
+    const float *rot, *embedding, *final_norm;
+    void *pool;
+} stack_model;
+
+static int product(const stack_model *s, const float *x, const stack_weight *w, float *y, int n,
+                   int x_stride, int gated, const float *norm) {
+    return w4a8_gemm(x, w->codes, w->d, w->m, y, n, w->N, w->K, x_stride, gated, norm, s->eps,
+                     s->passes, s->threads, s->pool);
+}
+
+static void add_to(float *x, const float *y, size_t count) {
+    for (size_t i = 0; i < count; i++) x[i] = x[i] + y[i];
+}
+
+/* Layer l on x (n, dim) in place; work holds qkv (n, row), attention (n, H d), gate|up
+   (n, 2 ffn) and a product (n, dim). Returns 0, or the code of the call that refused, offset
+   by -10 for a product (w4a8_gemm), -20 for RoPE and the K/V write, -30 for attention. */
+static int layer(const stack_model *s, const stack_layer *L, float *x, int n,
+                 const int64_t *positions, const int64_t *slots, const int *tables,
+                 const int *lens, float *work) {
+    int H = s->H, H_kv = s->H_kv, d = s->d, rc;
+    long row = (long)(H + 2 * H_kv) * d;
+    float *qkv = work, *attn = qkv + (size_t)n * row, *gate_up = attn + (size_t)n * H * d;
+    float *y = gate_up + (size_t)n * 2 * s->ffn;
+    size_t xs = (size_t)n * s->dim;
+    if ((rc = product(s, x, &L->qkv, qkv, n, s->dim, 0, L->attn_norm))) return rc - 10;
+    if ((rc = rope_write_f32(qkv, n, row, positions, s->rot, s->rot_rows, H, H_kv, d, slots,
+                             s->slots, L->k, L->v)))
+        return rc - 20;
+    if ((rc = paged_decode_f32(qkv, row, L->k, L->v, tables, lens, attn, n, H, H_kv, d, s->B,
+                               s->W, s->pool_blocks, s->scale, s->threads, s->pool)))
+        return rc - 30;
+    if ((rc = product(s, attn, &L->wo, y, n, H * d, 0, NULL))) return rc - 10;
+    add_to(x, y, xs);
+    if ((rc = product(s, x, &L->w13, gate_up, n, s->dim, 0, L->ffn_norm))) return rc - 10;
+    if ((rc = product(s, gate_up, &L->w2, y, n, 2 * s->ffn, 1, NULL))) return rc - 10;
+    add_to(x, y, xs);
+    return 0;
+}
+
+/* Logits (n, output->N) of one token per sequence: tokens[i] at positions[i] written to pool
+   slot slots[i], attending to keys 0 .. positions[i] through its row of tables (n, W).
+   x and work: the caller's buffers of n dim and n (row + H d + 2 ffn + dim) floats. Returns 0,
+   -1 where memory ran out, -6 for a token outside 0 .. vocab - 1 or a table entry outside int
+   (nothing run), else the first refusal (see layer). */
+int w4a8_decode_stack(const stack_model *s, const stack_layer *layers,
+                      const stack_weight *output, const int64_t *tokens, long vocab,
+                      const int64_t *positions, const int64_t *slots, const int64_t *tables,
+                      int n, int W, float *x, float *work, float *logits) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab || positions[i] < 0 || positions[i] >= INT_MAX)
+            return -6;
+    for (long i = 0; i < (long)n * W; i++)
+        if (tables[i] < INT_MIN || tables[i] > INT_MAX) return -6;
+    int *t32 = malloc(sizeof(int) * ((size_t)n * W + (size_t)n + 1)), *lens = t32 + (size_t)n * W;
+    if (!t32) return -1;
+    for (long i = 0; i < (long)n * W; i++) t32[i] = (int)tables[i];     /* paged_decode's ints */
+    for (int i = 0; i < n; i++) lens[i] = (int)positions[i] + 1;
+    for (int i = 0; i < n; i++)
+        memcpy(x + (size_t)i * s->dim, s->embedding + (size_t)tokens[i] * s->dim,
+               sizeof(float) * s->dim);
+    stack_model step = *s;
+    step.W = W;
+    int rc = 0;
+    for (int l = 0; l < s->n_layers && !rc; l++)
+        rc = layer(&step, layers + l, x, n, positions, slots, t32, lens, work);
+    if (!rc && (rc = product(&step, x, output, logits, n, s->dim, 0, s->final_norm))) rc -= 10;
+    free(t32);
+    return rc;
+}
