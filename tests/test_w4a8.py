@@ -155,6 +155,17 @@ def test_fusions_equal_the_torch_calls(lib, monkeypatch):
     gate, up = gate_up.chunk(2, -1)
     torch.testing.assert_close(f.fused(gate_up, gated=True), f(F.silu(gate) * up),
                                rtol=1e-4, atol=1e-4)
+    # the kernel's own exp across SiLU's range (clamped past ±87: silu is x or 0 there), and
+    # a NaN or an infinity in a row's gate: that row's outputs NaN, as torch's product gives
+    wide = torch.stack([torch.linspace(-120, 120, 192), torch.linspace(-3, 3, 192)])
+    gate_up = torch.cat([wide, torch.randn(2, 192, generator=gen)], dim=1).repeat(4, 1)
+    for row, bad in ((4, float("nan")), (5, float("inf")), (6, float("-inf"))):
+        gate_up[row, 7] = bad
+    gate, up = gate_up.chunk(2, -1)
+    got, want = f.fused(gate_up, gated=True), f(F.silu(gate) * up)
+    assert got[4:7].isnan().all() and want[4:7].isnan().all()
+    torch.testing.assert_close(got[[0, 1, 2, 3, 7]], want[[0, 1, 2, 3, 7]], rtol=1e-4,
+                               atol=1e-4)
     assert f(x).shape == (2, 3, 40) and f(x.to(torch.bfloat16)).dtype == torch.bfloat16
     f2 = w4a8.w4a8_linear(passes=2)(weight)       # the fusions feed the second pass as well
     exact = normed @ w4a8.dequantize(f2.weight, lib).T
@@ -242,3 +253,29 @@ def test_builds_are_cached_by_source_and_cpu(tmp_path):
     mtime = first.stat().st_mtime_ns
     assert w4a8.build("portable", tmp_path) == first and first.stat().st_mtime_ns == mtime
     assert w4a8.cache_dir() != tmp_path
+
+
+def test_swiglu_is_the_same_bits_on_every_build_and_close_to_exact(tmp_path_factory):
+    """The gated product's silu(gate)·up (its own exp, not libm's): identical on the portable,
+    AVX2 and native builds, and within 4e-7 relative (a few float roundings) of float64."""
+    import ctypes
+    gate = torch.cat([torch.linspace(-120, 120, 4000), torch.randn(4000) * 4,
+                      torch.tensor([0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 88.5, -88.5])])
+    gate = torch.cat([gate, torch.zeros(-len(gate) % 16)])   # the vector loop and the tail
+    gate = torch.cat([gate, torch.tensor([0.5, -0.5, 3.0])])
+    up = torch.rand(len(gate)) + 0.5
+    outs = []
+    for arch in ARCHES:
+        lib = w4a8.load(w4a8.build(arch, tmp_path_factory.mktemp("swiglu")))
+        out = torch.empty_like(gate)
+        lib.w4a8_swiglu.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
+        lib.w4a8_swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), len(gate))
+        outs.append(out)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    exact = (F.silu(gate.double()) * up.double())
+    torch.testing.assert_close(outs[0].double(), exact, rtol=4e-7, atol=1e-30)
+    nan = torch.tensor([float("nan")] * 16)
+    out = torch.empty(16)
+    lib.w4a8_swiglu(nan.data_ptr(), up.data_ptr(), out.data_ptr(), 16)
+    assert out.isnan().all()

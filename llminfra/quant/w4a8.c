@@ -24,10 +24,12 @@
  * the same bits for any T. A pair of W rows meets up to 4 rows of x at once (TILE_ROWS): the
  * integer sums of one row alone would wait on each other (a chain of vpdpbusd), those of 4
  * rows keep both vector units busy; each output's float steps stay the same, and so its bits,
- * in any tile, and a product of 8 or more rows unpacks each W row's codes once. Within its
- * rows a thread prefetches a few dozen rows ahead: a row of 576 codes is 288 bytes, too short
- * a stream for the hardware prefetcher to reach memory's bandwidth on its own. Built and
- * loaded by llminfra/quant/w4a8.py; chapter 08.
+ * in any tile, and a product of 8 or more rows unpacks each W row's codes once. A prompt's
+ * rows go in blocks whose int8 codes stay in L1 while every W row pair of a thread meets them
+ * (Q_BLOCK_BYTES; 1,600 rows at K = 576 are 0.9 MB). Within its rows a thread prefetches a few
+ * dozen rows ahead: a row of 576 codes is 288 bytes, too short a stream for the hardware
+ * prefetcher to reach memory's bandwidth on its own. SwiGLU's exp is the file's own (the same
+ * bits on every build). Built and loaded by llminfra/quant/w4a8.py; chapter 08.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -53,6 +55,7 @@
 #define MAX_K (32 * 8 * 1000)
 #define MAX_BLOCKS 1024
 #define TILE_ROWS 4   /* rows of x a pair of W rows meets at once (dot2_rows) */
+#define Q_BLOCK_BYTES 32768   /* x's int8 codes a block of rows holds (multiply_part) */
 
 int w4a8_max_k(void) { return MAX_K; }
 
@@ -197,12 +200,43 @@ static const int32_t LANE_GROUP[3][16] = {{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0
                                           {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},
                                           {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}};
 
+/* acc += the 4-byte dot products of u (unsigned) and q (signed) in each int32 lane: vpdpbusd
+   on acc's register in place (GCC 12 copied each accumulator of the intrinsic's form out and
+   back around every step, two moves for each multiply-add) */
+static inline __attribute__((always_inline)) void dpbusd(__m512i *acc, __m512i u, __m512i q) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(*acc) : "v"(u), "v"(q));
+}
+
 /* the 64 codes of step t of a block from their 32 bytes: the low nibbles, then the high ones */
 static inline __m512i unpack64(const uint8_t *c) {
     __m256i w = _mm256_loadu_si256((const __m256i *)c);
     return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w),
                                                _mm256_srli_epi16(w, 4), 1),
                             _mm512_set1_epi8(0x0f));
+}
+
+/* The 8 sums of a tile of 4 rows, a0[r] and a1[r] each summed over its 16 lanes, in the
+   order _mm512_reduce_add_ps adds (lane j + lane j+8, then + 4, + 2, + 1: the same pairs, so
+   the same bits) but four vectors a shuffle: 28 instructions where 8 reductions take 72. */
+static inline __attribute__((always_inline)) void reduce8(const __m512 *a0, const __m512 *a1,
+                                                          float *y0, float *y1, int rows) {
+    __m512 v[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]}, s[4], u[2];
+    for (int i = 0; i < 4; i++)       /* [v_hi256 + v_lo256 | w_hi256 + w_lo256] */
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44));
+    for (int i = 0; i < 2; i++) {     /* four 128-bit sums: chunk 1 + chunk 0 of each */
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xDD),
+                             _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x88));
+        u[i] = _mm512_add_ps(u[i], _mm512_permute_ps(u[i], 0x4E));   /* j + (j + 2) */
+        u[i] = _mm512_add_ps(u[i], _mm512_permute_ps(u[i], 0xB1));   /* 0 + 1 */
+    }
+    float out[32];
+    _mm512_storeu_ps(out, u[0]);
+    _mm512_storeu_ps(out + 16, u[1]);
+    for (int r = 0; r < rows; r++) {  /* output order: v[0], v[1], ... at lanes 0, 4, 8, ... */
+        y0[r] = out[8 * r];
+        y1[r] = out[8 * r + 4];
+    }
 }
 
 /* `rows` rows of x (K int8 codes and G groups apart; a constant 1 .. TILE_ROWS where this is
@@ -230,8 +264,8 @@ static inline __attribute__((always_inline)) void dot2_rows(
             for (int r = 0; r < rows; r++) {
                 __m512i qv = _mm512_loadu_si512(
                     (const void *)(q + (size_t)r * K + 32 * g + 64 * t));
-                p0[r] = _mm512_dpbusd_epi32(p0[r], u0, qv);
-                p1[r] = _mm512_dpbusd_epi32(p1[r], u1, qv);
+                dpbusd(&p0[r], u0, qv);
+                dpbusd(&p1[r], u1, qv);
             }
         }
         __mmask16 k = (__mmask16)((1u << B) - 1);
@@ -254,9 +288,14 @@ static inline __attribute__((always_inline)) void dot2_rows(
             a1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1[r]), s1, a1[r]);
         }
     }
-    for (int r = 0; r < rows; r++) {
-        y0[r] = _mm512_reduce_add_ps(a0[r]);
-        y1[r] = _mm512_reduce_add_ps(a1[r]);
+    if (rows <= 2) {
+        for (int r = 0; r < rows; r++) {
+            y0[r] = _mm512_reduce_add_ps(a0[r]);
+            y1[r] = _mm512_reduce_add_ps(a1[r]);
+        }
+    } else {
+        for (int r = rows; r < TILE_ROWS; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+        reduce8(a0, a1, y0, y1, rows);
     }
 }
 
@@ -294,9 +333,17 @@ static void unpack_row(const uint8_t *c, int n, const int *nb, const int *g0, ui
 
 static void dot2_from(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0,
                       const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
-                      const int8_t *q, const float *dx, const float *sx, int K, int G, int rows,
+                      const int8_t *q, const float *dx, const float *sx, int K, int G, int count,
                       int n, const int *nb, const int *g0, float *y0, float *y1) {
-    DOT2_TILE(1)
+    int r = 0;      /* every tile of this call here: one call, not one a tile, per row pair */
+    for (; r + TILE_ROWS <= count; r += TILE_ROWS)
+        dot2_rows(c0, c1, d0, d1, m0, m1, q + (size_t)r * K, dx + (size_t)r * G,
+                  sx + (size_t)r * G, K, G, TILE_ROWS, n, nb, g0, y0 + r, y1 + r, 1);
+    int rows = count - r;
+    q += (size_t)r * K, dx += (size_t)r * G, sx += (size_t)r * G, y0 += r, y1 += r;
+    if (rows) {
+        DOT2_TILE(1)
+    }
 }
 
 #elif LANES == 8
@@ -386,6 +433,63 @@ static void dot2(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const
 }
 #endif
 
+/* SwiGLU's silu(x) * up = x / (1 + e^-x) * up, with e^t computed by the same float steps on
+   every build (a Cephes-style polynomial on t - n ln 2, times 2^n): the AVX-512 loop does 16 at
+   a time what exp_steps does for one (each multiply-add fused in both), so the bits are the
+   same, where libm's expf was 30 % of a down projection's call at 100-128 rows. t is clamped to
+   [-87.3, 88.3] (2^n stays normal; silu is then x or 0 to float precision); a NaN stays NaN. */
+#define EXP_LO -87.3f
+#define EXP_HI 88.3f
+static const float EXP_C[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_steps(float t) {
+    if (t != t) return t;
+    t = EXP_LO > t ? EXP_LO : t;
+    t = EXP_HI < t ? EXP_HI : t;
+    float n = rintf(t * 1.44269504089f);               /* nearest, ties to even */
+    float r = fmaf(n, -0.693359375f, t);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = EXP_C[0];
+    for (int i = 1; i < 6; i++) p = fmaf(p, r, EXP_C[i]);
+    float y = fmaf(p, r * r, r) + 1.f;
+    uint32_t bits = (uint32_t)((int)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return y * two_n;
+}
+
+static void swiglu_row(const float *gate, const float *up, float *a, int K) {
+    int k = 0;
+#if LANES == 16
+    for (; k + 16 <= K; k += 16) {
+        __m512 x = _mm512_loadu_ps(gate + k);
+        __m512 t = _mm512_sub_ps(_mm512_setzero_ps(), x);
+        t = _mm512_max_ps(_mm512_set1_ps(EXP_LO), t);    /* the second operand where NaN */
+        t = _mm512_min_ps(_mm512_set1_ps(EXP_HI), t);
+        __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504089f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), t);
+        r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+        __m512 p = _mm512_set1_ps(EXP_C[0]);
+        for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C[i]));
+        __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+        __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n),
+                                                       _mm512_set1_epi32(127)), 23);
+        __m512 ex = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+        __m512 silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), ex));
+        _mm512_storeu_ps(a + k, _mm512_mul_ps(silu, _mm512_loadu_ps(up + k)));
+    }
+#endif
+    for (; k < K; k++) a[k] = gate[k] / (1.f + exp_steps(0.f - gate[k])) * up[k];
+}
+
+/* a = silu(gate) * up over K values as the gated product forms them (for tests: the same
+   bits on every build, within a few float roundings of the exact value) */
+void w4a8_swiglu(const float *gate, const float *up, float *a, int K) {
+    swiglu_row(gate, up, a, K);
+}
+
 /* The work of one w4a8_gemm call, shared by its threads (thread_pool.c). */
 typedef struct {
     const float *x, *norm;
@@ -407,7 +511,7 @@ static void quantize_part(void *arg, int t, int T) {
     for (int r = (int)((long)j->M * t / T); r < (int)((long)j->M * (t + 1) / T); r++) {
         const float *xr = j->x + (size_t)r * j->x_stride;
         if (j->gated)
-            for (int k = 0; k < K; k++) a[k] = xr[k] / (1.f + expf(-xr[k])) * xr[K + k];
+            swiglu_row(xr, xr + K, a, K);
         else
             memcpy(a, xr, 4 * (size_t)K);
         if (j->norm) {
@@ -467,34 +571,45 @@ static void multiply_part(void *arg, int t, int T) {
 #if LANES == 16
     if (R >= UNPACK_MIN_ROWS) u = malloc(2 * (size_t)K);    /* NULL: dot2, as for few rows */
 #endif
-    /* the first rows: asked for all at once, so that their misses overlap */
-    if (begin < end)
-        prefetch_rows(j, begin, end - begin < PREFETCH_ROWS ? end - begin : PREFETCH_ROWS);
-    for (int i = begin; i < end; i += 2) {
-        int k = i + 1 < end ? i + 1 : i;
-        const uint16_t *d0 = j->d + (size_t)i * G, *d1 = j->d + (size_t)k * G;
-        const uint16_t *m0 = j->m + (size_t)i * G, *m1 = j->m + (size_t)k * G;
-        if (i + PREFETCH_ROWS + 1 < end) prefetch_rows(j, i + PREFETCH_ROWS, 2);
+    /* x's rows in blocks whose int8 codes stay in L1 (32 kB) while every W row pair of this
+       thread meets them: a prompt of 1,600 rows has 0.9 MB of them at K = 576 */
+    int block = (int)(Q_BLOCK_BYTES / (size_t)K) & ~(TILE_ROWS - 1);
+    block = block < TILE_ROWS ? TILE_ROWS : block;
+    for (int r0 = 0; r0 < R; r0 += block) {
+        int r1 = R - r0 < block ? R : r0 + block;
+        /* the first rows: asked for all at once, so that their misses overlap */
+        if (begin < end)
+            prefetch_rows(j, begin, end - begin < PREFETCH_ROWS ? end - begin : PREFETCH_ROWS);
+        for (int i = begin; i < end; i += 2) {
+            int k = i + 1 < end ? i + 1 : i;
+            const uint16_t *d0 = j->d + (size_t)i * G, *d1 = j->d + (size_t)k * G;
+            const uint16_t *m0 = j->m + (size_t)i * G, *m1 = j->m + (size_t)k * G;
+            if (i + PREFETCH_ROWS + 1 < end) prefetch_rows(j, i + PREFETCH_ROWS, 2);
 #if LANES == 16
-        if (u) {
-            unpack_row(j->codes + i * rb, j->n, j->nb, j->g0, u);
-            unpack_row(j->codes + k * rb, j->n, j->nb, j->g0, u + K);
-        }
+            if (u) {
+                unpack_row(j->codes + i * rb, j->n, j->nb, j->g0, u);
+                unpack_row(j->codes + k * rb, j->n, j->nb, j->g0, u + K);
+            }
 #endif
-        for (int r = 0; r < R; r += TILE_ROWS) {
-            int rows = R - r < TILE_ROWS ? R - r : TILE_ROWS;
-            float v0[TILE_ROWS], v1[TILE_ROWS];
-            const int8_t *q = j->q + (size_t)r * K;
-            const float *dx = j->dx + (size_t)r * G, *sx = j->sx + (size_t)r * G;
 #if LANES == 16
-            if (u)
-                dot2_from(u, u + K, d0, d1, m0, m1, q, dx, sx, K, G, rows, j->n, j->nb, j->g0,
-                          v0, v1);
-            else
+            if (u) {        /* the block's rows in one call (at most Q_BLOCK_BYTES / 64) */
+                float v0[Q_BLOCK_BYTES / 64], v1[Q_BLOCK_BYTES / 64];
+                dot2_from(u, u + K, d0, d1, m0, m1, j->q + (size_t)r0 * K,
+                          j->dx + (size_t)r0 * G, j->sx + (size_t)r0 * G, K, G, r1 - r0, j->n,
+                          j->nb, j->g0, v0, v1);
+                for (int s = 0; s < r1 - r0; s++) put(j, r0 + s, i, k, v0[s], v1[s]);
+                continue;
+            }
 #endif
-            dot2(j->codes + i * rb, j->codes + k * rb, d0, d1, m0, m1, q, dx, sx, K, G, rows,
-                 j->n, j->nb, j->g0, v0, v1);
-            for (int s = 0; s < rows; s++) put(j, r + s, i, k, v0[s], v1[s]);
+            for (int r = r0; r < r1; r += TILE_ROWS) {
+                int rows = r1 - r < TILE_ROWS ? r1 - r : TILE_ROWS;
+                float v0[TILE_ROWS], v1[TILE_ROWS];
+                const int8_t *q = j->q + (size_t)r * K;
+                const float *dx = j->dx + (size_t)r * G, *sx = j->sx + (size_t)r * G;
+                dot2(j->codes + i * rb, j->codes + k * rb, d0, d1, m0, m1, q, dx, sx, K, G,
+                     rows, j->n, j->nb, j->g0, v0, v1);
+                for (int s = 0; s < rows; s++) put(j, r + s, i, k, v0[s], v1[s]);
+            }
         }
     }
     free(u);
