@@ -279,3 +279,32 @@ def test_swiglu_is_the_same_bits_on_every_build_and_close_to_exact(tmp_path_fact
     out = torch.empty(16)
     lib.w4a8_swiglu(nan.data_ptr(), up.data_ptr(), out.data_ptr(), 16)
     assert out.isnan().all()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this OS")
+def test_a_forked_child_frees_its_copy_of_a_pool():
+    """A process forked while a pool's workers sleep (a test runner, a DataLoader, multiprocessing's
+    default on Linux) holds a copy of the pool whose workers do not exist; its garbage collector
+    frees it. That must return (it used to wait for ever on the copied condition variable)."""
+    import os
+    import time
+    pool = w4a8.ThreadPool(2)
+    w4a8.w4a8_mm(torch.randn(1, 64), w4a8.prepare(quantize(torch.randn(8, 64), "int4-g32")),
+                 threads=2)
+    time.sleep(0.05)                              # the workers have spun and gone to sleep
+    pid = os.fork()
+    if pid == 0:                                  # the child: free the copy, then leave
+        pool.close()
+        os._exit(0)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("a forked child hung freeing its copy of the parent's pool")
+    pool.close()                                  # the parent's own pool still stops cleanly

@@ -129,7 +129,10 @@ void *w4a8_pool_new(int threads) {
     return p;
 }
 
-/* Stop and join the workers, then free the pool (NULL: nothing). */
+/* Stop and join the workers, then free the pool (NULL: nothing). In a forked child (its copy
+   of a parent's pool, freed when the child's garbage collector finalizes it) the workers do not
+   exist and the copied condition still counts them as waiters: destroying it would wait for
+   them for ever, so only the memory is freed. */
 void w4a8_pool_free(void *handle) {
     pool_t *p = (pool_t *)handle;
     if (!p) return;
@@ -139,10 +142,10 @@ void w4a8_pool_free(void *handle) {
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->lock);
         for (int t = 1; t <= p->started; t++) pthread_join(p->workers[t], NULL);
+        pthread_mutex_destroy(&p->lock);
+        pthread_mutex_destroy(&p->busy);
+        pthread_cond_destroy(&p->wake);
     }
-    pthread_mutex_destroy(&p->lock);
-    pthread_mutex_destroy(&p->busy);
-    pthread_cond_destroy(&p->wake);
     free(p->workers);
     free(p);
 }
