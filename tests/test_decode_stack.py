@@ -28,10 +28,10 @@ def small(bias: bool = False) -> Transformer:
 
 
 def engine_with(model, threads: int, **kw) -> LLMEngine:
-    from llminfra.quant import paged_decode
-    linear = w4a8.w4a8_linear(threads=threads)
-    linear.paged_decode = paged_decode.kernel(pool=linear.pool)
-    return LLMEngine(model, ByteTokenizer(), runner="fast", linear=linear, block_size=8, **kw)
+    """The engine ``serve --quantization w4a8 --threads threads`` builds, on ``model``."""
+    from llminfra.serving.serve import quantized_linear
+    return LLMEngine(model, ByteTokenizer(), runner="fast",
+                     linear=quantized_linear("w4a8", threads), block_size=8, **kw)
 
 
 def captured_steps(engine: LLMEngine, prompts, tokens: int) -> list[tuple]:

@@ -14,8 +14,6 @@ no GPU is. Chapter 05 (the engine) and chapter 08 (why a GPU decode step needs g
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 
@@ -122,9 +120,8 @@ class FastRunner(ReadableRunner):
             width = max(-(-(p + 1) // self.B) for p in positions)
             t, p, s, bt = self._upload(np.array(tokens), np.array(positions), np.array(slots),
                                        self._tables(cache_ids, width))
-            step = self.stack if self.stack is not None else functools.partial(
-                decode_step, self.weights, self.pools)
-            logits = step(t, p, s, bt)
+            logits = (self.stack(t, p, s, bt) if self.stack is not None else
+                      decode_step(self.weights, self.pools, t, p, s, bt))
         keep = [i for i, (seq, _) in enumerate(scheduled) if seq in caught]
         if len(keep) < len(scheduled):             # a one-token prompt chunk: no logits wanted
             logits = logits[keep + list(range(len(scheduled), n))]

@@ -55,7 +55,7 @@ class Arena:
 
     def empty(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A 1-D tensor of ``numel`` values of ``dtype`` in the arena (uninitialised: zeros)."""
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if not nbytes:
             return torch.empty(0, dtype=dtype)
         if self._map is None or self._used + nbytes > self._size:

@@ -27,9 +27,9 @@ its symbols and its ``MAX_K``). :func:`build_info` says which code path was comp
 ``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI where the CPU has
 it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). On an AMD EPYC, SmolLM2's
 int4 decode step took 4.8 ms on the AVX-512 VNNI path against 8.2 ms for PyTorch's int4 kernel,
-and 9.1 ms on AVX2 against 17.3 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread). Without a compiler :func:`available` is
-``False`` and :func:`library` raises ``RuntimeError`` saying why; everything else in the course
-runs without it.
+and 9.1 ms on AVX2 against 17.3 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread).
+Without a compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError``
+saying why; everything else in the course runs without it.
 
 ``threads`` (default: torch's thread count, :func:`default_threads`) split a product's output
 columns (the rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot

@@ -104,11 +104,11 @@ def _skinny_linear():
     return skinny_linear()
 
 
-def quantized_linear(quantization: str | None):
+def quantized_linear(quantization: str | None, threads: int | None = None):
     """The fast runner's ``linear`` for ``--quantization``: None (the model's own weights), or
     for ``"w4a8"`` :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights, int8 activations, the
-    course's C kernel, on torch's thread count split by output rows) with the C paged decode
-    attention on the same threads (:mod:`llminfra.quant.paged_decode`;
+    course's C kernel, on ``threads`` split by output rows; None: torch's thread count) with the
+    C paged decode attention on the same threads (:mod:`llminfra.quant.paged_decode`;
     ``RuntimeError`` naming the reason where it cannot be built)."""
     if quantization is None:
         return None
@@ -116,7 +116,7 @@ def quantized_linear(quantization: str | None):
         raise ValueError(f"quantization {quantization!r}; allowed: None, 'w4a8'")
     from llminfra.quant import paged_decode
     from llminfra.quant.w4a8 import w4a8_linear
-    linear = w4a8_linear()
+    linear = w4a8_linear(threads=threads)
     linear.paged_decode = paged_decode.kernel(pool=linear.pool)   # attention in C as well
     return linear
 
