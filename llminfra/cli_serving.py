@@ -117,9 +117,10 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--matmul", default="auto", choices=MATMULS,
                    help="plain: F.linear, the readable model as it is; onednn: the weights "
                         "prepacked once for oneDNN, as vLLM's CPU backend runs them (about 2x "
-                        "the tokens/s on a CPU, float32 rounding apart); skinny: a decode "
-                        "step's products on the course's C kernels (1-2 rows streamed, up "
-                        "to 64 on weights packed in panels), a prompt chunk's on F.linear; "
+                        "the tokens/s on a CPU, float32 rounding apart); skinny: every "
+                        "product on the course's C kernels (1-2 rows streamed, more on "
+                        "weights packed in panels: a decode step of many sequences, a prompt "
+                        "chunk), a step in one C call; "
                         "auto (default): skinny for a real model where the C kernel builds (else "
                         "onednn), plain for the tiny one")
     s.add_argument("--runner", default="auto", choices=("auto", "readable", "fast"),

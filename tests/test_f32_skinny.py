@@ -85,24 +85,28 @@ def test_kernel_settings_are_checked():
         kernel(threads=65)
 
 
-def test_matmul_sends_a_steps_rows_to_the_kernels_and_a_prompt_to_blas(monkeypatch):
-    """One or two rows go to f32_skinny.c, up to PANEL_MAX_ROWS to f32_panels.c, more to
-    F.linear: each right, and the route is the one said."""
+def test_matmul_sends_rows_to_the_kernels_and_past_the_panels_limit_to_blas(monkeypatch):
+    """One or two rows go to f32_skinny.c, more (a prompt of 600 rows too) to f32_panels.c, and
+    past a ``panel_max_rows`` set lower, to F.linear: each right, and the route is the one
+    said."""
     from llminfra.model import fused
     from llminfra.quant.f32_skinny import PANEL_MAX_ROWS, f32_mm, skinny_linear
 
     g = torch.Generator().manual_seed(3)
     W = torch.randn(96, 64, generator=g)
-    m = skinny_linear(threads=2, max_rows=2).matmul(W)
     sent = []
     product = fused.SkinnyMatmul._product
     monkeypatch.setattr(fused.SkinnyMatmul, "_product",
                         lambda self, x, r, M: sent.append(M) or product(self, x, r, M))
-    for M in (1, 2, 3, 16, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1):
-        x, r = torch.randn(M, 64, generator=g), torch.randn(M, 96, generator=g)
-        _close(m(x), x @ W.t())
-        _close(m.add(x, r), torch.addmm(r, x, W.t()))
-    assert sent == [1, 1, 2, 2, 3, 3, 16, 16, PANEL_MAX_ROWS, PANEL_MAX_ROWS]   # 65: F.linear
+    assert PANEL_MAX_ROWS >= 2 ** 20
+    for limit, rows in ((PANEL_MAX_ROWS, (1, 2, 3, 16, 600)), (64, (1, 3, 64, 65))):
+        m = skinny_linear(threads=2, max_rows=2, panel_max_rows=limit).matmul(W)
+        sent.clear()
+        for M in rows:
+            x, r = torch.randn(M, 64, generator=g), torch.randn(M, 96, generator=g)
+            _close(m(x), x @ W.t())
+            _close(m.add(x, r), torch.addmm(r, x, W.t()))
+        assert sent == [M for M in rows if M <= limit for _ in range(2)]    # 65 of 64: F.linear
     x = torch.randn(1, 1, 64, generator=g)       # FastDecoder's (1, T, dim)
     assert m(x).shape == (1, 1, 96)
     assert torch.equal(m(x)[0], f32_mm(x[0], W))
@@ -162,33 +166,33 @@ def test_serve_picks_skinny_for_a_real_model_and_refuses_it_on_the_readable_runn
         build_engine("tiny", num_blocks=16, matmul="skinny", runner="readable")
 
 
-@pytest.mark.parametrize("M", [1, 2, 5, 70])
-def test_fused_norm_and_swiglu_match_torch(M, monkeypatch):
-    """``fused(x, norm=g)`` is f(RMSNorm(x)·g) and ``fused(x, gated=True)`` f(silu(gate)·up):
-    the RMSNorm inside the kernels' call for a decode step's rows (up to ``PANEL_MAX_ROWS``: 70
-    is past it, torch's and F.linear); SwiGLU inside f32_skinny.c's call for 1-2 rows, torch's
-    SiLU before f32_panels.c for more."""
+@pytest.mark.parametrize("M, limit", [(1, None), (2, None), (5, None), (70, None), (70, 64)])
+def test_fused_norm_and_swiglu_match_torch(M, limit, monkeypatch):
+    """``fused(x, norm=g)`` is f(RMSNorm(x)·g) and ``fused(x, gated=True)`` f(silu(gate)·up),
+    both formed inside the kernels' call for any number of rows up to ``panel_max_rows`` (70
+    of 64 is past it: torch's and F.linear)."""
     import torch.nn.functional as F
 
     from llminfra.model import fused
     from llminfra.quant.f32_skinny import PANEL_MAX_ROWS, skinny_linear
 
+    most = PANEL_MAX_ROWS if limit is None else limit
     g = torch.Generator().manual_seed(M)
     W, gain = torch.randn(40, 100, generator=g), torch.rand(100, generator=g) + 0.5
-    m = skinny_linear(threads=2, max_rows=2).matmul(W)
+    m = skinny_linear(threads=2, max_rows=2, panel_max_rows=most).matmul(W)
     calls, product = [], fused.SkinnyMatmul._product
     monkeypatch.setattr(fused.SkinnyMatmul, "_product", lambda self, x, r, M, norm=None,
                         eps=0.0, gated=False: calls.append((M, norm is not None, gated))
                         or product(self, x, r, M, norm, eps, gated))
     x = torch.randn(M, 100, generator=g) * 3
     _close(m.fused(x, norm=gain, eps=1e-5), F.rms_norm(x, (100,), gain, 1e-5) @ W.t())
-    assert calls == ([(M, True, False)] if M <= PANEL_MAX_ROWS else [])
+    assert calls == ([(M, True, False)] if M <= most else [])
     xx = torch.randn(1, M, 200, generator=g)
     gate, up = xx.chunk(2, -1)
     _close(m.fused(xx, gated=True), (F.silu(gate) * up) @ W.t())
     r = torch.randn(M, 40, generator=g)
     _close(m.fused(xx[0], gated=True, residual=r), r + (F.silu(gate[0]) * up[0]) @ W.t())
-    assert calls[1:] == ([(M, False, M <= 2)] * 2 if M <= PANEL_MAX_ROWS else [])
+    assert calls[1:] == ([(M, False, True)] * 2 if M <= most else [])
     assert m.adds_in_fused
     with pytest.raises(ValueError, match="f32_skinny_gemm refused"):
         m._product(torch.randn(1, 50), None, 1)        # narrower than K: the C code refuses

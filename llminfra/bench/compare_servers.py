@@ -12,8 +12,8 @@ with the same slots and context per slot.
 =====================  ======  ===========================================================
 server                 format  weights
 =====================  ======  ===========================================================
-``llminfra``           fp32    the exported folder (``--matmul auto``: a decode step's rows on
-                               the course's C kernels, a prompt chunk's on ``F.linear``)
+``llminfra``           fp32    the exported folder (``--matmul auto``: every product on the
+                               course's C kernels, a step in one C call)
 ``llminfra w4a8``      int4    the same folder as int4 groups of 32 (Q4_1's layout), int8
                                activations, the course's C kernel (``--quantization w4a8``)
 ``vllm``               fp32    the exported folder (``--dtype float32``)

@@ -184,8 +184,13 @@ class StepProfiler:
 
     def _wrap_fast_model(self, runner) -> None:
         """The fast runner's model split: the step functions (their own time: embedding,
-        norms, RoPE, K/V write, SiLU), their attention, and every fused matrix."""
+        norms, RoPE, K/V write, SiLU), their attention, and every fused matrix. A decode step
+        the runner makes in one C call (``runner.stack``) runs as its Python account here, the
+        same calls one by one, so that each is timed (and the calls between them cost what
+        they cost in Python)."""
         R = type(runner)
+        if getattr(runner, "stack", None) is not None:    # the decode step in one C call: its
+            self._patch(runner, "stack", None)           # Python account makes the same calls
         owners = [getattr(R, n, None) for n in ("_decode", "_mixed", "forward")]
         steps = [g[n] for fn in owners if fn is not None for g in [fn.__globals__]
                  for n in ("decode_step", "mixed_step") if callable(g.get(n))]

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from llminfra.engine.readable_runner import PAD_TOKEN_ID, ReadableRunner
-from llminfra.model.fast_step import PrefillInputs, decode_step, layer_pools, mixed_step
+from llminfra.model.fast_step import (PrefillInputs, decode_step, layer_pools, mixed_step,
+                                      uses_c_rows)
 from llminfra.model.fused import FusedWeights
 
 
@@ -46,10 +47,12 @@ class FastRunner(ReadableRunner):
         super().__init__(model, cache, device)
         self.weights = FusedWeights(model, linear)
         self.pools = layer_pools(cache)
-        #: the decode step in one C call where the weights bring one (int4 on the w4a8
+        #: the decode step in one C call where the weights bring one (int4 or fp32 on the C
         #: kernels: :mod:`llminfra.quant.decode_stack`, the same logits), else None
         build = self.weights.decode_stack
         self.stack = None if build is None else build(self.weights, self.pools)
+        #: steps with prompt chunks as decode_step's rows (a query each, on the C kernels)
+        self.c_rows = uses_c_rows(self.weights, self.pools)
         self.num_blocks, self.B = cache.allocator.num_blocks, cache.block_size
         self.scratch_slot = cache.scratch_block * self.B
         if cuda_graphs is None:
@@ -120,7 +123,8 @@ class FastRunner(ReadableRunner):
             width = max(-(-(p + 1) // self.B) for p in positions)
             t, p, s, bt = self._upload(np.array(tokens), np.array(positions), np.array(slots),
                                        self._tables(cache_ids, width))
-            logits = (self.stack(t, p, s, bt) if self.stack is not None else
+            stack = self.stack is not None and n <= self.stack.max_batch
+            logits = (self.stack(t, p, s, bt) if stack else
                       decode_step(self.weights, self.pools, t, p, s, bt))
         keep = [i for i, (seq, _) in enumerate(scheduled) if seq in caught]
         if len(keep) < len(scheduled):             # a one-token prompt chunk: no logits wanted
@@ -128,7 +132,10 @@ class FastRunner(ReadableRunner):
         return logits
 
     def _mixed(self, scheduled, padding, cache_ids, slots, lens, caught) -> torch.Tensor:
-        """One-token sequences first, then the multi-token ones padded to the longest."""
+        """One-token sequences first, then the multi-token ones padded to the longest; on the
+        C kernels (:func:`uses_c_rows`) a row per query instead (:meth:`_rows`)."""
+        if self.c_rows:
+            return self._rows(scheduled, padding, cache_ids, slots, lens, caught)
         order = sorted(range(len(lens)), key=lambda i: lens[i] > 1)   # stable: decodes first
         start = np.cumsum([0] + [lens[i] for i in order])
         row_of = {i: int(start[k]) for k, i in enumerate(order)}     # first flat row of each
@@ -170,6 +177,29 @@ class FastRunner(ReadableRunner):
         pre = PrefillInputs(T, pr, pp, up, pbt)
         return mixed_step(self.weights, self.pools, t, p, s, nd, views[8] if nd else None,
                           pre, lr)
+
+    def _rows(self, scheduled, padding, cache_ids, slots, lens, caught) -> torch.Tensor:
+        """A step with prompt chunks as :func:`decode_step` rows: every query its own row of
+        block tables (its sequence's) and position, attention read in place by the C kernel;
+        the logits of the caught-up rows (each sequence's last ``caught`` + 1), then of the
+        padding rows. In one C call where the weights bring the stack."""
+        sched_all = list(scheduled) + [(s, 1) for s in padding]
+        tokens, positions, logits_rows = [], [], []
+        for i, (seq, n) in enumerate(sched_all):
+            end = self.cache.seq_len(cache_ids[i])
+            if i >= len(scheduled):
+                logits_rows.append(len(tokens))
+            elif seq in caught:
+                logits_rows += range(len(tokens) + n - caught[seq] - 1, len(tokens) + n)
+            tokens += seq.step_tokens(n) if i < len(scheduled) else [PAD_TOKEN_ID]
+            positions += range(end - n, end)
+        width = max(-(-self.cache.seq_len(c) // self.B) for c in cache_ids)
+        tables = np.repeat(self._tables(cache_ids, width), lens, axis=0)
+        t, p, s, bt, lr = self._upload(np.array(tokens), np.array(positions), np.array(slots),
+                                       tables, np.array(logits_rows, dtype=np.int64))
+        if self.stack is not None and len(tokens) <= self.stack.max_batch:
+            return self.stack(t, p, s, bt, logits_rows=lr)
+        return decode_step(self.weights, self.pools, t, p, s, bt, logits_rows=lr)
 
     # ------------------------------------------------------------------ graphs
     def _bucket_inputs(self, bucket: int) -> tuple[torch.Tensor, ...]:

@@ -37,9 +37,17 @@ the rotation and the K/V write are one C call as well (``rope_write_f32``, :func
 the ten torch calls they take cost about 3 ms of a 28 ms batch-1 step of SmolLM2-135M on a
 2-core Xeon. Where every matmul also forms RMSNorm and SwiGLU in its own call
 (``w.fused_kernels``: the C kernels), the layer's norms and SwiGLU are theirs. Where the
-weights are int4 on the w4a8 kernels the runner goes one step further: the same calls, made
-from C, for the whole decode step (:mod:`llminfra.quant.decode_stack`; ``w.decode_stack``,
-the same logits bit for bit), this function remaining its readable account. Chapter 05.
+weights are on the C kernels (int4 on w4a8, fp32 on ``f32_skinny``) the runner goes one step
+further: the same calls, made from C, for the whole step (:mod:`llminfra.quant.decode_stack`;
+``w.decode_stack``, the same logits bit for bit), this function remaining its readable account.
+
+With the C attention a step with prompt chunks needs no padding either: each query is a row
+of :func:`decode_step` with its sequence's block table and its own position (it sees keys 0 ..
+its position, its own K/V written just before), and the logits are taken of the rows that want
+them (``logits_rows``). On SmolLM2-135M (2-core AMD EPYC, fp32, two threads) a 100-token
+prompt's step took 88 ms through :func:`mixed_step` (its padded SDPA alone 7.5 ms, then RoPE,
+gathers, index copies) and 66 ms as rows in one C call; :func:`mixed_step` stays the path of
+torch's attention (CUDA, the tiny model, ``--matmul plain``/``onednn``). Chapter 05.
 """
 
 from __future__ import annotations
@@ -233,9 +241,12 @@ def _page_pool(pools: list[Pool]) -> tuple[int, int]:
 def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
                 positions: torch.Tensor, slots: torch.Tensor,
                 block_tables: torch.Tensor, triton_kernel: bool | None = None,
-                c_kernel=None) -> torch.Tensor:
-    """Logits ``(n, V)`` of one token per sequence (see the module docstring); each token's
-    K/V is written to its slot first. ``pools``: :func:`layer_pools` of the cache. Attention
+                c_kernel=None, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits ``(n, V)`` of one token per sequence (see the module docstring) — of the rows
+    ``logits_rows`` only, where given; each token's K/V is written to its slot first. A row is
+    a query that sees keys 0 .. its position through its own row of ``block_tables``, so the
+    rows of a prompt chunk may come here too, one row each with its sequence's table
+    (:func:`uses_c_rows`: the fast runner does so where the C kernels take the step). ``pools``: :func:`layer_pools` of the cache. Attention
     is the gather + SDPA above, or a kernel that reads each sequence's blocks in place up to
     its length (1 call a layer): on CUDA (``triton_kernel=None``: where the weights are on
     CUDA; True forces it, as the tests do under ``TRITON_INTERPRET=1``) the Triton paged
@@ -273,7 +284,17 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
             return decode_attention(q, p, blocks, mask, n, c)
     for i, pool in enumerate(pools):
         x = _layer(w, i, x, rot, pool, rows, n, attend, place)
-    return _logits(w, x)
+    return _logits(w, x if logits_rows is None else x[logits_rows])
+
+
+def uses_c_rows(w: FusedWeights, pools: list[Pool]) -> bool:
+    """Whether :func:`decode_step` runs its attention, RoPE and K/V write on the weights' C
+    kernels (``w.paged_decode`` with ``rope_write``: fp32 weights and pools on the CPU): each
+    row then reads its own keys in place, and a step with prompt chunks goes there too, a row
+    a query, rather than to :func:`mixed_step`'s padded SDPA."""
+    kernel = w.paged_decode
+    return (kernel is not None and getattr(kernel, "rope_write", None) is not None and
+            w.device.type == "cpu" and w.dtype == pools[0][2].dtype == torch.float32)
 
 
 def _prefill_attention(q: torch.Tensor, pool: torch.Tensor, pre: PrefillInputs,

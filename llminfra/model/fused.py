@@ -79,35 +79,39 @@ class PrepackedMatmul(Matmul):
 
 
 class SkinnyMatmul(Matmul):
-    """A product of a decode step's rows on the package's C kernels, ``kernel``
+    """A product on the package's C kernels, ``kernel``
     (:class:`llminfra.quant.f32_skinny.SkinnyKernel`, on its thread pool): at most
     ``kernel.max_rows`` rows on ``llminfra/quant/f32_skinny.c`` (each thread streams its run of
     ``W``'s rows once, front to back: a decode step at batch 1 or 2 is a stream of the
-    weights), up to ``kernel.panel_max_rows`` on ``llminfra/quant/f32_panels.c`` (``W`` packed
-    once in panels of 16 columns, an outer product in registers: 16 sequences' step is
-    arithmetic as much as bytes), more (a prompt chunk) on ``F.linear`` (:class:`Matmul`),
-    whose BLAS blocks a big product for its caches. With a bias every row goes to oneDNN's
-    prepacked weight (:class:`PrepackedMatmul`). Without one it also has ``fused`` (as the w4a8
-    kernel's): ``fused(x, norm=g, eps=ε)`` is ``f(RMSNorm(x)·g)`` and ``fused(x, gated=True)``
-    ``f(silu(gate)·up)`` of ``x = [gate | up]``, formed inside the kernels' call where they take
-    the rows."""
+    weights), more, up to ``kernel.panel_max_rows`` (a decode step of many sequences, a prompt
+    chunk), on ``llminfra/quant/f32_panels.c`` (``W`` packed once in panels of 16 columns, an
+    outer product in registers), past that on ``F.linear`` (:class:`Matmul`). With a bias every
+    row goes to oneDNN's prepacked weight (:class:`PrepackedMatmul`). Without one it also has
+    ``fused`` (as the w4a8 kernel's): ``fused(x, norm=g, eps=ε)`` is ``f(RMSNorm(x)·g)`` and
+    ``fused(x, gated=True)`` ``f(silu(gate)·up)`` of ``x = [gate | up]``, formed inside the
+    kernels' call where they take the rows (SiLU's exp the w4a8 kernel's own)."""
 
     adds_in_fused = True
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel):
+        empty = getattr(kernel, "empty", None) or torch.empty     # huge pages, if it has
+        if bias is None and weight.dtype == torch.float32:        # a copy there: W streams
+            weight = empty(weight.numel()).view(weight.shape).copy_(weight.detach())
         super().__init__(weight.contiguous(), bias)
         self._kernel = kernel
         self._n, self._k = self.weight.shape
         self._blas = PrepackedMatmul(self.weight, self.bias) if bias is not None else None
-        self._panels = None
+        #: W packed in panels of 16 columns (``f32_panels.c``), or None
+        self.panels = None
         if bias is None and kernel.panel is not None and kernel.panel_max_rows > kernel.max_rows:
-            empty = getattr(kernel, "empty", None) or torch.empty     # huge pages, if it has
-            self._panels = empty(-(-self._n // 16) * 16 * self._k)
-            if kernel.panel_pack(self.weight.data_ptr(), self._panels.data_ptr(), self._n,
+            self.panels = empty(-(-self._n // 16) * 16 * self._k)
+            if kernel.panel_pack(self.weight.data_ptr(), self.panels.data_ptr(), self._n,
                                  self._k):
                 raise ValueError(f"f32_panel_pack refused W {tuple(self.weight.shape)}")
-        self._rows = (0 if bias is not None else
-                      kernel.panel_max_rows if self._panels is not None else kernel.max_rows)
+        #: the most rows a product sends to ``f32_skinny.c``; to the C kernels (0: none: a bias)
+        self.skinny_rows = kernel.max_rows
+        self.c_rows = (0 if bias is not None else
+                       kernel.panel_max_rows if self.panels is not None else kernel.max_rows)
         if bias is None:
             self.fused = self._fused
 
@@ -115,7 +119,7 @@ class SkinnyMatmul(Matmul):
                  norm: torch.Tensor | None = None, eps: float = 0.0,
                  gated: bool = False) -> torch.Tensor:
         k = self._kernel
-        fn, w = (k.fn, self.weight) if M <= k.max_rows else (k.panel, self._panels)
+        fn, w = (k.fn, self.weight) if M <= k.max_rows else (k.panel, self.panels)
         y = torch.empty(*x.shape[:-1], self._n)
         status = fn(x.data_ptr(), w.data_ptr(), None if residual is None else residual.data_ptr(),
                     y.data_ptr(), M, self._n, self._k, x.shape[-1], gated,
@@ -129,7 +133,7 @@ class SkinnyMatmul(Matmul):
         """x's rows where the C kernels take it (a decode step's, contiguous float32, ``width``
         wide), else 0."""
         M = x.numel() // width
-        return (M if 0 < M <= self._rows and x.shape[-1] == width and x.is_contiguous()
+        return (M if 0 < M <= self.c_rows and x.shape[-1] == width and x.is_contiguous()
                 and x.dtype == torch.float32 else 0)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,9 +154,6 @@ class SkinnyMatmul(Matmul):
         M = self._rows_of(x, 2 * self._k if gated else self._k)
         if M and (norm is None or (norm.is_contiguous() and norm.dtype == torch.float32)) and \
                 (residual is None or residual.is_contiguous()):
-            if gated and M > self._kernel.max_rows:   # torch's SiLU runs vectorized, on the
-                gate, up = x.chunk(2, dim=-1)         # threads; the C loop's expf does not
-                return self._product(F.silu(gate) * up, residual, M)
             return self._product(x, residual, M, norm, float(eps), bool(gated))
         if gated:
             gate, up = x.chunk(2, dim=-1)

@@ -1,13 +1,15 @@
-/* A whole decode step of an int4 model in one call: every layer's products (w4a8.c), RoPE and
- * K/V write and paged attention (paged_decode.c), and the residual adds, in the order the
- * Python step (llminfra/model/fast_step.py, _layer) calls them one by one.
+/* A whole decode step in one call: every layer's products (w4a8.c for int4 weights, or
+ * f32_skinny.c and f32_panels.c for fp32 ones), RoPE and K/V write and paged attention
+ * (paged_decode.c), and the residual adds, in the order the Python step
+ * (llminfra/model/fast_step.py, _layer) calls them one by one.
  *
  * At batch 1 the products of SmolLM2-135M read 84 MB in about 3 ms on two cores; the Python
  * step around them made 6 ctypes calls and two torch adds a layer, some 240 calls of 5-15 us
  * each: nearly as long again. Here the calls are C calls. Each one is the
  * same function on the same inputs as in the Python step, and a residual add is the same float
- * add torch does, so the logits are the same bits (tests/test_decode_stack.py).
- * Built into the w4a8 library; llminfra/quant/decode_stack.py drives it. Chapter 05.
+ * add torch does (or the fp32 kernels do, r + y), so the logits are the same bits
+ * (tests/test_decode_stack.py). Built into the w4a8 library; llminfra/quant/decode_stack.py
+ * drives it. Chapter 05.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -17,6 +19,12 @@
 int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
               float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
               float eps, int passes, int threads, void *pool);
+int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,
+                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
+                    void *pool);
+int f32_panel_gemm(const float *x, const float *p, const float *r, float *y, int M, int N,
+                   int K, int x_stride, int gated, const float *norm, float eps, int threads,
+                   void *pool);
 int rope_write_f32(float *qkv, int N, long row_stride, const int64_t *positions,
                    const float *rot, long P, int H, int H_kv, int d, const int64_t *slots,
                    long S, float *k, float *v);
@@ -25,11 +33,14 @@ int paged_decode_f32(const float *q, long q_row, const float *k, const float *v,
                      int d, int B, int W, int pool_blocks, float scale, int threads,
                      void *pool);
 
-/* one w4a8 weight (N, K) as w4a8_pack leaves it */
+/* one weight (N, K): int4 as w4a8_pack leaves it (codes, d, m), or fp32 (codes NULL): W itself
+   for products of up to skinny_rows rows (f32_skinny.c), its panels (f32_panel_pack) for more,
+   up to panel_rows (SkinnyMatmul's routes) */
 typedef struct {
     const uint8_t *codes;
     const uint16_t *d, *m;
-    int N, K;
+    const float *w, *panels;
+    int N, K, skinny_rows, panel_rows;
 } stack_weight;
 
 /* one layer: its norms' gains, its four products and its K and V pools */
@@ -50,8 +61,15 @@ typedef struct {
 
 static int product(const stack_model *s, const float *x, const stack_weight *w, float *y, int n,
                    int x_stride, int gated, const float *norm) {
-    return w4a8_gemm(x, w->codes, w->d, w->m, y, n, w->N, w->K, x_stride, gated, norm, s->eps,
-                     s->passes, s->threads, s->pool);
+    if (w->codes)
+        return w4a8_gemm(x, w->codes, w->d, w->m, y, n, w->N, w->K, x_stride, gated, norm,
+                         s->eps, s->passes, s->threads, s->pool);
+    if (n <= w->skinny_rows)
+        return f32_skinny_gemm(x, w->w, NULL, y, n, w->N, w->K, x_stride, gated, norm, s->eps,
+                               s->threads, s->pool);
+    if (!w->panels || n > w->panel_rows) return -2;
+    return f32_panel_gemm(x, w->panels, NULL, y, n, w->N, w->K, x_stride, gated, norm, s->eps,
+                          s->threads, s->pool);
 }
 
 static void add_to(float *x, const float *y, size_t count) {
@@ -60,7 +78,7 @@ static void add_to(float *x, const float *y, size_t count) {
 
 /* Layer l on x (n, dim) in place; work holds qkv (n, row), attention (n, H d), gate|up
    (n, 2 ffn) and a product (n, dim). Returns 0, or the code of the call that refused, offset
-   by -10 for a product (w4a8_gemm), -20 for RoPE and the K/V write, -30 for attention. */
+   by -10 for a product (w4a8_gemm or the fp32 kernels), -20 for RoPE and the K/V write, -30 for attention. */
 static int layer(const stack_model *s, const stack_layer *L, float *x, int n,
                  const int64_t *positions, const int64_t *slots, const int *tables,
                  const int *lens, float *work) {
@@ -85,19 +103,24 @@ static int layer(const stack_model *s, const stack_layer *L, float *x, int n,
 }
 
 /* Logits (n, output->N) of one token per sequence: tokens[i] at positions[i] written to pool
-   slot slots[i], attending to keys 0 .. positions[i] through its row of tables (n, W).
+   slot slots[i], attending to keys 0 .. positions[i] through its row of tables (n, W) -- of the
+   rows rows[0 .. n_rows - 1] only where rows is not NULL (logits (n_rows, output->N)): the
+   rows of a prompt chunk come as rows too, each with its sequence's table.
    x and work: the caller's buffers of n dim and n (row + H d + 2 ffn + dim) floats. Returns 0,
-   -1 where memory ran out, -6 for a token outside 0 .. vocab - 1 or a table entry outside int
-   (nothing run), else the first refusal (see layer). */
+   -1 where memory ran out, -6 for a token outside 0 .. vocab - 1, a table entry outside int or
+   a row outside 0 .. n - 1 (nothing run), else the first refusal (see layer). */
 int w4a8_decode_stack(const stack_model *s, const stack_layer *layers,
                       const stack_weight *output, const int64_t *tokens, long vocab,
                       const int64_t *positions, const int64_t *slots, const int64_t *tables,
-                      int n, int W, float *x, float *work, float *logits) {
+                      int n, int W, const int64_t *rows, int n_rows, float *x, float *work,
+                      float *logits) {
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab || positions[i] < 0 || positions[i] >= INT_MAX)
             return -6;
     for (long i = 0; i < (long)n * W; i++)
         if (tables[i] < INT_MIN || tables[i] > INT_MAX) return -6;
+    for (int i = 0; rows && i < n_rows; i++)
+        if (rows[i] < 0 || rows[i] >= n) return -6;
     int *t32 = malloc(sizeof(int) * ((size_t)n * W + (size_t)n + 1)), *lens = t32 + (size_t)n * W;
     if (!t32) return -1;
     for (long i = 0; i < (long)n * W; i++) t32[i] = (int)tables[i];     /* paged_decode's ints */
@@ -110,6 +133,12 @@ int w4a8_decode_stack(const stack_model *s, const stack_layer *layers,
     int rc = 0;
     for (int l = 0; l < s->n_layers && !rc; l++)
         rc = layer(&step, layers + l, x, n, positions, slots, t32, lens, work);
+    if (!rc && rows) {              /* the rows wanted, side by side (work is free again) */
+        for (int i = 0; i < n_rows; i++)
+            memcpy(work + (size_t)i * s->dim, x + (size_t)rows[i] * s->dim,
+                   sizeof(float) * s->dim);
+        x = work, n = n_rows;
+    }
     if (!rc && (rc = product(&step, x, output, logits, n, s->dim, 0, s->final_norm))) rc -= 10;
     free(t32);
     return rc;

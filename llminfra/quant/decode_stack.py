@@ -1,20 +1,22 @@
-"""A decode step of the int4 (w4a8) model in one C call: ``decode_stack.c`` beside this file.
+"""A decode step in one C call: ``decode_stack.c`` beside this file, for int4 (w4a8) and fp32
+weights on the package's C kernels.
 
-The fast runner's decode step (:func:`llminfra.model.fast_step.decode_step`) on the w4a8
-kernels makes six ctypes calls a layer — the q/k/v product with its RMSNorm, RoPE and the K/V
-write, paged attention, the output product, the gate/up product, the down product — and a
-torch add after two of them: about 240 Python calls a step of SmolLM2-135M, each 5–15 µs.
+The fast runner's decode step (:func:`llminfra.model.fast_step.decode_step`) on the C kernels
+makes six ctypes calls a layer — the q/k/v product with its RMSNorm, RoPE and the K/V write,
+paged attention, the output product, the gate/up product, the down product — and a residual
+add after two of them: about 240 Python calls a step of SmolLM2-135M, each 5–15 µs.
 ``w4a8_decode_stack`` makes the same calls from C, in the same order, on the same inputs, with
 the same float adds, so the logits are the same bits as the Python step's
 (``tests/test_decode_stack.py``); the Python step stays the readable account of it. Measured
-2026-12-06 on the 2-core Xeon, the engine's decode step (two threads, median of a 64-token
+2026-12-06 on the 2-core Xeon, the engine's int4 decode step (two threads, median of a 64-token
 answer, the two alternated in one process): one sequence 6.1–6.4 → 3.7–3.85 ms, sixteen
 25.9–26.6 → 22.5–22.9 ms.
 
-:func:`builder` is what :func:`llminfra.quant.w4a8.w4a8_linear` hands the engine as its
-``decode_stack``: ``build(weights, pools)`` returns a :class:`DecodeStack` for fused weights
-whose every matrix is a w4a8 product without bias, on fp32 CPU pools — else None, and the
-runner keeps the Python step. Chapter 05.
+:func:`builder` is what :func:`llminfra.quant.w4a8.w4a8_linear` and
+:class:`llminfra.quant.f32_skinny.skinny_linear` hand the engine as their ``decode_stack``:
+``build(weights, pools)`` returns a :class:`DecodeStack` for fused weights whose every matrix
+is a product of those kernels without bias (w4a8, or fp32 ``SkinnyMatmul``), on fp32 CPU pools
+— else None, and the runner keeps the Python step. Chapter 05.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import ctypes
 
 import torch
 
+from llminfra.model.fused import SkinnyMatmul
+
 _p, _i, _f, _l = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 #: what ``w4a8_decode_stack`` returns for input it refuses (and its callees' codes, offset)
 ERRORS = {-1: "no memory for the step's int32 block tables",
-          -6: "a token outside the vocabulary, or a position or block id outside int",
+          -6: "a token outside the vocabulary, a position or block id outside int, or a "
+              "logits row outside the step",
           -11: "a product ran out of memory", -12: "a product refused its sizes",
           -22: "RoPE refused its sizes", -23: "a position outside the rotation table",
           -24: "a slot outside the pool", -32: "attention refused its sizes",
@@ -35,7 +40,8 @@ ERRORS = {-1: "no memory for the step's int32 block tables",
 
 
 class _Weight(ctypes.Structure):
-    _fields_ = [("codes", _p), ("d", _p), ("m", _p), ("N", _i), ("K", _i)]
+    _fields_ = [("codes", _p), ("d", _p), ("m", _p), ("w", _p), ("panels", _p), ("N", _i),
+                ("K", _i), ("skinny_rows", _i), ("panel_rows", _i)]
 
 
 class _Layer(ctypes.Structure):
@@ -53,19 +59,29 @@ class _Model(ctypes.Structure):
 def c_function(lib: ctypes.CDLL):
     """``w4a8_decode_stack`` of a build of the w4a8 library with its argument types."""
     fn = lib.w4a8_decode_stack
-    fn.argtypes = [_p, _p, _p, _p, _l, _p, _p, _p, _i, _i, _p, _p, _p]
+    fn.argtypes = [_p, _p, _p, _p, _l, _p, _p, _p, _i, _i, _p, _i, _p, _p, _p]
     fn.restype = _i
     return fn
 
 
 def _weight(matmul) -> _Weight | None:
-    """The C view of a w4a8 product (a ``FunctionMatmul`` of :func:`w4a8_linear`'s ``f``), or
-    None for any other matmul or one with a bias."""
+    """The C view of a product: w4a8 (a ``FunctionMatmul`` of :func:`w4a8_linear`'s ``f``) or
+    fp32 on the C kernels (a ``SkinnyMatmul`` with its panels); None for any other matmul or
+    one with a bias."""
+    if getattr(matmul, "bias", None) is not None:
+        return None
+    if isinstance(matmul, SkinnyMatmul):
+        if matmul.panels is None or matmul.weight.dtype != torch.float32:
+            return None
+        N, K = matmul.weight.shape
+        return _Weight(None, None, None, matmul.weight.data_ptr(), matmul.panels.data_ptr(), N,
+                       K, matmul.skinny_rows, min(matmul.c_rows, 2 ** 31 - 1))
     w = getattr(getattr(matmul, "f", None), "weight", None)
-    if not isinstance(w, dict) or "codes" not in w or matmul.bias is not None:
+    if not isinstance(w, dict) or "codes" not in w:
         return None
     N, K = w["shape"]
-    return _Weight(w["codes"].data_ptr(), w["d"].data_ptr(), w["m"].data_ptr(), N, K)
+    return _Weight(w["codes"].data_ptr(), w["d"].data_ptr(), w["m"].data_ptr(), None, None, N, K,
+                   0, 0)
 
 
 class DecodeStack:
@@ -81,6 +97,10 @@ class DecodeStack:
         self.fn, self.layers, self.output, self.owner = fn, layers, output, pool
         self._alive = (weights, pools)
         self.vocab, self.dim = output.N, c.dim
+        #: the most sequences a step may have: what every fp32 product sends to its C kernels
+        #: (the runner takes the Python step past it)
+        every = [w for L in layers for w in (L.qkv, L.wo, L.w13, L.w2)] + [output]
+        self.max_batch = min((w.panel_rows for w in every if not w.codes), default=2 ** 31 - 1)
         H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
         self.width = (H + 2 * H_kv) * d + H * d + 2 * c.ffn_dim + c.dim   # work floats a row
         self.model = _Model(c.n_layers, c.dim, H, H_kv, d, c.ffn_dim, passes, pool.threads,
@@ -90,13 +110,18 @@ class DecodeStack:
                             weights.norm.data_ptr(), pool.handle)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 block_tables: torch.Tensor) -> torch.Tensor:
+                 block_tables: torch.Tensor,
+                 logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(n, V)``, or of ``logits_rows`` (int64) only: a row is a query with its own
+        row of ``block_tables`` (a prompt chunk's rows too, as ``decode_step`` takes them)."""
         n, W = block_tables.shape
         work = torch.empty(n * (self.dim + self.width))
-        logits = torch.empty(n, self.vocab)
+        rows = None if logits_rows is None else logits_rows.to(torch.int64).contiguous()
+        logits = torch.empty(n if rows is None else len(rows), self.vocab)
         rc = self.fn(ctypes.byref(self.model), self.layers, ctypes.byref(self.output),
                      tokens.data_ptr(), self.vocab, positions.data_ptr(), slots.data_ptr(),
-                     block_tables.data_ptr(), n, W, work.data_ptr(),
+                     block_tables.data_ptr(), n, W, None if rows is None else rows.data_ptr(),
+                     0 if rows is None else len(rows), work.data_ptr(),
                      work.data_ptr() + 4 * n * self.dim, logits.data_ptr())
         if rc:
             raise ValueError(f"w4a8_decode_stack refused its input: {ERRORS.get(rc, rc)}")
@@ -124,9 +149,9 @@ def _shapes_fit(c, layers, output: _Weight) -> bool:
 
 def builder(lib: ctypes.CDLL, pool, passes: int):
     """``build(weights, pools) -> DecodeStack | None``: the stack of fused weights whose every
-    product is a w4a8 one (of ``lib``, with ``passes``, on ``pool``: a
-    :class:`~llminfra.quant.w4a8.ThreadPool`) without biases, on fp32 CPU pools; None for any
-    other (the runner then runs the Python step)."""
+    product is one of ``lib``'s kernels (w4a8 with ``passes``, or fp32 ``SkinnyMatmul``) on
+    ``pool`` (a :class:`~llminfra.quant.w4a8.ThreadPool`) without biases, on fp32 CPU pools;
+    None for any other (the runner then runs the Python step)."""
     fn = c_function(lib)
 
     def build(weights, pools) -> DecodeStack | None:

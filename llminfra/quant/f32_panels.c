@@ -131,7 +131,7 @@ int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, co
 
 /* y (M, N) = a (M, K) . W^T, plus r (M, N) where r is not NULL (y may be r); p is W packed by
    f32_panel_pack, y and r contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL,
-   x_stride = K) or formed from them (RMSNorm, SwiGLU) as f32_skinny.c's form_rows says.
+   x_stride = K) or formed from them (RMSNorm, SwiGLU) as f32_skinny.c's form_part says.
    threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between calls, else NULL) split the
    pairs of panels into up to 4 chunks a thread. Returns as f32_product (f32_skinny.c). */
 int f32_panel_gemm(const float *x, const float *p, const float *r, float *y, int M, int N,

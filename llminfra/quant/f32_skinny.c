@@ -139,34 +139,57 @@ int w4a8_pool_size(const void *handle);
 int pool_run(void *handle, pool_fn fn, void *arg, int C);
 void run_threads(int T, pool_fn fn, void *arg);
 
-/* Row m of a from row m of x (x_stride floats apart): with gated, x's row is [gate (K) | up (K)]
-   and a = silu(gate) * up (a SwiGLU's product); else a = x's first K values; then with norm
-   (K gains, else NULL) a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm): what a decode step does
-   before its matmuls, here in the same call. */
-static void form_rows(const float *x, int x_stride, int M, int K, int gated, const float *norm,
-                      float eps, float *a) {
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * x_stride;
-        float *ar = a + (size_t)m * K;
-        if (gated)
-            for (int k = 0; k < K; k++) ar[k] = xr[k] / (1.f + expf(-xr[k])) * xr[K + k];
+/* silu(gate) * up over K values with w4a8.c's own exp (the same bits on every build) */
+void w4a8_swiglu(const float *gate, const float *up, float *a, int K);
+
+/* The rows a product multiplies, formed from x: row m of a from row m of x (x_stride floats
+   apart). With gated, x's row is [gate (K) | up (K)] and a = silu(gate) * up (a SwiGLU's
+   product, w4a8_swiglu: vectorized, the same bits as the w4a8 kernel's); else a = x's first K
+   values; then with norm (K gains, else NULL) a = a * norm / sqrt(mean(a^2) + eps) (RMSNorm):
+   what a decode step does before its matmuls, here in the same call. form_part forms rows
+   M c / C .. M (c + 1) / C: each row alone, so the same bits however they are split. */
+typedef struct {
+    const float *x, *norm;
+    float *a, eps;
+    int x_stride, M, K, gated;
+} form_job;
+
+static void form_part(void *arg, int c, int C) {
+    const form_job *j = (const form_job *)arg;
+    int K = j->K;
+    for (int m = (int)((long)j->M * c / C); m < (int)((long)j->M * (c + 1) / C); m++) {
+        const float *xr = j->x + (size_t)m * j->x_stride;
+        float *ar = j->a + (size_t)m * K;
+        if (j->gated)
+            w4a8_swiglu(xr, xr + K, ar, K);
         else
             memcpy(ar, xr, sizeof(float) * (size_t)K);
-        if (norm) {
+        if (j->norm) {
             float part[16] = {0.f}, ss = 0.f;     /* 16 partial sums: the loop vectorizes */
             int k = 0;
             for (; k + 16 <= K; k += 16)
                 for (int l = 0; l < 16; l++) part[l] += ar[k + l] * ar[k + l];
             for (; k < K; k++) ss += ar[k] * ar[k];
             for (int l = 0; l < 16; l++) ss += part[l];
-            float inv = 1.f / sqrtf(ss / (float)K + eps);
-            for (k = 0; k < K; k++) ar[k] = ar[k] * inv * norm[k];
+            float inv = 1.f / sqrtf(ss / (float)K + j->eps);
+            for (k = 0; k < K; k++) ar[k] = ar[k] * inv * j->norm[k];
         }
     }
 }
 
+/* fn(job, c, C) for c < C on the pool where it has `threads`, else on threads started here */
+static void run_parts(int threads, void *pool, pool_fn fn, void *job, int C) {
+    if (threads <= 1 || C <= 1)
+        fn(job, 0, 1);
+    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, fn, job, C))
+        run_threads(threads, fn, job);
+}
+
+/* rows of at least this many values in all are formed on the threads; fewer, on the caller's */
+#define FORM_PARALLEL 16384
+
 /* What f32_skinny_gemm and f32_panel_gemm (f32_panels.c) share: check the sizes, form the rows
-   (form_rows, into a stack buffer where they fit), point *rows at them (x's own where nothing
+   (form_part, into a stack buffer where they fit), point *rows at them (x's own where nothing
    is formed) and run part(job, c, C) over up to 4 chunks a thread of `units`. Returns 0, -1
    where memory ran out, or -2 for an M, N, K, x_stride or threads out of range. */
 int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, const float *norm,
@@ -182,23 +205,22 @@ int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, co
         size_t need = (size_t)M * K;
         a = need <= sizeof stack / sizeof *stack ? stack : malloc(sizeof(float) * need);
         if (!a) return -1;
-        form_rows(x, x_stride, M, K, gated, norm, eps, a);
+        form_job f = {.x = x, .norm = norm, .a = a, .eps = eps, .x_stride = x_stride, .M = M,
+                      .K = K, .gated = gated};
+        run_parts((size_t)M * K >= FORM_PARALLEL ? threads : 1, pool, form_part, &f,
+                  M < 2 * threads ? M : 2 * threads);
     } else if (x_stride != K) {
         return -2;
     }
     *rows = a ? a : x;
-    int C = units < 4 * threads ? units : 4 * threads;
-    if (threads <= 1 || C <= 1)
-        part(job, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, part, job, C))
-        run_threads(threads, part, job);
+    run_parts(threads, pool, part, job, units < 4 * threads ? units : 4 * threads);
     if (a && a != stack) free(a);
     return 0;
 }
 
 /* y (M, N) = a (M, K) . W (N, K)^T, plus r (M, N) where r is not NULL (y may be r); W, r and y
    contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL; x_stride = K) or formed
-   from them as form_rows says. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between
+   from them as form_part says. threads (1 .. 64; pool: a w4a8_pool_new(threads) kept between
    calls, else NULL) split W's rows into up to 4 chunks a thread, claimed by whichever thread
    runs. Returns as f32_product. */
 int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,

@@ -26,17 +26,22 @@ rows   threads  AMD EPYC, 2026-12-05 (one row    Intel Xeon, 2026-12-05 (4-row
 On the Xeon, Intel's MKL keeps up with the kernel for one or two rows (on the EPYC it does not);
 oneDNN's blocked loops win from four rows on both: past two rows the kernel's arithmetic (a
 dot product per output, summed across its 16 lanes at the end) costs more than oneDNN's, so
-:func:`skinny_linear` hands it products of at most :data:`MAX_ROWS` rows. Products of up to
-:data:`PANEL_MAX_ROWS` rows (a decode step of many sequences) go to ``f32_panels.c``: ``W``
-packed once in panels of 16 columns, each x value broadcast against 16 columns into a tile of
-8 rows' accumulators, no per-output sums. One layer's product on one Xeon thread against
-oneDNN's prepacked one (2026-12-06): 1.2–1.75× as fast at 8 and 16 rows, about even from 65 to
-512, where ``F.linear`` (MKL) is as fast as oneDNN's prepacked weight; so more rows than that
-go to ``F.linear`` and no oneDNN copy of the weights is kept. The engine's decode step of
-SmolLM2-135M on two threads: 4 sequences 32.0 → 25.6–26.4 ms, 16 sequences 48–49 → 43–45 ms
-(:class:`llminfra.model.fused.SkinnyMatmul` routes the rows). Each output is a sum over ``K`` in
+:func:`skinny_linear` hands it products of at most :data:`MAX_ROWS` rows. Products of more rows
+(a decode step of many sequences, a prompt chunk; up to :data:`PANEL_MAX_ROWS`, no limit unless
+a caller sets one) go to ``f32_panels.c``: ``W`` packed once in panels of 16 columns, each x
+value broadcast against 16 columns into a tile of 8 rows' accumulators, no per-output sums. One
+layer's product on one Xeon thread against oneDNN's prepacked one (2026-12-06): 1.2–1.75× as
+fast at 8 and 16 rows, about even from 65 to 512. On the AMD EPYC (2026-12-06, two threads, 30
+layers' weights from memory) the panels and oneDNN's prepacked weights are even from 4 to 512
+rows (118 rows: 63.9 against 63.5 ms), where ``F.linear`` (MKL, which takes a slower path on
+AMD's CPUs) took 154 ms: a 100-token prompt's forward 198 → 100 ms. So no oneDNN copy of the
+weights is kept, and no prompt goes to ``F.linear``. The engine's decode step of SmolLM2-135M on
+two threads: 4 sequences 32.0 → 25.6–26.4 ms, 16 sequences 48–49 → 43–45 ms (Xeon;
+:class:`llminfra.model.fused.SkinnyMatmul` routes the rows). Each output is a sum over ``K`` in
 order in either kernel, whatever the block, the row count or the thread: the same bits for any
-thread count and any batch in each kernel's range. Chapter 08 (where a decode step's time goes).
+thread count and any batch in each kernel's range. RMSNorm and SwiGLU are formed inside the
+call (SiLU's exp the w4a8 kernel's own), on the threads where the rows are many. ``W`` lives on
+2 MB pages (:mod:`.huge_pages`), as its panels do. Chapter 08 (where a decode step's time goes).
 """
 
 from __future__ import annotations
@@ -48,15 +53,15 @@ from dataclasses import dataclass
 import torch
 
 from llminfra.model.fused import SkinnyMatmul
-from llminfra.quant import paged_decode
+from llminfra.quant import decode_stack, paged_decode
 from llminfra.quant.huge_pages import Arena
 from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
 
 #: products of at most this many rows go to the C kernel (see the table above)
 MAX_ROWS = 2
-#: products of more rows, up to this many (a decode step's), go to ``f32_panels.c``; more (a
-#: prompt chunk) to ``F.linear``
-PANEL_MAX_ROWS = 64
+#: products of more rows, up to this many (no limit: a decode step of many sequences, a prompt
+#: chunk), go to ``f32_panels.c``; more, where a caller sets a lower limit, to ``F.linear``
+PANEL_MAX_ROWS = 2 ** 31 - 1
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,8 @@ class skinny_linear:
     each matrix becomes a :class:`~llminfra.model.fused.SkinnyMatmul` sharing one
     :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, up to
     ``panel_max_rows`` on ``f32_panels.c``, more on ``F.linear`` — and brings the C paged decode
-    attention on the same thread pool (``paged_decode``: :mod:`llminfra.quant.paged_decode`).
+    attention on the same thread pool (``paged_decode``: :mod:`llminfra.quant.paged_decode`) and
+    the whole decode step in one C call (``decode_stack``: :mod:`llminfra.quant.decode_stack`).
     ``RuntimeError`` where the C kernels cannot be built."""
 
     def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS,
@@ -128,6 +134,7 @@ class skinny_linear:
         self.kernel = kernel(threads, max_rows, panel_max_rows)
         #: the decode step's attention in C, on the same threads
         self.paged_decode = paged_decode.kernel(pool=self.kernel.owner)
+        self.decode_stack = decode_stack.builder(library(), self.kernel.owner, 1)
 
     def matmul(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> SkinnyMatmul:
         return SkinnyMatmul(weight, bias, kernel=self.kernel)

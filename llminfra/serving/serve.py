@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 #: ``--speculative`` choices (None: plain decoding)
 SPECULATIVE = (None, "ngram", "draft-int4")
 #: ``--matmul`` choices: ``auto`` (see :func:`resolve_matmul`), ``F.linear`` as the model is,
-#: :mod:`llminfra.model.prepacked`, or ``skinny``: a decode step's products (up to 64 rows) on
-#: the package's C kernels (:mod:`llminfra.quant.f32_skinny`), a prompt chunk's on ``F.linear``
+#: :mod:`llminfra.model.prepacked`, or ``skinny``: every product on the package's C kernels
+#: (:mod:`llminfra.quant.f32_skinny`), a step in one C call (:mod:`llminfra.quant.decode_stack`)
 MATMULS = ("auto", "plain", "onednn", "skinny")
 #: ``--runner`` choices: the readable model, the fused fast step, or ``auto``
 #: (:func:`resolve_runner`)
