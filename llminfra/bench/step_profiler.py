@@ -37,8 +37,9 @@ STEP_CATEGORIES = (
     ("attention: K/V gather", "index_select of every sequence's K/V blocks, padded to the "
                               "longest, for every layer"),
     ("attention: SDPA", "decode/prefill attention less the gather: SDPA under the mask"),
-    ("attention: C paged kernel", "decode attention in C (llminfra/quant/paged_decode.c), "
-                                  "each sequence's blocks read in place: no gather"),
+    ("attention: C paged kernel", "attention in C (llminfra/quant/paged_decode.c), each "
+                                  "query reading its sequence's blocks in place (a decode "
+                                  "step's, a prompt chunk's as rows): no gather"),
     ("other model ops", "embedding, RMSNorm, RoPE, K/V write (index_copy_), SiLU·up"),
     ("sampling", "sample_step(): the logits rows, sample_tokens"),
     ("detokenize", "tokenizer.decode of the incremental detokenizer"),
@@ -135,11 +136,12 @@ class StepProfiler:
 
     def _kind_marker(self, kind: str, fn):
         """``fn`` (a fused step function) that marks the open step's kind, and counts the
-        rows of a decode step."""
+        rows of a decode step. ``decode_step`` with ``logits_rows`` is a step with prompt
+        chunks as rows (the fast runner on the C kernels): ``mixed``."""
         def wrapper(*args, **kwargs):
             if self._step is not None:
-                self._kind = kind
-                if kind == "decode" and len(args) > 2:
+                self._kind = "mixed" if kwargs.get("logits_rows") is not None else kind
+                if self._kind == "decode" and len(args) > 2:
                     self.decode_rows += len(args[2])       # tokens (n,)
             return fn(*args, **kwargs)
         return wrapper
