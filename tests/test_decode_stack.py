@@ -121,6 +121,28 @@ def test_prompts_as_rows_give_the_padded_sdpa_step_s_logits(kind):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("kind", ["w4a8", "fp32"])
+@pytest.mark.parametrize("policy", ["continuous", "static"])
+def test_steps_that_want_no_logits_and_padding_rows(kind, policy):
+    """A prompt longer than a step's token budget alone (its first chunks want no logits: the
+    stack once wrote a whole step's logits through a null pointer there), and static batches
+    (finished members' padding rows): the tokens of the padded SDPA step, and the stack asked
+    for no rows gives none."""
+    model = small()
+    prompts = [list(range(1, 30)), [5, 6, 7], [200] * 17, [9] * 5]
+    params = [SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True) for i in range(4)]
+    runs = []
+    for rows in (True, False):
+        engine = engine_with(model, 2, kind, max_num_seqs=2, policy=policy,
+                             max_num_batched_tokens=8)
+        engine.runner.c_rows = rows
+        runs.append([o.outputs[0].token_ids for o in engine.generate(prompts, params)])
+    assert runs[0] == runs[1]
+    inputs, _, _ = captured_steps(engine, [[1, 2, 3]], 2)[-1]
+    none = engine.runner.stack(*inputs, logits_rows=torch.empty(0, dtype=torch.int64))
+    assert none.shape == (0, 256)
+
+
 def test_only_weights_it_can_run_get_a_stack():
     """A biased q/k/v (Qwen's) or another int4 linear: no stack, the Python step runs. fp32
     panels that take fewer rows than a step has: the Python step for that step."""

@@ -103,9 +103,10 @@ static int layer(const stack_model *s, const stack_layer *L, float *x, int n,
 }
 
 /* Logits (n, output->N) of one token per sequence: tokens[i] at positions[i] written to pool
-   slot slots[i], attending to keys 0 .. positions[i] through its row of tables (n, W) -- of the
-   rows rows[0 .. n_rows - 1] only where rows is not NULL (logits (n_rows, output->N)): the
-   rows of a prompt chunk come as rows too, each with its sequence's table.
+   slot slots[i], attending to keys 0 .. positions[i] through its row of tables (n, W) -- of
+   the rows rows[0 .. n_rows - 1] only where n_rows >= 0 (logits (n_rows, output->N); none
+   for 0, where rows may be NULL): the rows of a prompt chunk come as rows too, each with its
+   sequence's table.
    x and work: the caller's buffers of n dim and n (row + H d + 2 ffn + dim) floats. Returns 0,
    -1 where memory ran out, -6 for a token outside 0 .. vocab - 1, a table entry outside int or
    a row outside 0 .. n - 1 (nothing run), else the first refusal (see layer). */
@@ -119,7 +120,8 @@ int w4a8_decode_stack(const stack_model *s, const stack_layer *layers,
             return -6;
     for (long i = 0; i < (long)n * W; i++)
         if (tables[i] < INT_MIN || tables[i] > INT_MAX) return -6;
-    for (int i = 0; rows && i < n_rows; i++)
+    if (n_rows > 0 && !rows) return -6;
+    for (int i = 0; i < n_rows; i++)
         if (rows[i] < 0 || rows[i] >= n) return -6;
     int *t32 = malloc(sizeof(int) * ((size_t)n * W + (size_t)n + 1)), *lens = t32 + (size_t)n * W;
     if (!t32) return -1;
@@ -133,13 +135,14 @@ int w4a8_decode_stack(const stack_model *s, const stack_layer *layers,
     int rc = 0;
     for (int l = 0; l < s->n_layers && !rc; l++)
         rc = layer(&step, layers + l, x, n, positions, slots, t32, lens, work);
-    if (!rc && rows) {              /* the rows wanted, side by side (work is free again) */
+    if (!rc && n_rows >= 0) {       /* the rows wanted, side by side (work is free again) */
         for (int i = 0; i < n_rows; i++)
             memcpy(work + (size_t)i * s->dim, x + (size_t)rows[i] * s->dim,
                    sizeof(float) * s->dim);
         x = work, n = n_rows;
     }
-    if (!rc && (rc = product(&step, x, output, logits, n, s->dim, 0, s->final_norm))) rc -= 10;
+    if (!rc && n && (rc = product(&step, x, output, logits, n, s->dim, 0, s->final_norm)))
+        rc -= 10;
     free(t32);
     return rc;
 }

@@ -120,8 +120,9 @@ class DecodeStack:
         logits = torch.empty(n if rows is None else len(rows), self.vocab)
         rc = self.fn(ctypes.byref(self.model), self.layers, ctypes.byref(self.output),
                      tokens.data_ptr(), self.vocab, positions.data_ptr(), slots.data_ptr(),
-                     block_tables.data_ptr(), n, W, None if rows is None else rows.data_ptr(),
-                     0 if rows is None else len(rows), work.data_ptr(),
+                     block_tables.data_ptr(), n, W,
+                     None if rows is None or not len(rows) else rows.data_ptr(),
+                     -1 if rows is None else len(rows), work.data_ptr(),
                      work.data_ptr() + 4 * n * self.dim, logits.data_ptr())
         if rc:
             raise ValueError(f"w4a8_decode_stack refused its input: {ERRORS.get(rc, rc)}")
