@@ -123,8 +123,8 @@ class FastRunner(ReadableRunner):
             width = max(-(-(p + 1) // self.B) for p in positions)
             t, p, s, bt = self._upload(np.array(tokens), np.array(positions), np.array(slots),
                                        self._tables(cache_ids, width))
-            stack = self.stack is not None and n <= self.stack.max_batch
-            logits = (self.stack(t, p, s, bt) if stack else
+            stack = self._stack_for(n)
+            logits = (stack(t, p, s, bt) if stack is not None else
                       decode_step(self.weights, self.pools, t, p, s, bt))
         keep = [i for i, (seq, _) in enumerate(scheduled) if seq in caught]
         if len(keep) < len(scheduled):             # a one-token prompt chunk: no logits wanted
@@ -197,9 +197,15 @@ class FastRunner(ReadableRunner):
         tables = np.repeat(self._tables(cache_ids, width), lens, axis=0)
         t, p, s, bt, lr = self._upload(np.array(tokens), np.array(positions), np.array(slots),
                                        tables, np.array(logits_rows, dtype=np.int64))
-        if self.stack is not None and len(tokens) <= self.stack.max_batch:
-            return self.stack(t, p, s, bt, logits_rows=lr)
+        stack = self._stack_for(len(tokens))
+        if stack is not None:
+            return stack(t, p, s, bt, logits_rows=lr)
         return decode_step(self.weights, self.pools, t, p, s, bt, logits_rows=lr)
+
+    def _stack_for(self, rows: int):
+        """The one-call step where the weights bring one that takes this many rows, else
+        None (the Python step)."""
+        return self.stack if self.stack is not None and rows <= self.stack.max_batch else None
 
     # ------------------------------------------------------------------ graphs
     def _bucket_inputs(self, bucket: int) -> tuple[torch.Tensor, ...]:

@@ -41,13 +41,12 @@ weights are on the C kernels (int4 on w4a8, fp32 on ``f32_skinny``) the runner g
 further: the same calls, made from C, for the whole step (:mod:`llminfra.quant.decode_stack`;
 ``w.decode_stack``, the same logits bit for bit), this function remaining its readable account.
 
-With the C attention a step with prompt chunks needs no padding either: each query is a row
-of :func:`decode_step` with its sequence's block table and its own position (it sees keys 0 ..
-its position, its own K/V written just before), and the logits are taken of the rows that want
-them (``logits_rows``). On SmolLM2-135M (2-core AMD EPYC, fp32, two threads) a 100-token
-prompt's step took 88 ms through :func:`mixed_step` (its padded SDPA alone 7.5 ms, then RoPE,
-gathers, index copies) and 66 ms as rows in one C call; :func:`mixed_step` stays the path of
-torch's attention (CUDA, the tiny model, ``--matmul plain``/``onednn``). Chapter 05.
+With the C attention a step with prompt chunks needs no padding: each query is a row of
+:func:`decode_step` with its sequence's block table and its own position, and the logits are
+taken of the rows that want them (``logits_rows``). A 100-token prompt's step of SmolLM2-135M
+(2-core AMD EPYC, fp32, two threads): 88 ms through :func:`mixed_step` (its padded SDPA alone
+7.5 ms), 66 ms as rows in one C call. :func:`mixed_step` stays the path of torch's attention
+(CUDA, the tiny model, ``--matmul plain``/``onednn``). Chapter 05.
 """
 
 from __future__ import annotations
@@ -124,8 +123,7 @@ def _c_decode_attend(w: FusedWeights, pools: list[Pool], tables: torch.Tensor,
     the C paged decode kernel — ``kernel``, else the weights' own (``w.paged_decode``) — where
     weights and pool are fp32 on the CPU; None elsewhere."""
     kernel = w.paged_decode if kernel is None else kernel
-    if kernel is None or w.device.type != "cpu" or \
-            not w.dtype == pools[0][2].dtype == torch.float32:
+    if not _c_kernel_fits(kernel, w, pools):
         return None
     c = w.config
     H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim    # q: r[:, :H] of (n, H + 2·H_kv, d)
@@ -287,14 +285,19 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     return _logits(w, x if logits_rows is None else x[logits_rows])
 
 
+def _c_kernel_fits(kernel, w: FusedWeights, pools: list[Pool]) -> bool:
+    """A C paged decode kernel, on weights and pools that are fp32 on the CPU."""
+    return (kernel is not None and w.device.type == "cpu" and
+            w.dtype == pools[0][2].dtype == torch.float32)
+
+
 def uses_c_rows(w: FusedWeights, pools: list[Pool]) -> bool:
     """Whether :func:`decode_step` runs its attention, RoPE and K/V write on the weights' C
     kernels (``w.paged_decode`` with ``rope_write``: fp32 weights and pools on the CPU): each
     row then reads its own keys in place, and a step with prompt chunks goes there too, a row
     a query, rather than to :func:`mixed_step`'s padded SDPA."""
-    kernel = w.paged_decode
-    return (kernel is not None and getattr(kernel, "rope_write", None) is not None and
-            w.device.type == "cpu" and w.dtype == pools[0][2].dtype == torch.float32)
+    return (_c_kernel_fits(w.paged_decode, w, pools) and
+            getattr(w.paged_decode, "rope_write", None) is not None)
 
 
 def _prefill_attention(q: torch.Tensor, pool: torch.Tensor, pre: PrefillInputs,

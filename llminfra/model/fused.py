@@ -94,9 +94,9 @@ class SkinnyMatmul(Matmul):
     adds_in_fused = True
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel):
-        empty = getattr(kernel, "empty", None) or torch.empty     # huge pages, if it has
-        if bias is None and weight.dtype == torch.float32:        # a copy there: W streams
-            weight = empty(weight.numel()).view(weight.shape).copy_(weight.detach())
+        arena = getattr(kernel, "arena", None)        # huge pages (quant.huge_pages), if it has
+        if bias is None and weight.dtype == torch.float32 and arena is not None:
+            weight = arena.copy(weight.detach())           # a copy there: W streams
         super().__init__(weight.contiguous(), bias)
         self._kernel = kernel
         self._n, self._k = self.weight.shape
@@ -104,7 +104,8 @@ class SkinnyMatmul(Matmul):
         #: W packed in panels of 16 columns (``f32_panels.c``), or None
         self.panels = None
         if bias is None and kernel.panel is not None and kernel.panel_max_rows > kernel.max_rows:
-            self.panels = empty(-(-self._n // 16) * 16 * self._k)
+            numel = -(-self._n // 16) * 16 * self._k
+            self.panels = torch.empty(numel) if arena is None else arena.empty(numel)
             if kernel.panel_pack(self.weight.data_ptr(), self.panels.data_ptr(), self._n,
                                  self._k):
                 raise ValueError(f"f32_panel_pack refused W {tuple(self.weight.shape)}")

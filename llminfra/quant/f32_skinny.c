@@ -135,9 +135,7 @@ static void skinny_part(void *arg, int c, int C) {
 
 /* the thread pool (thread_pool.c) */
 typedef void (*pool_fn)(void *arg, int t, int T);
-int w4a8_pool_size(const void *handle);
-int pool_run(void *handle, pool_fn fn, void *arg, int C);
-void run_threads(int T, pool_fn fn, void *arg);
+void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C);
 
 /* silu(gate) * up over K values with w4a8.c's own exp (the same bits on every build) */
 void w4a8_swiglu(const float *gate, const float *up, float *a, int K);
@@ -177,14 +175,6 @@ static void form_part(void *arg, int c, int C) {
     }
 }
 
-/* fn(job, c, C) for c < C on the pool where it has `threads`, else on threads started here */
-static void run_parts(int threads, void *pool, pool_fn fn, void *job, int C) {
-    if (threads <= 1 || C <= 1)
-        fn(job, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, fn, job, C))
-        run_threads(threads, fn, job);
-}
-
 /* rows of at least this many values in all are formed on the threads; fewer, on the caller's */
 #define FORM_PARALLEL 16384
 
@@ -207,13 +197,13 @@ int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, co
         if (!a) return -1;
         form_job f = {.x = x, .norm = norm, .a = a, .eps = eps, .x_stride = x_stride, .M = M,
                       .K = K, .gated = gated};
-        run_parts((size_t)M * K >= FORM_PARALLEL ? threads : 1, pool, form_part, &f,
-                  M < 2 * threads ? M : 2 * threads);
+        pool_for((size_t)M * K >= FORM_PARALLEL ? threads : 1, pool, form_part, &f,
+                 M < 2 * threads ? M : 2 * threads);
     } else if (x_stride != K) {
         return -2;
     }
     *rows = a ? a : x;
-    run_parts(threads, pool, part, job, units < 4 * threads ? units : 4 * threads);
+    pool_for(threads, pool, part, job, units < 4 * threads ? units : 4 * threads);
     if (a && a != stack) free(a);
     return 0;
 }

@@ -47,7 +47,6 @@ call (SiLU's exp the w4a8 kernel's own), on the threads where the rows are many.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -79,8 +78,8 @@ class SkinnyKernel:
     panel: ctypes._CFuncPtr | None = None
     panel_pack: ctypes._CFuncPtr | None = None
     panel_max_rows: int = 0
-    #: ``empty(numel) -> float32 tensor`` for the panels: on huge pages (:mod:`.huge_pages`)
-    empty: Callable[[int], torch.Tensor] | None = None
+    #: where the weights and their panels live: 2 MB pages (:mod:`.huge_pages`)
+    arena: Arena | None = None
 
 
 def _function(lib: ctypes.CDLL):
@@ -117,7 +116,7 @@ def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
     pool = ThreadPool(_check_threads(threads), lib)
     gemm, pack = _panel_functions(lib)
     return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool, gemm, pack,
-                        panel_max_rows, Arena().empty)
+                        panel_max_rows, Arena())
 
 
 class skinny_linear:

@@ -354,9 +354,7 @@ static void decode_part(void *arg, int c, int C) {
 
 /* the thread pool (thread_pool.c) */
 typedef void (*pool_fn)(void *arg, int t, int T);
-int w4a8_pool_size(const void *handle);
-int pool_run(void *handle, pool_fn fn, void *arg, int C);
-void run_threads(int T, pool_fn fn, void *arg);
+void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C);
 
 /* out (n, H, d) = softmax(q k^T scale) v for each sequence's query q (n, H, d: head rows of d
    floats, sequences q_row floats apart) against its keys 0 .. lens[n] - 1, key t in block
@@ -390,11 +388,7 @@ int paged_decode_f32(const float *q, long q_row, const float *k, const float *v,
        interleave in a block's rows); split them only where sequences are too few to share */
     j.parts = threads > 1 && n < 4 * threads ? H_kv : 1;
     atomic_init(&j.failed, 0);
-    int C = n * j.parts;                  /* one unit a chunk: the lengths differ */
-    if (threads <= 1 || C <= 1)
-        decode_part(&j, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, decode_part, &j, C))
-        run_threads(threads, decode_part, &j);
+    pool_for(threads, pool, decode_part, &j, n * j.parts);   /* a unit a chunk: lengths differ */
     return atomic_load(&j.failed) ? -5 : 0;
 }
 

@@ -210,3 +210,14 @@ void run_threads(int T, pool_fn fn, void *arg) {
             fn(arg, t, T);
     }
 }
+
+/* fn(arg, c, C) for every chunk c < C, on `threads` threads: on the pool where it has that many
+   (chunks claimed by whichever thread runs), else one chunk per thread started for this call
+   (fn then sees C = threads), else, for one thread or one chunk, here as fn(arg, 0, 1). What
+   every kernel of the library splits its work with. */
+void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C) {
+    if (threads <= 1 || C <= 1)
+        fn(arg, 0, 1);
+    else if (!pool || w4a8_pool_size(pool) != threads || pool_run(pool, fn, arg, C))
+        run_threads(threads, fn, arg);
+}

@@ -617,19 +617,12 @@ static void multiply_part(void *arg, int t, int T) {
 
 /* the thread pool (thread_pool.c) */
 typedef void (*pool_fn)(void *arg, int t, int T);
-int w4a8_pool_size(const void *handle);
-int pool_run(void *handle, pool_fn fn, void *arg, int C);
-void run_threads(int T, pool_fn fn, void *arg);
+void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C);
 
-/* fn over `units` rows on T threads: on the pool where it has T, in up to 4 T chunks claimed
-   by whichever thread runs (a worker the OS leaves waiting takes none), else one chunk per
-   thread started for this call. */
+/* fn over `units` rows on T threads (pool_for): in up to 4 T chunks claimed by whichever
+   thread runs (a worker the OS leaves waiting takes none). */
 static void in_parallel(int T, void *pool, pool_fn fn, void *arg, int units) {
-    int C = units < 4 * T ? units : 4 * T;
-    if (T <= 1 || C <= 1)
-        fn(arg, 0, 1);
-    else if (!pool || w4a8_pool_size(pool) != T || pool_run(pool, fn, arg, C))
-        run_threads(T, fn, arg);
+    pool_for(T, pool, fn, arg, units < 4 * T ? units : 4 * T);
 }
 
 /* y (M, N) = a (M, K) . W^T; W packed by w4a8_pack with d and m (N, K/32) as fp16 bits; K a
