@@ -95,7 +95,7 @@ def test_the_parser_copies_of_names_match_their_sources():
     from llminfra.kvcache.trace import WORKLOADS
     assert cli_serving.POLICIES == POLICIES and cli_serving.WORKLOADS == tuple(sorted(WORKLOADS))
     assert cli_serving.UVICORN_LOG_LEVELS == tuple(uvicorn.config.LOG_LEVELS)
-    from llminfra.serving.serve import MATMULS
+    from llminfra.runner.kernel_choice import MATMULS
     assert cli_serving.MATMULS == MATMULS
     assert (cli_serving.MAX_REQUESTS, cli_serving.MAX_CHARS_PER_TOKEN) == (
         loadtest.MAX_REQUESTS, loadtest.MAX_CHARS_PER_TOKEN)

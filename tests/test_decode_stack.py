@@ -1,4 +1,4 @@
-"""The decode step in one C call (``llminfra/quant/decode_stack.c``), on int4 (w4a8) and fp32
+"""The decode step in one C call (``llminfra/kernels/csrc/decode_stack.c``), on int4 (w4a8) and fp32
 weights: the same logits, bit for bit, as the Python step it replaces (``fast_step.decode_step``
 on the same weights), for batches of 1-7 sequences across block boundaries and on 1 and 2
 threads; built only for weights it can run; a ValueError naming the refusal, not a crash; and
@@ -13,9 +13,9 @@ import torch
 
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
-from llminfra.model.fast_step import decode_step
-from llminfra.quant import w4a8
-from llminfra.quant.huge_pages import Arena
+from llminfra.runner.fast_step import decode_step
+from llminfra.kernels import w4a8
+from llminfra.kernels.huge_pages import Arena
 
 pytestmark = pytest.mark.skipif(not w4a8.available(), reason="no C compiler for the w4a8 library")
 
@@ -30,10 +30,11 @@ def small(bias: bool = False) -> Transformer:
 def engine_with(model, threads: int, kind: str = "w4a8", **kw) -> LLMEngine:
     """The engine ``serve --threads threads`` builds on ``model``: ``--quantization w4a8``, or
     (``kind="fp32"``) its fp32 weights on the C kernels (``--matmul skinny``)."""
-    from llminfra.quant.f32_skinny import skinny_linear
-    from llminfra.serving.serve import quantized_linear
-    linear = quantized_linear("w4a8", threads) if kind == "w4a8" else skinny_linear(threads)
-    return LLMEngine(model, ByteTokenizer(), runner="fast", linear=linear, block_size=8, **kw)
+    from llminfra.runner import fast_runner
+    from llminfra.runner.kernel_choice import quantized_kernels, skinny_kernels
+    kernels = quantized_kernels("w4a8", threads) if kind == "w4a8" else skinny_kernels(threads)
+    return LLMEngine(model, ByteTokenizer(), runner=fast_runner(kernels=kernels), block_size=8,
+                     **kw)
 
 
 def captured_steps(engine: LLMEngine, prompts, tokens: int) -> list[tuple]:
@@ -147,13 +148,14 @@ def test_only_weights_it_can_run_get_a_stack():
     """A biased q/k/v (Qwen's) or another int4 linear: no stack, the Python step runs. fp32
     panels that take fewer rows than a step has: the Python step for that step."""
     from llminfra.quant import int4_linear
-    from llminfra.quant.f32_skinny import skinny_linear
+    from llminfra.runner import KernelSet, fast_runner
+    from llminfra.runner.kernel_set import skinny_kernels
     for kind in ("w4a8", "fp32"):
         assert engine_with(small(bias=True), 1, kind).runner.stack is None
-    engine = LLMEngine(small(), ByteTokenizer(), runner="fast", linear=int4_linear(64))
+    engine = LLMEngine(small(), ByteTokenizer(), runner=fast_runner(kernels=KernelSet.of(int4_linear(64))))
     assert engine.runner.stack is None
-    engine = LLMEngine(small(), ByteTokenizer(), runner="fast", block_size=8,
-                       linear=skinny_linear(2, panel_max_rows=3))
+    engine = LLMEngine(small(), ByteTokenizer(), block_size=8,
+                       runner=fast_runner(kernels=skinny_kernels(2, panel_max_rows=3)))
     assert engine.runner.stack.max_batch == 3
     used, stack = [], engine.runner.stack
 

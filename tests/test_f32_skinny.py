@@ -1,4 +1,4 @@
-"""The fp32 kernels for a decode step's products (llminfra/quant/f32_skinny.c for one or two rows,
+"""The fp32 kernels for a decode step's products (llminfra/kernels/csrc/f32_skinny.c for one or two rows,
 f32_panels.c for more) and their use: against torch's product, the same bits for any thread
 count, bad input refused plainly, and the engine's fast runner on them giving the tokens oneDNN
 gives."""
@@ -6,7 +6,7 @@ gives."""
 import pytest
 import torch
 
-from llminfra.quant import w4a8
+from llminfra.kernels import w4a8
 
 pytestmark = pytest.mark.skipif(not w4a8.available(),
                                 reason=f"the C kernels do not build here: "
@@ -20,7 +20,7 @@ def _close(a, b):
 @pytest.mark.parametrize("M", [0, 1, 2, 3, 7, 8, 9, 17])
 @pytest.mark.parametrize("K", [576, 100, 16, 5])
 def test_products_match_torch(M, K):
-    from llminfra.quant.f32_skinny import f32_mm
+    from llminfra.kernels.f32_skinny import f32_mm
 
     g = torch.Generator().manual_seed(M * 1000 + K)
     x, W = torch.randn(M, K, generator=g), torch.randn(37, K, generator=g)
@@ -30,7 +30,7 @@ def test_products_match_torch(M, K):
 
 
 def test_same_bits_for_any_thread_count():
-    from llminfra.quant.f32_skinny import f32_mm
+    from llminfra.kernels.f32_skinny import f32_mm
 
     g = torch.Generator().manual_seed(1)
     x, W = torch.randn(3, 576, generator=g), torch.randn(1000, 576, generator=g)
@@ -43,7 +43,7 @@ def test_a_row_gets_the_same_bits_in_any_batch():
     """Each output is one accumulator over K in order, whatever block of W's rows and pass of
     x's rows holds it: a row alone and the same row among 16 others are equal, bit for bit
     (37 rows of W: blocks and a ragged last block)."""
-    from llminfra.quant.f32_skinny import f32_mm
+    from llminfra.kernels.f32_skinny import f32_mm
 
     g = torch.Generator().manual_seed(2)
     x, W = torch.randn(17, 100, generator=g), torch.randn(37, 100, generator=g)
@@ -53,7 +53,7 @@ def test_a_row_gets_the_same_bits_in_any_batch():
 
 
 def test_views_are_read_as_their_values():
-    from llminfra.quant.f32_skinny import f32_mm
+    from llminfra.kernels.f32_skinny import f32_mm
 
     g = torch.Generator().manual_seed(2)
     x, W = torch.randn(4, 128, generator=g), torch.randn(64, 256, generator=g)
@@ -69,14 +69,14 @@ def test_views_are_read_as_their_values():
     (dict(x=torch.randn(2, 8), weight=torch.randn(3, 8), threads=0), "threads"),
 ])
 def test_bad_input_is_refused_plainly(bad, message):
-    from llminfra.quant.f32_skinny import f32_mm
+    from llminfra.kernels.f32_skinny import f32_mm
 
     with pytest.raises(ValueError, match=message):
         f32_mm(**bad)
 
 
 def test_kernel_settings_are_checked():
-    from llminfra.quant.f32_skinny import kernel
+    from llminfra.kernels.f32_skinny import kernel
 
     for rows in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_rows"):
@@ -89,8 +89,9 @@ def test_matmul_sends_rows_to_the_kernels_and_past_the_panels_limit_to_blas(monk
     """One or two rows go to f32_skinny.c, more (a prompt of 600 rows too) to f32_panels.c, and
     past a ``panel_max_rows`` set lower, to F.linear: each right, and the route is the one
     said."""
-    from llminfra.model import fused
-    from llminfra.quant.f32_skinny import PANEL_MAX_ROWS, f32_mm, skinny_linear
+    from llminfra.runner import fused
+    from llminfra.kernels.f32_skinny import PANEL_MAX_ROWS, f32_mm
+    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
 
     g = torch.Generator().manual_seed(3)
     W = torch.randn(96, 64, generator=g)
@@ -120,7 +121,7 @@ def test_panel_rows_get_the_same_bits_in_any_batch_and_thread_count(N, K):
     """f32_panels.c: tiles of 8 rows against pairs of 16-column panels (N not a multiple of 16
     or 32 leaves a partial panel and a lone one); each output is one sum over K in order, so a
     row's result is the same bits in a batch of 3 as of 64, on 1 or 3 threads, and right."""
-    from llminfra.quant.f32_skinny import skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
 
     g = torch.Generator().manual_seed(N + K)
     W, x = torch.randn(N, K, generator=g), torch.randn(64, K, generator=g)
@@ -133,7 +134,7 @@ def test_panel_rows_get_the_same_bits_in_any_batch_and_thread_count(N, K):
 
 
 def test_a_biased_matrix_stays_on_onednn():
-    from llminfra.quant.f32_skinny import skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
 
     W, b = torch.randn(8, 16), torch.randn(8)
     m = skinny_linear(max_rows=2).matmul(W, b)
@@ -158,7 +159,8 @@ def test_fast_runner_on_skinny_gives_onednns_tokens():
 
 
 def test_serve_picks_skinny_for_a_real_model_and_refuses_it_on_the_readable_runner():
-    from llminfra.serving.serve import build_engine, resolve_matmul
+    from llminfra.runner.kernel_choice import resolve_matmul
+    from llminfra.serving.serve import build_engine
 
     assert resolve_matmul("auto", "smollm2-135m") == "skinny"
     assert resolve_matmul("auto", "tiny") == "plain"
@@ -173,8 +175,9 @@ def test_fused_norm_and_swiglu_match_torch(M, limit, monkeypatch):
     of 64 is past it: torch's and F.linear)."""
     import torch.nn.functional as F
 
-    from llminfra.model import fused
-    from llminfra.quant.f32_skinny import PANEL_MAX_ROWS, skinny_linear
+    from llminfra.runner import fused
+    from llminfra.kernels.f32_skinny import PANEL_MAX_ROWS
+    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
 
     most = PANEL_MAX_ROWS if limit is None else limit
     g = torch.Generator().manual_seed(M)
@@ -204,13 +207,14 @@ def test_fused_norm_and_swiglu_match_torch(M, limit, monkeypatch):
 def test_fast_decoder_on_skinny_gives_onednns_tokens():
     """FastDecoder takes the fused forms (its norms and SwiGLU inside the kernel's call at one
     row): greedy tokens equal oneDNN's on the tiny model."""
-    from llminfra.model import FastDecoder, load_model, prepacked
-    from llminfra.quant.f32_skinny import skinny_linear
+    from llminfra.model import load_model
+    from llminfra.runner import FastDecoder, prepacked
+    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
 
     net, _ = load_model("tiny")
     prompt = list(range(5, 25))
     dnn = FastDecoder(net, max_len=64, linear=prepacked.onednn_linear).generate(prompt, 16)
-    skinny = FastDecoder(net, max_len=64, linear=skinny_linear())
+    skinny = FastDecoder(net, max_len=64, kernels=skinny_linear())
     assert skinny.fused
     assert skinny.generate(prompt, 16) == dnn
 
@@ -229,9 +233,9 @@ def test_an_avx2_build_gives_the_native_builds_bits():
     """CI runs on AVX2 or AVX-512 machines and a notebook's printed tokens must not move with
     them: the C kernels (the few-row product with its norm, the panel product of more rows and
     the paged decode attention) give the same bits built for AVX2 (x86-64-v3) as for this CPU."""
-    from llminfra.model.fast_step import c_attend
-    from llminfra.quant import paged_decode
-    from llminfra.quant.f32_skinny import _function, _panel_functions
+    from llminfra.runner.fast_step import c_attend
+    from llminfra.kernels import paged_decode
+    from llminfra.kernels.f32_skinny import _function, _panel_functions
 
     g = torch.Generator().manual_seed(11)
     x, W, gain = torch.randn(2, 576, generator=g), torch.randn(300, 576, generator=g), \

@@ -4,8 +4,9 @@ kernel gives the logits of the same int4 weights dequantized, within bf16 activa
 import pytest
 import torch
 
-from llminfra.model import FastDecoder, ModelConfig
-from llminfra.model.fast_decode import _plain_linear
+from llminfra.model import ModelConfig
+from llminfra.runner import FastDecoder
+from llminfra.runner.fast_decode import _plain_linear
 from llminfra.model.transformer import Transformer
 from llminfra.quant import cpu_kernels, int4_linear, quantize
 

@@ -12,9 +12,10 @@ import torch
 
 from llminfra.bench.roofline import count_torch_calls
 from llminfra.engine import LLMEngine, SamplingParams, SpeculativeConfig
-from llminfra.engine.model_runner import FastRunner, graph_buckets, make_runner
+from llminfra.engine.model_runner import make_runner
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer, tiny_moe_model
-from llminfra.model.fast_step import decode_step, layer_pools
+from llminfra.runner import FastRunner, KernelSet, fast_runner, graph_buckets, runner_for
+from llminfra.runner.fast_step import decode_step, layer_pools
 
 #: the issue's budget: 25 torch calls a layer and 40 for the rest of the step
 CALLS_PER_LAYER, CALLS_PER_STEP = 25, 40
@@ -52,7 +53,7 @@ def test_fast_runner_gives_the_readable_tokens(small, settings):
     ps.append(ps[0][:5] + ps[1])                                 # a shared beginning
     greedy = SamplingParams(max_tokens=12, ignore_eos=True)
     want = tokens(LLMEngine(*small, **settings), ps, greedy)
-    got = tokens(LLMEngine(*small, runner="fast", **settings), ps, greedy)
+    got = tokens(LLMEngine(*small, runner=fast_runner(), **settings), ps, greedy)
     assert got == want, f"seed {seed}"
 
 
@@ -65,7 +66,7 @@ def test_fast_runner_sampling_forks_and_speculation(small):
     spec = SpeculativeConfig("ngram", 3)
     for kw in (dict(), dict(speculative=spec)):
         want = tokens(LLMEngine(*small, **kw), ps, sampled)
-        got = tokens(LLMEngine(*small, runner="fast", **kw), ps, sampled)
+        got = tokens(LLMEngine(*small, runner=fast_runner(), **kw), ps, sampled)
         assert got == want, kw
 
 
@@ -78,8 +79,8 @@ def test_graph_path_matches_the_eager_step_on_every_bucket(small, batch):
     ps = prompts(random.Random(batch), batch)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     kw = dict(max_num_seqs=20, max_num_batched_tokens=2048)
-    eager = LLMEngine(*small, runner="fast", cuda_graphs=False, **kw)
-    graphs = LLMEngine(*small, runner="fast", cuda_graphs="emulate", **kw)
+    eager = LLMEngine(*small, runner=fast_runner(cuda_graphs=False), **kw)
+    graphs = LLMEngine(*small, runner=fast_runner(cuda_graphs="emulate"), **kw)
     assert tokens(graphs, ps, params) == tokens(eager, ps, params)
     assert graphs.runner.graph_replays >= 7                       # 7 decode steps at least
     assert graphs.runner.buckets == [1, 2, 4, 8, 16, 20]
@@ -89,7 +90,7 @@ def test_padding_lanes_touch_no_sequence(small):
     """A padded decode step changes nothing outside the batch's own slots and the scratch
     block: the pool of every other block is the same bytes after the step."""
     model, tok = small
-    engine = LLMEngine(model, tok, runner="fast", cuda_graphs="emulate", max_num_seqs=8)
+    engine = LLMEngine(model, tok, runner=fast_runner(cuda_graphs="emulate"), max_num_seqs=8)
     engine.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()                                                 # prefill both
@@ -119,7 +120,7 @@ def test_torch_calls_of_a_decode_step_of_bench_100m():
     counts = {}
     for runner in ("fast", "readable"):
         for batch in (1, 16):
-            engine = LLMEngine(model, ByteTokenizer(), runner=runner, max_num_seqs=16,
+            engine = LLMEngine(model, ByteTokenizer(), runner=runner_for(runner), max_num_seqs=16,
                                max_num_batched_tokens=1024, num_blocks=64)
             for i in range(batch):
                 engine.add_request(list(range(1, 30 + i)),
@@ -133,7 +134,7 @@ def test_torch_calls_of_a_decode_step_of_bench_100m():
 def test_decode_step_alone_is_the_runner_s_step(small):
     """``decode_step`` on hand-made inputs writes the token's K/V into its slot."""
     model, _ = small
-    engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=2)
+    engine = LLMEngine(model, ByteTokenizer(), runner=fast_runner(), max_num_seqs=2)
     cache = engine.cache
     seq = cache.add_sequence()
     (slot,) = cache.reserve_slots([seq], [1])
@@ -150,23 +151,25 @@ def test_runner_choices_are_checked(small):
     model, tok = small
     with pytest.raises(ValueError, match="runner 'turbo'"):
         LLMEngine(model, tok, runner="turbo")
+    with pytest.raises(ValueError, match="lives outside the engine"):
+        LLMEngine(model, tok, runner="fast")                      # the engine names no fast path
     with pytest.raises(ValueError, match="cuda_graphs=True needs the model on CUDA"):
-        LLMEngine(model, tok, runner="fast", cuda_graphs=True)
+        LLMEngine(model, tok, runner=fast_runner(cuda_graphs=True))
     with pytest.raises(ValueError, match="readable runner runs eagerly"):
-        LLMEngine(model, tok, runner="readable", cuda_graphs="emulate")
+        runner_for("readable", cuda_graphs="emulate")
     with pytest.raises(ValueError, match="num_experts"):
-        LLMEngine(tiny_moe_model(), tok, runner="fast")
+        LLMEngine(tiny_moe_model(), tok, runner=fast_runner())
     from llminfra.quant import quantize_model
     with pytest.raises(ValueError, match="QuantLinear"):
-        make_runner("fast", quantize_model(copy.deepcopy(model), "int8-absmax"), None,
+        make_runner(fast_runner(), quantize_model(copy.deepcopy(model), "int8-absmax"), None,
                     torch.device("cpu"))
-    from llminfra.serving.serve import resolve_runner
+    from llminfra.runner.kernel_choice import resolve_runner
     assert resolve_runner("auto", model) == "fast"
     assert resolve_runner("auto", tiny_moe_model()) == "readable"
     assert resolve_runner("auto", quantize_model(copy.deepcopy(model), "int8-absmax")) \
         == "readable"
     assert graph_buckets(1) == [1] and graph_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
-    assert isinstance(LLMEngine(model, tok, runner="fast").runner, FastRunner)
+    assert isinstance(LLMEngine(model, tok, runner=fast_runner()).runner, FastRunner)
 
 
 @pytest.mark.slow
@@ -180,11 +183,13 @@ def test_decode_step_through_the_triton_kernel_under_the_interpreter():
 import torch
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
-from llminfra.model.fast_step import decode_step, layer_pools
+from llminfra.runner import FastRunner, KernelSet, fast_runner, graph_buckets, runner_for
+from llminfra.runner import fast_runner
+from llminfra.runner.fast_step import decode_step, layer_pools
 config = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
                      max_seq_len=128)
 model = Transformer(config, torch.Generator().manual_seed(2)).eval()
-engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=3, block_size=8)
+engine = LLMEngine(model, ByteTokenizer(), runner=fast_runner(), max_num_seqs=3, block_size=8)
 for p in ([1, 2, 3], list(range(5, 30)), [7] * 12):
     engine.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True))
 for _ in range(3):
@@ -215,7 +220,7 @@ def test_a_mixed_step_gives_the_readable_logits(small):
     model, tok = small
     logits = {}
     for runner in ("readable", "fast"):
-        engine = LLMEngine(model, tok, runner=runner, max_num_seqs=4,
+        engine = LLMEngine(model, tok, runner=runner_for(runner), max_num_seqs=4,
                            max_num_batched_tokens=64)
         for p in ([3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]):
             engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
@@ -229,27 +234,27 @@ def test_a_mixed_step_gives_the_readable_logits(small):
 
 
 def test_w4a8_serving_for_any_batch(small):
-    """``linear=w4a8_linear()`` (``serve --quantization w4a8``): the fast runner on int4
+    """``kernels=w4a8_kernels()`` (``serve --quantization w4a8``): the fast runner on int4
     weights and the w4a8 kernel. A request alone gives FastDecoder's w4a8 tokens (the same
     codes and kernel), and a batch of requests gives each one's tokens alone (the kernel
     quantizes each row's activations by itself)."""
-    from llminfra.quant import w4a8
+    from llminfra.kernels import w4a8
     if not w4a8.available():
         pytest.skip(f"the w4a8 kernel cannot be built here: {w4a8.unavailable_reason()}")
-    from llminfra.model import FastDecoder
-    from llminfra.serving.serve import quantized_linear
+    from llminfra.runner import FastDecoder
+    from llminfra.runner.kernel_choice import quantized_kernels
     model, tok = small
     ps = prompts(random.Random(7), 6)
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
-    alone = [tokens(LLMEngine(model, tok, runner="fast", linear=quantized_linear("w4a8")), [p],
-                    greedy)[0] for p in ps]
-    batched = tokens(LLMEngine(model, tok, runner="fast", linear=w4a8.w4a8_linear(),
-                               max_num_seqs=6), ps, greedy)
+    served = fast_runner(kernels=quantized_kernels("w4a8"))
+    alone = [tokens(LLMEngine(model, tok, runner=served), [p], greedy)[0] for p in ps]
+    batched = tokens(LLMEngine(model, tok, max_num_seqs=6, runner=fast_runner(
+        kernels=KernelSet.of(w4a8.w4a8_linear()))), ps, greedy)
     assert batched == alone
     decoder = FastDecoder(model, linear=w4a8.w4a8_linear())
     assert [[decoder.generate(p, 10)] for p in ps[:3]] == alone[:3]
-    with pytest.raises(ValueError, match="needs runner='fast'"):
-        LLMEngine(model, tok, linear=w4a8.w4a8_linear())
+    with pytest.raises(ValueError, match="kernels need runner='fast'"):
+        runner_for("readable", kernels=quantized_kernels("w4a8"))
     with pytest.raises(ValueError, match="quantization 'int3'"):
-        quantized_linear("int3")
+        quantized_kernels("int3")
 

@@ -188,7 +188,7 @@ def test_expert_is_swiglu():
 
 
 def test_dense_only_paths_refuse_a_moe_model_by_name(tmp_path):
-    from llminfra.model.fast_decode import FastDecoder
+    from llminfra.runner.fast_decode import FastDecoder
     from llminfra.model.transformer import tiny_moe_model
     from llminfra.parallel.megatron import apply_tensor_parallel
     from llminfra.parallel.world import SimulatedWorld

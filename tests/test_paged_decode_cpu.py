@@ -1,4 +1,4 @@
-"""The CPU paged decode kernel (``llminfra/quant/paged_decode.c``): equal to the gather + SDPA
+"""The CPU paged decode kernel (``llminfra/kernels/csrc/paged_decode.c``): equal to the gather + SDPA
 path of ``fast_step`` and to a plain per-sequence softmax in float64, on awkward shapes (lengths
 1, mid-block, at a block's end; groups of 1, 3 and 10 query heads; head dims off 16; blocks of
 5, 8, 16 and 32 keys; blocks shared between sequences; padding lanes); the same bits for any
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llminfra.model.fast_step import decode_attention, decode_step, kv_rows, layer_pools
-from llminfra.quant import w4a8
-from llminfra.quant.paged_decode import c_function, kernel, paged_attention_c
+from llminfra.runner.fast_step import decode_attention, decode_step, kv_rows, layer_pools
+from llminfra.kernels import w4a8
+from llminfra.kernels.paged_decode import c_function, kernel, paged_attention_c
 
 pytestmark = pytest.mark.skipif(not w4a8.available(), reason="no C compiler for the w4a8 library")
 
@@ -155,10 +155,11 @@ def engine_state():
     """A fast-runner engine of a small random GQA model, three sequences some steps in."""
     from llminfra.engine import LLMEngine, SamplingParams
     from llminfra.model import ByteTokenizer, ModelConfig, Transformer
+    from llminfra.runner import fast_runner
     config = ModelConfig(vocab_size=256, dim=96, n_layers=2, n_heads=6, n_kv_heads=2,
                          ffn_dim=128, max_seq_len=256)
     model = Transformer(config, torch.Generator().manual_seed(3)).eval()
-    engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=4, block_size=8)
+    engine = LLMEngine(model, ByteTokenizer(), runner=fast_runner(), max_num_seqs=4, block_size=8)
     for p in ([1, 2, 3], list(range(5, 30)), [7] * 16):
         engine.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
     for _ in range(3):
@@ -208,7 +209,7 @@ def test_rope_and_the_kv_write_in_c_equal_the_torch_calls(engine_state):
     """``rope_write_f32`` (one call a layer on the C path) turns q and k and writes k and v
     where the torch path's ``rotate`` + ``index_copy_`` do; a position outside the rotation
     table or a slot outside the pool is a ValueError, with nothing written."""
-    from llminfra.model.fast_step import c_place, write_rows
+    from llminfra.runner.fast_step import c_place, write_rows
     _, engine = engine_state
     w, pools, _, pos, slots, _ = step_inputs(engine, pad=2)
     c = w.config
@@ -241,7 +242,8 @@ def test_the_engine_s_greedy_tokens_are_unchanged(budget):
     ``serve``'s linears give it) are the gather + SDPA path's."""
     from llminfra.engine import LLMEngine, SamplingParams
     from llminfra.model import ByteTokenizer, ModelConfig, Transformer
-    from llminfra.model import fast_step
+    from llminfra.runner import fast_runner
+    from llminfra.runner import fast_step
     config = ModelConfig(vocab_size=256, dim=96, n_layers=3, n_heads=6, n_kv_heads=2,
                          ffn_dim=192, max_seq_len=256)
     model = Transformer(config, torch.Generator().manual_seed(4)).eval()
@@ -250,7 +252,7 @@ def test_the_engine_s_greedy_tokens_are_unchanged(budget):
     greedy = SamplingParams(max_tokens=16, ignore_eos=True)
 
     def run(c_kernel):
-        engine = LLMEngine(model, ByteTokenizer(), runner="fast", max_num_seqs=6,
+        engine = LLMEngine(model, ByteTokenizer(), runner=fast_runner(), max_num_seqs=6,
                            block_size=16, max_num_batched_tokens=budget)
         engine.runner.weights.paged_decode = c_kernel
         return [out.outputs[0].token_ids for out in engine.generate(prompts, greedy)]
@@ -273,10 +275,10 @@ def test_the_engine_s_greedy_tokens_are_unchanged(budget):
 
 
 def test_serve_s_linears_bring_the_kernel_on_their_own_threads():
-    from llminfra.quant.f32_skinny import skinny_linear
-    from llminfra.serving.serve import quantized_linear
+    from llminfra.runner.kernel_choice import quantized_kernels, skinny_kernels
 
-    for linear in (skinny_linear(threads=2), quantized_linear("w4a8")):
-        assert linear.paged_decode is not None
-        owner = linear.kernel.owner if hasattr(linear, "kernel") else linear.pool
-        assert linear.paged_decode.owner is owner             # one pool, not two
+    for kernels in (skinny_kernels(threads=2), quantized_kernels("w4a8")):
+        assert kernels.attention is not None and kernels.step is not None
+        m = kernels.matmul(torch.randn(8, 64))
+        owner = m._kernel.owner if kernels.name == "skinny" else m.f.pool
+        assert kernels.attention.owner is owner             # one pool, not two

@@ -1,4 +1,4 @@
-"""oneDNN's prepacked matmul (llminfra.model.prepacked): the copy shares the model's weights and
+"""oneDNN's prepacked matmul (llminfra.runner.prepacked): the copy shares the model's weights and
 leaves the model alone, computes what F.linear computes (to float32 rounding), runs through the
 engine with the same greedy tokens, and refuses what it cannot pack by name."""
 
@@ -8,7 +8,7 @@ from torch import nn
 
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import load_tiny
-from llminfra.model import prepacked as pp
+from llminfra.runner import prepacked as pp
 
 pytestmark = pytest.mark.skipif(not pp.available(), reason="this PyTorch build has no oneDNN "
                                 "(not counted as a pass)")
@@ -85,8 +85,8 @@ def test_auto_is_prepacked_for_a_real_model_where_torch_has_it(monkeypatch):
     """``--matmul auto`` (the default): prepacked for a real model (with one or two rows on the
     C kernel where it builds: ``skinny``), F.linear for the tiny one (whose stored outputs are
     F.linear's), and F.linear where PyTorch lacks oneDNN."""
-    from llminfra.quant import w4a8
-    from llminfra.serving.serve import resolve_matmul
+    from llminfra.kernels import w4a8
+    from llminfra.runner.kernel_choice import resolve_matmul
     assert resolve_matmul("auto", "tiny") == "plain"
     real = ("skinny" if w4a8.available() else "onednn") if pp.available() else "plain"
     assert resolve_matmul("auto", "smollm2-135m") == real

@@ -165,7 +165,8 @@ def test_logits_equal_transformers(ours, hf, prompt_ids):
 def test_generate_equals_transformers(ours, prompt_ids, hf_greedy):
     """The readable ``generate`` (dense cache) and the fast decode path (fused projections,
     preallocated cache) both give transformers' greedy tokens."""
-    from llminfra.model import DenseKVCache, FastDecoder, generate
+    from llminfra.model import DenseKVCache, generate
+    from llminfra.runner import FastDecoder
     model, tok = ours
     fast = FastDecoder(model, max_len=256)
     for i, (ids, want) in enumerate(zip(prompt_ids, hf_greedy)):
@@ -189,8 +190,8 @@ ENGINE_SETTINGS = {
 
 @pytest.fixture(scope="module")
 def ours_prepacked(ours):
-    """The same model on oneDNN's prepacked matmul (:mod:`llminfra.model.prepacked`)."""
-    from llminfra.model.prepacked import available, prepacked
+    """The same model on oneDNN's prepacked matmul (:mod:`llminfra.runner.prepacked`)."""
+    from llminfra.runner.prepacked import available, prepacked
     if not available():
         pytest.skip("this PyTorch build has no oneDNN (not counted as a pass)")
     return prepacked(ours[0]), ours[1]
@@ -199,8 +200,8 @@ def ours_prepacked(ours):
 def test_prepacked_kernel_gives_transformers_tokens(ours_prepacked, prompt_ids, hf_greedy):
     """The engine and the fast decode path on prepacked weights (another summation order inside
     each dot product) still give transformers' greedy tokens for every prompt."""
-    from llminfra.model import FastDecoder
-    from llminfra.model.prepacked import onednn_linear
+    from llminfra.runner import FastDecoder
+    from llminfra.runner.prepacked import onednn_linear
     model, tok = ours_prepacked
     outs = LLMEngine(model, tok).generate(prompt_ids, SamplingParams(max_tokens=NEW_TOKENS))
     fast = FastDecoder(model, max_len=256, linear=onednn_linear)

@@ -296,7 +296,8 @@ def test_fast_decoder_gives_the_readable_models_tokens(tmp_path, arch):
     """FastDecoder (fused q/k/v and gate/up, preallocated cache, complex rotary): the same greedy
     tokens as ``generate`` and the same last logits, with GQA, q/k/v biases and llama3 rope
     scaling; bad arguments are refused by name."""
-    from llminfra.model import FastDecoder, generate
+    from llminfra.model import generate
+    from llminfra.runner import FastDecoder
     _, folder = _hf_folder(tmp_path, arch)
     model, _ = load_pretrained(folder)
     fast = FastDecoder(model, max_len=64)

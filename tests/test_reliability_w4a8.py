@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from llminfra.quant import quantize, w4a8, w4a8_build
+from llminfra.quant import quantize
+from llminfra.kernels import w4a8, build as w4a8_build
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler here to build the w4a8 kernel")]
@@ -71,7 +72,7 @@ def test_the_c_code_refuses_a_wide_row_itself(built):
     _, path, _ = built
     r = run_python(f"""
         import ctypes
-        from llminfra.quant import w4a8
+        from llminfra.kernels import w4a8
         lib = w4a8.load({str(path)!r})
         out = []
         for K in ({w4a8.MAX_K + 64}, 262208, 512000, 100, 0, -64):
@@ -146,7 +147,8 @@ def _load_in_subprocess(directory: Path) -> subprocess.CompletedProcess:
     """build + load + one product in a fresh interpreter, as ``library()`` would."""
     return run_python(f"""
         import torch
-        from llminfra.quant import quantize, w4a8
+        from llminfra.quant import quantize
+        from llminfra.kernels import w4a8
         path = w4a8.build("portable", {str(directory)!r})
         lib = w4a8.load(path)
         w = w4a8.prepare(quantize(torch.randn(4, 64), "int4-g32"), lib)
@@ -188,7 +190,7 @@ def test_another_library_with_a_matching_checksum_is_refused_by_its_symbols(tmp_
     shutil.copyfile(_ctypes.__file__, path)
     (tmp_path / (path.name + ".sha256")).write_text(w4a8_build._sha256(path))
     r = run_python("""
-        from llminfra.quant import w4a8
+        from llminfra.kernels import w4a8
         print(w4a8.available()); print(w4a8.unavailable_reason())
     """, LLMINFRA_CACHE=str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -201,7 +203,7 @@ def test_a_compiler_that_writes_nothing_caches_nothing(tmp_path):
     ``available()`` False with that reason."""
     true = shutil.which("true")
     r = run_python("""
-        from llminfra.quant import w4a8
+        from llminfra.kernels import w4a8
         print(w4a8.available()); print(w4a8.unavailable_reason())
     """, CC=true, LLMINFRA_CACHE=str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]

@@ -31,9 +31,14 @@ ALLOWED = {
     "quant": {"validate", "attention", "model", "specs", "calc"},
     "parallel": {"validate", "attention", "model", "specs", "calc"},
     "engine": {"validate", "attention", "model", "kvcache", "specs", "calc"},
+    # the fast path, applied to the engine from outside (chapter 12): the C library and its
+    # Python face, then the runner on top of both
+    "kernels": {"validate", "attention", "model", "quant", "specs", "calc"},
+    "runner": {"validate", "attention", "model", "kvcache", "quant", "specs", "calc", "engine",
+               "kernels"},
     "sim": {"validate", "attention", "model", "kvcache", "specs", "calc", "engine"},
-    "serving": {"validate", "engine", "sim", "model", "kvcache", "quant", "parallel", "specs",
-                "calc"},
+    "serving": {"validate", "engine", "runner", "kernels", "sim", "model", "kvcache", "quant",
+                "parallel", "specs", "calc"},
     "cluster": {"validate", "engine", "sim", "serving", "model", "kvcache", "quant", "parallel",
                 "specs", "calc"},
     "ledger": {"validate", "attention", "calc", "kvcache", "model", "parallel", "quant", "engine",
@@ -147,6 +152,33 @@ def test_dependencies_point_down(layer):
     wrong = _upward(IMPORTS, layer)
     assert not wrong, f"llminfra.{layer} may import only {sorted(ALLOWED[layer])}:\n" + \
         "\n".join(wrong)
+
+
+#: the packages a learner reads as the engine (chapters 01-05): none of them may reach the fast
+#: path, which is handed in from outside (``LLMEngine(runner=llminfra.runner.fast_runner())``)
+TEACHING_PATH = ("engine", "model", "kvcache", "attention")
+FAST_PATH = ("runner", "kernels")
+
+
+def test_the_teaching_path_imports_no_fast_path():
+    """Statically (every import of the teaching packages' modules) and as it runs: importing
+    the engine and running a step loads no module of ``llminfra.runner`` or
+    ``llminfra.kernels``."""
+    wrong = [f"{m} imports {dep}" for m, deps in IMPORTS.items() if _layer(m) in TEACHING_PATH
+             for dep in sorted(deps)
+             if dep.startswith("llminfra.") and _layer(dep) in FAST_PATH]
+    assert not wrong, "the teaching path reaches the fast path:\n" + "\n".join(wrong)
+    import subprocess
+    import sys
+    code = ("import sys\nfrom llminfra.engine import LLMEngine, SamplingParams\n"
+            "from llminfra.model import load_tiny\nm, t = load_tiny()\n"
+            "LLMEngine(m, t).generate(['ab'], SamplingParams(max_tokens=2))\n"
+            "print(sorted(n for n in sys.modules if n.startswith(('llminfra.runner', "
+            "'llminfra.kernels'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_the_engine_knows_no_http():
@@ -340,7 +372,7 @@ LAZY_IMPORTS = {
                      _CLI),
     "llminfra.cli_serving": ({"llminfra.serving.loadtest", "llminfra.serving.serve"}, _CLI),
     "llminfra.attention.ragged": ({"llminfra.attention.paged_triton"}, _TRITON),
-    "llminfra.model.fast_step": ({"llminfra.attention.paged_triton"}, _TRITON),
+    "llminfra.runner.fast_step": ({"llminfra.attention.paged_triton"}, _TRITON),
     "llminfra.bench.kvcache": ({"llminfra.attention.paged_triton"}, _TRITON),
     "llminfra.engine.engine": ({"llminfra.engine.structured"}, _LLGUIDANCE),
     "llminfra.serving.relay": ({"llminfra.engine.structured"}, _LLGUIDANCE),
@@ -349,9 +381,8 @@ LAZY_IMPORTS = {
     "llminfra.serving.loadtest_workload": ({"llminfra.model"}, _NO_TORCH),
     "llminfra.parallel.launch": ({"llminfra.parallel.distributed_world"}, _SPAWN),
     "llminfra.parallel.workers": ({"llminfra.parallel.dtensor_check"}, _SPAWN),
-    "llminfra.serving.serve": ({"llminfra.engine", "llminfra.model", "llminfra.model.fused",
-                                "llminfra.model.prepacked", "llminfra.quant",
-                                "llminfra.quant.f32_skinny", "llminfra.quant.w4a8",
+    "llminfra.serving.serve": ({"llminfra.engine", "llminfra.model", "llminfra.runner",
+                                "llminfra.runner.kernel_choice", "llminfra.quant",
                                 "llminfra.serving.engine_process",
                                 "llminfra.serving.server"}, _SERVE),
     "llminfra.bench.compare_engines": ({"llminfra.bench", "llminfra.bench.real",

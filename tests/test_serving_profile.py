@@ -40,7 +40,7 @@ def _check(result: dict, num_requests: int, max_output_tokens: int) -> None:
 def test_profile_on_the_c_kernels_times_them():
     """``--matmul skinny``: the fused matmuls (their RMSNorm / SwiGLU inside) and the C decode
     attention are timed as such; no gather, no SDPA in a decode step."""
-    from llminfra.quant import w4a8
+    from llminfra.kernels import w4a8
     if not w4a8.available():
         pytest.skip(f"the C kernels do not build here: {w4a8.unavailable_reason()}")
     result = sp.profile_serving("tiny", concurrency=2, num_requests=4, max_output_tokens=8,

@@ -12,7 +12,7 @@ from llminfra.engine import LLMEngine, SamplingParams, SpeculativeConfig
 from llminfra.engine.spec_decode import (PromptLookup, choose_gamma, expected_tokens_per_step,
                                          rejection_sample, verify_greedy)
 from llminfra.model import ByteTokenizer, DenseKVCache, ModelConfig, Transformer, generate
-from llminfra.model.fast_decode import FastDecoder
+from llminfra.runner.fast_decode import FastDecoder
 
 CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
                   max_seq_len=96)

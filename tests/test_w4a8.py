@@ -1,4 +1,4 @@
-"""The w4a8 kernel (int4 weights × int8 activations, ``llminfra/quant/w4a8.c``): each code path
+"""The w4a8 kernel (int4 weights × int8 activations, ``llminfra/kernels/csrc/w4a8.c``): each code path
 this machine can build — AVX-512 VNNI, AVX2, portable C — multiplies exactly where the
 activations already lie on their int8 grid, within the int8 rounding elsewhere; its fusions equal
 the torch calls they replace; FastDecoder on it gives the dequantized weights' logits; the build
@@ -10,10 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llminfra.model import FastDecoder, ModelConfig
-from llminfra.model.fast_decode import _plain_linear
+from llminfra.model import ModelConfig
+from llminfra.runner import FastDecoder
+from llminfra.runner.fast_decode import _plain_linear
 from llminfra.model.transformer import Transformer
-from llminfra.quant import quantize, w4a8, w4a8_build
+from llminfra.quant import quantize
+from llminfra.kernels import w4a8, build as w4a8_build
 
 pytestmark = pytest.mark.skipif(not w4a8.available(),
                                 reason="no C compiler here to build the w4a8 kernel")

@@ -44,7 +44,7 @@ from llminfra.bench.compare_servers import FORMATS, server_specs
 from llminfra.bench.server_process import (PROBE_TOKENS, PROBES, Server,  # noqa: F401 - API
                                            agreement, free_port, probe)
 from llminfra.planning.commands import EngineLimits
-from llminfra.serving.serve import MATMULS, resolve_matmul
+from llminfra.runner.kernel_choice import MATMULS, resolve_matmul
 from llminfra.specs import get_model
 
 OUTPUT_TOKENS = 64

@@ -35,6 +35,7 @@ from llminfra.calc.measured import parameter_bytes
 from llminfra.engine import LLMEngine, SamplingParams
 from llminfra.model import ByteTokenizer, ModelConfig, Transformer
 from llminfra.model.hf_export import hf_state_dict
+from llminfra.runner import runner_for
 
 SEED = 0
 #: the 1B shape of the first GPU run (../shared/gpu_runs/2026-12-04-h200)
@@ -48,7 +49,7 @@ def _engine(model, name: str, device: torch.device, **kw) -> LLMEngine:
     runner, graphs = LADDER[name]
     if graphs and device.type != "cuda":
         graphs = "emulate"
-    return LLMEngine(model, ByteTokenizer(), runner=runner, cuda_graphs=graphs, **kw)
+    return LLMEngine(model, ByteTokenizer(), runner=runner_for(runner, cuda_graphs=graphs), **kw)
 
 
 def decode_ms(model, name: str, device, short: int = 16, long: int = 80) -> tuple[float, int]:

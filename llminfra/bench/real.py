@@ -8,7 +8,7 @@ validation corpus in the real tokenizer) is served, greedily and with fixed outp
 
 * ``engine``: :class:`~llminfra.engine.LLMEngine`, continuous batching on the paged cache
   (:data:`ENGINE`), on the matmul kernel ``llminfra serve`` gives the real model by default
-  (``matmul`` in the result): :func:`llminfra.model.prepacked.prepacked` weights, oneDNN's
+  (``matmul`` in the result): :func:`llminfra.runner.prepacked.prepacked` weights, oneDNN's
   matmul from weights reordered once, as vLLM's CPU backend runs them (``F.linear`` on a
   PyTorch without oneDNN, with a note);
 * ``engine_plain``: the same engine with its layers multiplying through ``F.linear`` as
@@ -39,8 +39,8 @@ shared machine does not decide the ratio.
 :func:`llminfra.model.generate` with a :class:`~llminfra.model.DenseKVCache` (the readable
 model), ``fast`` through :class:`llminfra.model.FastDecoder`, both on the default kernel, and
 ``eager_plain`` / ``fast_plain`` the same on ``F.linear``, ``fast_skinny`` on the package's C kernel
-for few rows (:mod:`llminfra.quant.f32_skinny`, ``serve``'s kernel at batch 1); ``fast_int4`` through FastDecoder in
-int4 on ``int4_kernel`` (``"w4a8"``: :mod:`llminfra.quant.w4a8`, int8 activations and integer
+for few rows (:mod:`llminfra.kernels.f32_skinny`, ``serve``'s kernel at batch 1); ``fast_int4`` through FastDecoder in
+int4 on ``int4_kernel`` (``"w4a8"``: :mod:`llminfra.kernels.w4a8`, int8 activations and integer
 dot products as llama.cpp's Q4_1 × Q8_1, where it can be built; else ``"torch"``) and
 ``fast_int4_2pass`` (w4a8 with the activations' int8 rounding error multiplied too) and
 ``fast_int4_torch`` with the same codes through PyTorch's packed-int4 kernel ((time of n + 1
@@ -74,9 +74,9 @@ from llminfra.bench.real_hf import (ENGINE, hf_kv_blocks, import_transformers, l
 from llminfra.engine import LLMEngine, SamplingParams, percentile
 from llminfra.sim.workload import WorkloadRequest, serving_workload
 from llminfra.model import load_pretrained, pretrained_path
-from llminfra.model import prepacked as onednn
+from llminfra.runner import prepacked as onednn
 from llminfra.model.corpus import corpus_path
-from llminfra.quant import w4a8
+from llminfra.kernels import w4a8
 from llminfra.bench.real_decode import (AGREEMENT_PROMPTS, DECODE_PROMPT_LEN, decode_s_per_token,
                                         int4_decoders, int4_greedy_identical, int4_kernel,
                                         matmul_kernel)

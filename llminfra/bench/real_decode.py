@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 
-from llminfra.model import DenseKVCache, FastDecoder, generate, prepacked as onednn
-from llminfra.quant import int4_linear, quantize, w4a8
-from llminfra.quant.f32_skinny import skinny_linear
-from llminfra.model.fast_decode import _plain_linear
+from llminfra.model import DenseKVCache, generate
+from llminfra.runner import FastDecoder, prepacked as onednn
+from llminfra.quant import int4_linear, quantize
+from llminfra.kernels import w4a8
+from llminfra.runner.kernel_set import skinny_kernels
+from llminfra.runner.fast_decode import _plain_linear
 
 #: batch-1 decode paths: the default kernel's, the plain kernel's, the package's fp32 kernel for
 #: few rows (``fast_skinny``: ``serve``'s default at one or two rows, where the C kernels build),
@@ -48,7 +50,7 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int,
     """Batch-1 decode seconds per token, keyed as :data:`DECODE_PATHS`: ``eager``
     (:func:`generate` with a DenseKVCache), ``fast`` (:class:`llminfra.model.FastDecoder`), both
     on :func:`matmul_kernel`'s kernel, ``eager_plain`` / ``fast_plain`` on ``F.linear`` (left out
-    where that is the default already), ``fast_skinny`` on :mod:`llminfra.quant.f32_skinny`
+    where that is the default already), ``fast_skinny`` on :mod:`llminfra.kernels.f32_skinny`
     (where the C kernels build), and the int4 paths of :func:`int4_decoders` (``int4``:
     built already, with room for the prompt and n + 1 tokens): (best time of n + 1 tokens − best
     time of 1 token) / n, all timed in turn. Also the bytes of weights ``fast_int4`` reads a
@@ -67,7 +69,7 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int,
                  "eager_plain": eager_plain, "fast": lambda k: fast.generate(prompt, k),
                  "fast_plain": paths["fast"]}
     if w4a8.available():
-        skinny = FastDecoder(model, max_len=size, linear=skinny_linear())
+        skinny = FastDecoder(model, max_len=size, kernels=skinny_kernels())
         paths["fast_skinny"] = lambda k: skinny.generate(prompt, k)
     for name, decoder in int4.items():
         paths[name] = lambda k, d=decoder: d.generate(prompt, k)
@@ -125,7 +127,7 @@ def int4_greedy_identical(model, tok, int4: dict[str, FastDecoder], n: int,
 
 
 def int4_kernel() -> str:
-    """The kernel of the ``fast_int4`` row: ``"w4a8"`` (:mod:`llminfra.quant.w4a8`: int8
+    """The kernel of the ``fast_int4`` row: ``"w4a8"`` (:mod:`llminfra.kernels.w4a8`: int8
     activations, integer dot products, built on first use) where it can be built here, else
     ``"torch"`` (PyTorch's packed-int4 kernel, bf16 activations)."""
     return "w4a8" if w4a8.available() else "torch"

@@ -51,6 +51,7 @@ from llminfra.model import ByteTokenizer, ModelConfig, Transformer, heldout_toke
 from llminfra.sim.simulator import Simulator, fit_overhead_s, roofline_step_time
 from llminfra.sim.workload import WorkloadRequest, serving_workload
 from llminfra.calc.roofline import Roofline
+from llminfra.runner import runner_for
 
 SEED = 2024
 POLICIES = ("static", "dynamic", "continuous")
@@ -135,7 +136,7 @@ def decode_rate(model, batch: int, steps: int, prompt_len: int = 16,
     """Tokens/s of decode-only steps with ``batch`` sequences (median step time) on the
     engine's ``runner``."""
     engine = LLMEngine(model, ByteTokenizer(), max_num_seqs=batch,
-                       max_num_batched_tokens=max(512, batch * prompt_len), runner=runner)
+                       max_num_batched_tokens=max(512, batch * prompt_len), runner=runner_for(runner))
     engine.step_log = []
     for j in range(batch):
         engine.add_request([(7 * j + t) % 256 for t in range(prompt_len)],
@@ -152,7 +153,7 @@ def decode_calls(model, batch: int, runner: str, prompt_len: int = 16) -> int:
     (:func:`llminfra.bench.roofline.count_torch_calls`; on a GPU each is a kernel launch or
     more, chapter 08)."""
     engine = LLMEngine(model, ByteTokenizer(), max_num_seqs=batch,
-                       max_num_batched_tokens=max(512, batch * prompt_len), runner=runner)
+                       max_num_batched_tokens=max(512, batch * prompt_len), runner=runner_for(runner))
     for j in range(batch):
         engine.add_request([(7 * j + t) % 256 for t in range(prompt_len)],
                            SamplingParams(max_tokens=3, ignore_eos=True))

@@ -35,7 +35,8 @@ from llminfra.bench.step_profiler import KINDS, STEP_CATEGORIES, StepProfiler, w
 from llminfra.bench.timing import cpu_name, environment
 from llminfra.serving.background import ServerThread
 from llminfra.serving.loadtest import run_loadtest
-from llminfra.serving.serve import build_app, build_engine, resolve_matmul, served_name
+from llminfra.runner.kernel_choice import resolve_matmul
+from llminfra.serving.serve import build_app, build_engine, served_name
 
 #: the measured setting of issue 40: 16 clients, 64-token answers, the real model
 CONCURRENCY, OUTPUT_TOKENS, NUM_REQUESTS, MODEL = 16, 64, 48, "smollm2-135m"

@@ -41,7 +41,8 @@ import torch
 from llminfra.bench.timing import cpu_name, environment, torch_threads
 from llminfra.engine import LLMEngine, SamplingParams, SpeculativeConfig
 from llminfra.engine.spec_decode import expected_tokens_per_step
-from llminfra.model import FastDecoder, load_pretrained
+from llminfra.model import load_pretrained
+from llminfra.runner import FastDecoder
 from llminfra.quant import int4_linear
 
 MODEL = "smollm2-135m"

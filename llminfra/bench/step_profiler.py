@@ -37,7 +37,7 @@ STEP_CATEGORIES = (
     ("attention: K/V gather", "index_select of every sequence's K/V blocks, padded to the "
                               "longest, for every layer"),
     ("attention: SDPA", "decode/prefill attention less the gather: SDPA under the mask"),
-    ("attention: C paged kernel", "attention in C (llminfra/quant/paged_decode.c), each "
+    ("attention: C paged kernel", "attention in C (llminfra/kernels/csrc/paged_decode.c), each "
                                   "query reading its sequence's blocks in place (a decode "
                                   "step's, a prompt chunk's as rows): no gather"),
     ("other model ops", "embedding, RMSNorm, RoPE, K/V write (index_copy_), SiLU·up"),
@@ -257,7 +257,7 @@ def wrapper_cost_s(calls: int = 20_000) -> float:
 
 
 class _TimedMatmul:
-    """A fused matrix (:class:`~llminfra.model.fused.Matmul`) whose ``__call__`` and ``add``
+    """A fused matrix (:class:`~llminfra.runner.fused.Matmul`) whose ``__call__`` and ``add``
     count to ``matmuls``."""
 
     def __init__(self, inner, profiler: StepProfiler):

@@ -20,7 +20,8 @@ import torch
 from llminfra.bench.timing import cpu_name, environment, torch_threads
 from llminfra.engine.metrics import percentile
 from llminfra.engine.structured import json_matcher
-from llminfra.model import FastDecoder, load_pretrained
+from llminfra.model import load_pretrained
+from llminfra.runner import FastDecoder
 
 MODEL = "smollm2-135m"
 SCHEMA = {"type": "object",

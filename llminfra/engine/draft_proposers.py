@@ -6,7 +6,7 @@ tokens), ``backlog(seq)`` (tokens it has yet to read) and ``free(seq)``.
 sequence's last n tokens earlier in its own tokens and propose what followed them; free, and
 good where the output copies the input. :class:`DraftModel` runs a smaller or cheaper model with
 the same tokenizer, e.g. an int4 copy of the target through
-:class:`~llminfra.model.fast_decode.FastDecoder`. Both draft deterministically (q = one-hot(d)).
+:class:`~llminfra.runner.fast_decode.FastDecoder`. Both draft deterministically (q = one-hot(d)).
 Taught in chapter 05.
 """
 
@@ -47,7 +47,7 @@ class PromptLookup:
 
 
 class DraftModel:
-    """Greedy drafts from a :class:`~llminfra.model.fast_decode.FastDecoder` (same tokenizer as
+    """Greedy drafts from a :class:`~llminfra.runner.fast_decode.FastDecoder` (same tokenizer as
     the target). Each sequence gets its own draft K/V cache; what it holds is kept across steps
     and only the tokens the draft has not seen (or saw differently) are fed again."""
 

@@ -77,10 +77,9 @@ class LLMEngine:
     pool (default :func:`default_num_blocks`); ``enable_prefix_caching`` reuses the K/V of
     shared prompt prefixes; ``speculative`` (a :class:`~.spec_decode.SpeculativeConfig`) turns
     on speculative decoding. ``runner``: ``"readable"`` (the model as chapter 01 writes it,
-    the default) or ``"fast"`` (fused weights, 25 torch calls a layer, CUDA graphs for decode
-    where ``cuda_graphs`` says: :mod:`.model_runner`); ``linear`` (fast runner) applies each of
-    its matrices, e.g. :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights on the w4a8
-    kernel). ``clock`` gives the timestamps (seconds); ``seed`` seeds the
+    the default) or a runner factory from outside the engine, such as
+    :func:`llminfra.runner.fast_runner` (fused weights, the C kernels, CUDA graphs:
+    :mod:`.model_runner`, chapter 12). ``clock`` gives the timestamps (seconds); ``seed`` seeds the
     sampling of requests that give no seed of their own. Not thread-safe: a server calls
     ``add_request`` / ``abort_request`` / ``step`` from one thread (or under one lock).
     """
@@ -92,8 +91,7 @@ class LLMEngine:
                  clock: Callable[[], float] = time.perf_counter,
                  max_prefill_chunk_tokens: int | None = None, dynamic_window_s: float = 0.05,
                  seed: int = 0, speculative: SpeculativeConfig | None = None,
-                 runner: str = "readable", cuda_graphs: bool | str | None = None,
-                 linear=None):
+                 runner="readable"):
         if not hasattr(model, "config") or not callable(model):
             raise ValueError("model must be a llminfra Transformer (with .config), got "
                              f"{type(model).__name__}")
@@ -122,11 +120,10 @@ class LLMEngine:
         #: proposes and verifies speculative drafts (None: plain decoding)
         self.speculator = (None if speculative is None
                            else Speculator(speculative, cfg.max_seq_len))
-        #: runs each step on the device: the readable model, or the fused fast step
-        #: (:mod:`.model_runner`; ``cuda_graphs`` replays its decode steps from CUDA graphs)
+        #: runs each step on the device: the readable model, or a runner handed in
+        #: (:mod:`.model_runner`)
         self.runner = make_runner(runner, model, self.cache, self.device,
-                                  max_num_seqs=max_num_seqs, cuda_graphs=cuda_graphs,
-                                  linear=linear)
+                                  max_num_seqs=max_num_seqs)
         self.requests: dict[str, Request] = {}
         self._pending: list[Request] = []
         self._ids = itertools.count()

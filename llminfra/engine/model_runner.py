@@ -7,51 +7,36 @@ runs it on the device — the split of vLLM's ``GPUModelRunner`` and nano-vllm's
 
     SchedulerOutput ─▶ step inputs (device tensors) ─▶ forward ─▶ logits ─▶ sample ─▶ tokens
 
-Two runners, the same answers (the tests tie them), each in a module of its own:
+A runner is any object with ``forward(scheduled, padding, caught) -> logits`` (and a ``name``).
+The engine's own is :class:`~llminfra.engine.readable_runner.ReadableRunner`, the teaching path:
+``cache.prepare_step`` builds the step's :class:`~llminfra.attention.StepMetadata` and the
+readable :class:`~llminfra.model.Transformer` runs it, layer by layer, as chapter 05 draws it.
 
-* :class:`~llminfra.engine.readable_runner.ReadableRunner` — the teaching path:
-  ``cache.prepare_step`` builds the step's :class:`~llminfra.attention.StepMetadata` and the
-  readable :class:`~llminfra.model.Transformer` runs it, layer by layer, as chapter 05 draws
-  it. About 110 torch calls a layer.
-* :class:`~llminfra.engine.fast_runner.FastRunner` — the same weights fused from outside
-  (:mod:`llminfra.model.fused`) and one step of :mod:`llminfra.model.fast_step`: 25 calls a
-  layer. The step's inputs (tokens, positions, slots, block tables) are built on the host in
-  one array and copied into one persistent device buffer per step. With ``cuda_graphs`` a
-  decode step runs from a CUDA graph captured once per batch-size bucket (1, 2, 4, 8, then
-  every 16 up to ``max_num_seqs``): the batch is padded to its bucket (padding lanes write and
-  read the cache's scratch block) and the graph replays the whole step as one launch. On a CPU
-  ``cuda_graphs="emulate"`` takes the same path — the same buffers, the same padded function
-  call, without a graph — so the tests check every bucket's tokens against the eager step
-  where no GPU is.
-
-Chapter 05 (the engine) and chapter 08 (why a GPU decode step needs graphs).
+A faster runner comes from outside, as a factory ``(model, cache, device, *, max_num_seqs) ->
+runner``: :func:`llminfra.runner.fast_runner` (fused weights, the C kernels, CUDA graphs; chapter
+12) is one. The engine imports nothing of it — speed is applied to the engine from outside,
+the way gpt-fast applies it to its model — and the tests tie the two runners' answers.
 """
 
 from __future__ import annotations
 
-from llminfra.engine.fast_runner import FastRunner, graph_buckets  # noqa: F401 - re-exported
 from llminfra.engine.readable_runner import PAD_TOKEN_ID, ReadableRunner  # noqa: F401
 
-#: ``runner`` choices of :func:`make_runner`
-RUNNERS = ("readable", "fast")
+#: the runner the engine names itself; any other comes as a factory
+RUNNERS = ("readable",)
 
 
-def make_runner(runner: str, model, cache, device, *, max_num_seqs: int = 64, cuda_graphs=None,
-                linear=None):
-    """``"readable"`` or ``"fast"`` (:data:`RUNNERS`). ``linear`` (fast runner only): a
-    ``linear(W) -> f`` applied to each fused matrix and the output matrix — e.g.
-    :func:`llminfra.quant.w4a8.w4a8_linear`, int4 weights on the w4a8 kernel for any batch
-    (``llminfra serve --quantization w4a8``); None: the model's own kind of matmul.
-    ``ValueError`` for another name, or for a model the fast runner cannot take (its message
-    says why)."""
+def make_runner(runner, model, cache, device, *, max_num_seqs: int = 64):
+    """The runner ``runner`` says: ``"readable"`` (:class:`ReadableRunner`) or a factory
+    ``runner(model, cache, device, max_num_seqs=…)`` (e.g. :func:`llminfra.runner.fast_runner`).
+    ``ValueError`` for any other value (the fast runner by name: it lives in
+    :mod:`llminfra.runner`)."""
     if runner == "readable":
-        if cuda_graphs:
-            raise ValueError("CUDA graphs need runner='fast'; the readable runner runs eagerly")
-        if linear is not None:
-            raise ValueError("a linear for the fused matrices needs runner='fast' (the fused "
-                             "weights are what it applies to)")
         return ReadableRunner(model, cache, device)
+    if callable(runner):
+        return runner(model, cache, device, max_num_seqs=max_num_seqs)
     if runner == "fast":
-        return FastRunner(model, cache, device, max_num_seqs=max_num_seqs,
-                          cuda_graphs=cuda_graphs, linear=linear)
-    raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")
+        raise ValueError("runner='fast': the fast runner lives outside the engine; pass "
+                         "runner=llminfra.runner.fast_runner(...) (its kernels, CUDA graphs)")
+    raise ValueError(f"runner {runner!r}; allowed: 'readable' or a runner factory such as "
+                     "llminfra.runner.fast_runner()")

@@ -6,7 +6,7 @@ its drafts; one :data:`PAD_TOKEN_ID` per padding row), ``cache.prepare_step`` bu
 :class:`~llminfra.attention.StepMetadata`, and the readable :class:`~llminfra.model.Transformer`
 runs it layer by layer (about 110 torch calls a layer). The engine turns the logits into tokens
 (:func:`~llminfra.engine.sampler.sample_step`). The fused runner,
-:class:`~llminfra.engine.fast_runner.FastRunner`, inherits it and replaces :meth:`forward`;
+:class:`~llminfra.runner.fast_runner.FastRunner`, inherits it and replaces :meth:`forward`;
 :func:`~llminfra.engine.model_runner.make_runner` picks one. Taught in chapter 05.
 """
 

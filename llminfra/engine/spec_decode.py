@@ -32,7 +32,7 @@ Proposers (:mod:`llminfra.engine.draft_proposers`): :class:`PromptLookup` (the n
 of Saxena 2023, "prompt lookup decoding": find the sequence's last n tokens earlier in its own
 tokens and propose what followed them; free, and good where the output copies the input) and
 :class:`DraftModel` (a smaller or cheaper model with the same tokenizer, e.g. an int4 copy of
-the target through :class:`~llminfra.model.fast_decode.FastDecoder`). Taught in chapter 05.
+the target through :class:`~llminfra.runner.fast_decode.FastDecoder`). Taught in chapter 05.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Contract (the names notebooks, checkers and tests call; details in the module do
 ``model(tokens (N,), cache, meta=StepMetadata) -> logits (N, V)``, ``model.set_attention(fn)``,
 ``DenseKVCache``, ``ByteTokenizer``, ``load_tiny()``, ``generate(...)``, ``perplexity(...)``,
 ``heldout_tokens()``; a real checkpoint: ``load_pretrained("smollm2-135m" | file.gguf | folder)
--> (model, BPETokenizer)``; a fast batch-1 greedy path: ``FastDecoder(model).generate(ids, n)``;
+-> (model, BPETokenizer)`` (the fast paths applied from outside: :mod:`llminfra.runner`);
 mixture of experts (chapter 11): ``MoEFeedForward``, ``route``, ``tiny_moe_model(seed)``.
 """
 
@@ -18,7 +18,6 @@ from llminfra.model.checkpoint import (TINY_CHECKPOINT, load_checkpoint, load_ti
                                        save_checkpoint)
 from llminfra.model.config import ModelConfig, config_names
 from llminfra.model.corpus import corpus_tokens, heldout_tokens
-from llminfra.model.fast_decode import FastDecoder
 from llminfra.model.generate import generate, mean_nll, perplexity, sample_next_token
 from llminfra.model.gguf_file import GGUFFile
 from llminfra.model.moe import (MoEFeedForward, RouterOutput, expert_capacity, route,
@@ -37,6 +36,6 @@ __all__ = [
     "sample_next_token", "perplexity", "mean_nll", "heldout_tokens", "corpus_tokens",
     "load_tiny", "load_checkpoint", "save_checkpoint", "TINY_CHECKPOINT",
     "load_pretrained", "load_model", "load_tokenizer", "pretrained_names", "pretrained_path", "BPETokenizer", "GGUFFile",
-    "FastDecoder", "MoEFeedForward", "RouterOutput", "route", "expert_capacity",
+    "MoEFeedForward", "RouterOutput", "route", "expert_capacity",
     "tiny_moe_config", "tiny_moe_model",
 ]

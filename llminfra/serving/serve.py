@@ -27,13 +27,6 @@ log = logging.getLogger(__name__)
 
 #: ``--speculative`` choices (None: plain decoding)
 SPECULATIVE = (None, "ngram", "draft-int4")
-#: ``--matmul`` choices: ``auto`` (see :func:`resolve_matmul`), ``F.linear`` as the model is,
-#: :mod:`llminfra.model.prepacked`, or ``skinny``: every product on the package's C kernels
-#: (:mod:`llminfra.quant.f32_skinny`), a step in one C call (:mod:`llminfra.quant.decode_stack`)
-MATMULS = ("auto", "plain", "onednn", "skinny")
-#: ``--runner`` choices: the readable model, the fused fast step, or ``auto``
-#: (:func:`resolve_runner`)
-RUNNERS = ("auto", "readable", "fast")
 #: seconds uvicorn lets open responses finish after SIGINT / SIGTERM
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -48,119 +41,41 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
     ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
     threads in the process that calls it (the engine's), and the w4a8 kernel takes as many
-    (:func:`llminfra.quant.w4a8.default_threads`). ``speculative``: None, ``"ngram"``
+    (:func:`llminfra.kernels.w4a8.default_threads`). ``speculative``: None, ``"ngram"``
     (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
     rule and at most ``num_speculative_tokens`` drafts a step. ``matmul``: ``"plain"``
-    (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.model.prepacked`),
-    ``"skinny"`` (:mod:`llminfra.quant.f32_skinny` for a decode step's rows, the fast runner) or
-    ``"auto"`` (:func:`resolve_matmul`). ``runner``: ``"readable"``, ``"fast"`` or ``"auto"``
-    (:func:`resolve_runner`); ``cuda_graphs``: None (on where the model is on CUDA), True or
+    (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.runner.prepacked`),
+    ``"skinny"`` (:mod:`llminfra.kernels.f32_skinny` for a decode step's rows, the fast runner) or
+    ``"auto"``; ``runner``: ``"readable"``, ``"fast"`` or ``"auto"`` (both resolved by
+    :func:`llminfra.runner.kernel_choice.engine_runner`); ``cuda_graphs``: None (on where the model is on CUDA), True or
     False (:mod:`llminfra.engine.model_runner`); ``quantization``: None, or ``"w4a8"`` (int4
     weights on the w4a8 kernel, the fast runner; ``runner="readable"`` is then refused)."""
     import torch
 
     from llminfra.engine import LLMEngine, SpeculativeConfig
-    from llminfra.model import FastDecoder, load_model
+    from llminfra.model import load_model
     from llminfra.quant import int4_linear
+    from llminfra.runner import FastDecoder
+    from llminfra.runner.kernel_choice import check_choices, engine_runner
 
     if speculative not in SPECULATIVE:
         raise ValueError(f"speculative {speculative!r}; allowed: {SPECULATIVE}")
-    if matmul not in MATMULS:
-        raise ValueError(f"matmul {matmul!r}; allowed: {MATMULS}")
-    if runner not in RUNNERS:
-        raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")
+    check_choices(matmul, runner, quantization)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     net, tokenizer = load_model(model)
-    if quantization is not None and runner == "readable":
-        raise ValueError(f"quantization={quantization!r} runs on the fast runner; "
-                         f"runner='readable' cannot take it")
-    kind = resolve_matmul(matmul, model) if quantization is None else None
-    if kind == "skinny" and resolve_runner(runner, net) == "readable":
-        if matmul == "skinny":
-            raise ValueError("matmul='skinny' runs on the fast runner; runner='readable' (or a "
-                             "model the fused weights do not take) cannot take it")
-        kind = "onednn"
-    if kind == "onednn":
-        from llminfra.model.prepacked import prepacked
-        net = prepacked(net)
+    net, chosen = engine_runner(net, model, matmul, runner, cuda_graphs, quantization)
     spec = None
     if speculative == "ngram":
         spec = SpeculativeConfig("ngram", num_speculative_tokens, adaptive=True)
     elif speculative == "draft-int4":
         spec = SpeculativeConfig("draft", num_speculative_tokens, adaptive=True,
                                  draft=FastDecoder(net, linear=int4_linear(64)))
-    linear = _skinny_linear() if kind == "skinny" else quantized_linear(quantization)
     return LLMEngine(net, tokenizer, num_blocks=num_blocks, block_size=block_size,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
                      enable_prefix_caching=enable_prefix_caching, speculative=spec,
-                     runner="fast" if linear is not None else resolve_runner(runner, net),
-                     cuda_graphs=cuda_graphs, linear=linear)
-
-
-def _skinny_linear():
-    from llminfra.quant.f32_skinny import skinny_linear
-    return skinny_linear()
-
-
-def quantized_linear(quantization: str | None, threads: int | None = None):
-    """The fast runner's ``linear`` for ``--quantization``: None (the model's own weights), or
-    for ``"w4a8"`` :func:`llminfra.quant.w4a8.w4a8_linear` (int4 weights, int8 activations, the
-    course's C kernel, on ``threads`` split by output rows; None: torch's thread count) with the
-    C paged decode attention on the same threads (:mod:`llminfra.quant.paged_decode`;
-    ``RuntimeError`` naming the reason where it cannot be built)."""
-    if quantization is None:
-        return None
-    if quantization != "w4a8":
-        raise ValueError(f"quantization {quantization!r}; allowed: None, 'w4a8'")
-    from llminfra.quant import paged_decode
-    from llminfra.quant.w4a8 import w4a8_linear
-    linear = w4a8_linear(threads=threads)
-    linear.paged_decode = paged_decode.kernel(pool=linear.pool)   # attention in C as well
-    return linear
-
-
-def resolve_runner(runner: str, net) -> str:
-    """The model runner ``runner`` means for the model ``net``: ``"auto"`` is ``"fast"`` (the
-    fused step: 25 torch calls a layer instead of about 110, the same greedy tokens) wherever
-    the fused weights take the model (:func:`llminfra.model.fused.unsupported`), and
-    ``"readable"`` for a mixture of experts or a quantized model. Measured one thread, on the
-    kernel ``serve`` gives each (``python -m llminfra bench serving``, chapter 05 §11): fast /
-    readable decode 1.19x (batch 1) and 1.17x (batch 16) on SmolLM2-135M with oneDNN, 1.4x /
-    1.2x on the tiny model; on ``F.linear`` at batch 16 the stacked matrices lose what the
-    calls save (bench-100m 0.98x)."""
-    from llminfra.model.fused import unsupported
-
-    if runner not in RUNNERS:
-        raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")
-    if runner != "auto":
-        return runner
-    return "readable" if unsupported(net) is not None else "fast"
-
-
-def resolve_matmul(matmul: str, model: str) -> str:
-    """The kernel ``matmul`` means for ``model``: ``"auto"`` is ``"skinny"`` for a real model
-    (anything but ``"tiny"``) where this PyTorch has oneDNN's prepacked linear and the
-    package's C kernels build (:func:`llminfra.quant.w4a8.available`): products of one or two
-    rows stream the weights through ``f32_skinny.c``, up to 64 rows (a decode step of many
-    sequences) take ``f32_panels.c``'s outer product, faster than oneDNN's prepacked weight
-    there (oneDNN — about 2× the tokens/s of ``F.linear`` on SmolLM2 on a CPU, ``python -m
-    llminfra bench real``, the kernel vLLM's CPU backend uses — is ``"onednn"``), and a prompt
-    chunk goes to ``F.linear``, as fast as oneDNN for that many rows. Without a C compiler it
-    is ``"onednn"``, and
-    ``"plain"`` for the tiny model: its 12 MB of weights sit in cache, where repacking them on
-    each call costs little, and the course's stored tiny-model outputs are ``F.linear``'s."""
-    from llminfra.model import prepacked
-    from llminfra.quant import w4a8
-
-    if matmul not in MATMULS:
-        raise ValueError(f"matmul {matmul!r}; allowed: {MATMULS}")
-    if matmul != "auto":
-        return matmul
-    if str(model).strip().lower() == "tiny" or not prepacked.available():
-        return "plain"
-    return "skinny" if w4a8.available() else "onednn"
+                     runner=chosen)
 
 
 def served_name(model: str) -> str:
@@ -191,9 +106,10 @@ def build_app(model: str = "tiny", *, model_name: str | None = None,
     the engine process may take to build it."""
     from functools import partial
 
+    from llminfra.model import load_tokenizer
+    from llminfra.runner.kernel_choice import resolve_matmul
     from llminfra.serving.engine_process import EngineProcess
     from llminfra.serving.server import create_app
-    from llminfra.model import load_tokenizer
 
     name = model_name or served_name(model)
     limits = dict(max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)

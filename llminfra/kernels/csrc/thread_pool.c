@@ -16,7 +16,7 @@
  * thread runs a chunk changes nothing in its result. One caller at a time: a second
  * caller (another Python thread) and a caller in a forked child (the workers are the parent's)
  * get -1 from pool_run and run the job another way. Built with w4a8.c by
- * llminfra/quant/w4a8_build.py; chapter 08.
+ * llminfra/kernels/build.py; chapter 08.
  */
 #include <pthread.h>
 #include <sched.h>

@@ -19,7 +19,7 @@ SmolLM2, side by side with Hugging Face ``transformers`` (whose layers call ``F.
   weights are extra memory, about the size of the linear weights again). For inference: the
   packed weights are a snapshot, re-pack after changing the weights.
 * :func:`onednn_linear` — the same kernel as a ``linear(W) -> f`` for
-  :class:`~llminfra.model.fast_decode.FastDecoder`.
+  :class:`~llminfra.runner.fast_decode.FastDecoder`.
 
 Chapter 08 (where the time of a decode step goes).
 """

@@ -14,8 +14,8 @@
  * The vectors are GCC / clang vector extensions of 16 floats: AVX-512 registers where the CPU
  * has them (-march=native), pairs of AVX2 registers, or plain loops elsewhere; one code path.
  * Each output is one thread's dot product of its own W row, in a fixed order: the result is the
- * same bits for any thread count. Built into the w4a8 library (llminfra/quant/w4a8_build.py);
- * driven by llminfra/quant/f32_skinny.py. Chapter 08.
+ * same bits for any thread count. Built into the w4a8 library (llminfra/kernels/build.py);
+ * driven by llminfra/kernels/f32_skinny.py. Chapter 08.
  */
 #include <math.h>
 #include <stddef.h>

@@ -28,7 +28,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from llminfra.model.fused import FusedWeights
+from llminfra.runner.fused import FusedWeights
+from llminfra.runner.kernel_set import KernelSet
 from llminfra.model.transformer import Transformer
 from llminfra.validate import non_negative_int
 
@@ -47,17 +48,22 @@ class FastDecoder:
     holds ``2 · L · H_kv · max_len · d`` values. The fused matrices are copies: the decoder costs
     the projections' memory again (the embedding / output matrix is shared).
 
-    ``linear``: how a weight is applied, ``linear(W) -> f`` with ``f(x) = x · Wᵀ`` — by default
+    ``kernels``: a :class:`~llminfra.runner.kernel_set.KernelSet`, or ``linear``: how a weight
+    is applied, ``linear(W) -> f`` with ``f(x) = x · Wᵀ`` (``KernelSet.of(linear)``) — by default
     ``F.linear`` on ``W`` as it is; :func:`llminfra.quant.int4_linear` quantizes each fused matrix
     (and the output matrix) to int4 and multiplies from the packed codes. Biases stay fp32.
     Where every ``f`` also has ``f.fused(x, norm=g, eps=ε)`` (``f(RMSNorm(x)·g)``) and
     ``f.fused(x, gated=True)`` (``f(silu(gate)·up)`` of ``x = [gate | up]``), as
-    :func:`llminfra.quant.w4a8.w4a8_linear`'s do, the decoder hands them the norms and the
+    :func:`llminfra.kernels.w4a8.w4a8_linear`'s do, the decoder hands them the norms and the
     SwiGLU product instead of computing them with torch calls.
     """
 
     def __init__(self, model: Transformer, max_len: int | None = None,
-                 linear: Callable[[torch.Tensor], Callable] | None = None):
+                 linear: Callable[[torch.Tensor], Callable] | None = None, *, kernels=None):
+        if linear is not None:
+            if kernels is not None:
+                raise ValueError("give linear or kernels, not both")
+            kernels = KernelSet.of(linear)
         c = model.config
         if getattr(c, "num_experts", 1) > 1:
             raise ValueError(f"FastDecoder supports dense models only; this one has "
@@ -66,10 +72,10 @@ class FastDecoder:
         self.max_len = c.max_seq_len if max_len is None else int(max_len)
         if not 1 <= self.max_len <= c.max_seq_len:
             raise ValueError(f"max_len must be in [1, {c.max_seq_len}], got {max_len!r}")
-        #: the fused weights (shared with the engine's fast runner: :mod:`llminfra.model.fused`)
-        self.weights = w = FusedWeights(model, linear)
+        #: the fused weights (shared with the engine's fast runner: :mod:`llminfra.runner.fused`)
+        self.weights = w = FusedWeights(model, kernels)
         self.embedding, self.output, self.norm = w.embedding, w.output, w.norm
-        # a kernel that forms RMSNorm(x)·g and silu(gate)·up itself (llminfra.quant.w4a8)
+        # a kernel that forms RMSNorm(x)·g and silu(gate)·up itself (llminfra.kernels.w4a8)
         self.fused = w.fused_kernels
         self.split = w.split
         self.dtype, self._cache = w.dtype, None              # its own cache: made on first use

@@ -1,6 +1,8 @@
 """The fast runner: the readable runner's step on the same weights fused from outside
-(:mod:`llminfra.model.fused`) and run by :mod:`llminfra.model.fast_step` — 25 torch calls a
-layer instead of about 110, the same answers (the tests tie them).
+(:mod:`llminfra.runner.fused`) and run by :mod:`llminfra.runner.fast_step` — 25 torch calls a
+layer instead of about 110, the same answers (the tests tie them). The engine takes it from
+outside: ``LLMEngine(model, tokenizer, runner=fast_runner(kernels=…))`` (:func:`fast_runner`);
+nothing in :mod:`llminfra.engine` imports this package.
 
 The step's inputs (tokens, positions, slots, block tables) are built on the host in one array
 and copied into one persistent device buffer per step. With ``cuda_graphs`` a decode step runs
@@ -14,13 +16,39 @@ no GPU is. Chapter 05 (the engine) and chapter 08 (why a GPU decode step needs g
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from llminfra.engine.readable_runner import PAD_TOKEN_ID, ReadableRunner
-from llminfra.model.fast_step import (PrefillInputs, decode_step, layer_pools, mixed_step,
+from llminfra.runner.fast_step import (PrefillInputs, decode_step, layer_pools, mixed_step,
                                       uses_c_rows)
-from llminfra.model.fused import FusedWeights
+from llminfra.runner.fused import FusedWeights
+
+
+def fast_runner(*, kernels=None, cuda_graphs: bool | str | None = None):
+    """What :class:`~llminfra.engine.LLMEngine` takes as ``runner=``: a factory
+    ``(model, cache, device, *, max_num_seqs) -> FastRunner`` on ``kernels`` (a
+    :class:`~llminfra.runner.kernel_set.KernelSet`, None: the model's own matmul), with
+    ``cuda_graphs`` as :class:`FastRunner` takes it."""
+    return functools.partial(FastRunner, kernels=kernels, cuda_graphs=cuda_graphs)
+
+
+def runner_for(name: str, *, kernels=None, cuda_graphs: bool | str | None = None):
+    """``LLMEngine``'s ``runner=`` for a runner's name: ``"readable"`` as it is, ``"fast"`` as
+    :func:`fast_runner`; ``ValueError`` for another name, or for settings the readable runner
+    cannot take."""
+    if name == "readable":
+        if cuda_graphs:
+            raise ValueError("CUDA graphs need runner='fast'; the readable runner runs eagerly")
+        if kernels is not None:
+            raise ValueError("kernels need runner='fast' (the fused weights are what they "
+                             "apply to)")
+        return "readable"
+    if name == "fast":
+        return fast_runner(kernels=kernels, cuda_graphs=cuda_graphs)
+    raise ValueError(f"runner {name!r}; allowed: 'readable', 'fast'")
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -32,23 +60,24 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 
 class FastRunner(ReadableRunner):
-    """The fused step (:mod:`llminfra.model.fast_step`) on the same cache.
+    """The fused step (:mod:`llminfra.runner.fast_step`) on the same cache.
 
     ``cuda_graphs``: ``None`` — on where the weights are on CUDA; ``True`` (CUDA only);
     ``False``; ``"emulate"`` — the graph path's buffers and padding, without a graph (any
-    device: how the CPU tests check it). ``linear``: a ``linear(W) -> f`` of the package
-    (int4 / w4a8), else the model's own kind of matmul. ``ValueError`` for a model the fused
+    device: how the CPU tests check it). ``kernels``: a
+    :class:`~llminfra.runner.kernel_set.KernelSet` (w4a8, the fp32 C kernels, …), else the
+    model's own kind of matmul. ``ValueError`` for a model the fused
     weights do not take (mixture of experts, quantized layers)."""
 
     name = "fast"
 
     def __init__(self, model, cache, device: torch.device, *, max_num_seqs: int = 64,
-                 cuda_graphs: bool | str | None = None, linear=None):
+                 cuda_graphs: bool | str | None = None, kernels=None):
         super().__init__(model, cache, device)
-        self.weights = FusedWeights(model, linear)
+        self.weights = FusedWeights(model, kernels)
         self.pools = layer_pools(cache)
         #: the decode step in one C call where the weights bring one (int4 or fp32 on the C
-        #: kernels: :mod:`llminfra.quant.decode_stack`, the same logits), else None
+        #: kernels: :mod:`llminfra.runner.decode_stack`, the same logits), else None
         build = self.weights.decode_stack
         self.stack = None if build is None else build(self.weights, self.pools)
         #: steps with prompt chunks as decode_step's rows (a query each, on the C kernels)

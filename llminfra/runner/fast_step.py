@@ -1,7 +1,7 @@
 """One serving step of the fused model over a paged K/V pool, in few torch calls.
 
 The engine's fast model runner (:mod:`llminfra.engine.model_runner`) calls these two functions
-on :class:`~llminfra.model.fused.FusedWeights`; every input is a device tensor the runner
+on :class:`~llminfra.runner.fused.FusedWeights`; every input is a device tensor the runner
 built for the step, and no Python list reaches a layer:
 
 * :func:`decode_step` — every sequence brings one token (the common step). Inputs of fixed
@@ -29,16 +29,16 @@ gathers K and V of the sequences' blocks with one ``index_select`` and masks by 
 A decode step's attention can skip that copy: a kernel walks each sequence's block table and
 reads its keys where they lie, up to its length — the Triton kernel on CUDA
 (:mod:`llminfra.attention.paged_triton`), and on the CPU the C kernel
-``llminfra/quant/paged_decode.c`` (built into the w4a8 library, one ctypes call a layer, on the
+``llminfra/kernels/csrc/paged_decode.c`` (built into the w4a8 library, one ctypes call a layer, on the
 library's thread pool), which the weights bring where their ``linear`` does
-(:mod:`llminfra.quant.paged_decode`; ``serve`` on a real model). At 16 sequences of
+(:mod:`llminfra.kernels.paged_decode`; ``serve`` on a real model). At 16 sequences of
 SmolLM2-135M the gather and the padded SDPA were a third of the CPU step. With the C kernel
 the rotation and the K/V write are one C call as well (``rope_write_f32``, :func:`c_place`):
 the ten torch calls they take cost about 3 ms of a 28 ms batch-1 step of SmolLM2-135M on a
 2-core Xeon. Where every matmul also forms RMSNorm and SwiGLU in its own call
 (``w.fused_kernels``: the C kernels), the layer's norms and SwiGLU are theirs. Where the
 weights are on the C kernels (int4 on w4a8, fp32 on ``f32_skinny``) the runner goes one step
-further: the same calls, made from C, for the whole step (:mod:`llminfra.quant.decode_stack`;
+further: the same calls, made from C, for the whole step (:mod:`llminfra.runner.decode_stack`;
 ``w.decode_stack``, the same logits bit for bit), this function remaining its readable account.
 
 With the C attention a step with prompt chunks needs no padding: each query is a row of
@@ -56,7 +56,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llminfra.model.fused import FusedWeights
+from llminfra.kernels.paged_decode import c_attend
+from llminfra.runner.fused import FusedWeights
 
 
 @dataclass
@@ -91,32 +92,6 @@ def layer_pools(cache) -> list[Pool]:
     return pools
 
 
-def c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Tensor,
-             heads: tuple[int, int, int], q_row: int):
-    """``attend(q, pool)`` on the C paged decode kernel ``kernel``
-    (:class:`llminfra.quant.paged_decode.PagedDecodeKernel`): each sequence's blocks read in
-    place up to its length (``lens`` ``(n,)``), one ctypes call a layer, into one ``(n, H·d)``
-    buffer. ``K`` a K pool (its shape), ``heads`` ``(H, H_kv, d)``; q ``(n, H, d)`` with unit
-    strides in a row of heads, its rows ``q_row`` floats apart."""
-    n, W = block_tables.shape
-    P, B = K.shape[:2]
-    H, H_kv, d = heads
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = lens.to(torch.int32).contiguous()
-    out = torch.empty(n, H * d, dtype=torch.float32)      # every layer's: wo.add reads it first
-    fn = kernel.fn
-    rest = (tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, H, H_kv, d, B, W, P,
-            d ** -0.5, kernel.threads, kernel.pool)
-
-    def attend(q, p, _alive=(tables, lens)):     # the closure holds what rest points into
-        rc = fn(q.data_ptr(), q_row, p[2].data_ptr(), p[3].data_ptr(), *rest)
-        if rc:
-            raise ValueError(f"paged_decode_f32 refused its input: "
-                             f"{kernel.errors.get(rc, rc)}")
-        return out
-    return attend
-
-
 def _c_decode_attend(w: FusedWeights, pools: list[Pool], tables: torch.Tensor,
                      positions: torch.Tensor, kernel=None):
     """``attend`` of one-token sequences (block ``tables`` ``(n, W)``, their ``positions``) on
@@ -132,7 +107,7 @@ def _c_decode_attend(w: FusedWeights, pools: list[Pool], tables: torch.Tensor,
 
 def c_place(fn, w: FusedWeights, positions: torch.Tensor, slots: torch.Tensor, S: int):
     """``place(qkv, pool) -> q`` on the C function ``rope_write_f32`` (``fn``,
-    :mod:`llminfra.quant.paged_decode`): each row's q and k heads turned by RoPE in place and
+    :mod:`llminfra.kernels.paged_decode`): each row's q and k heads turned by RoPE in place and
     its k and v copied to its slot (``S`` slots in a pool), one ctypes call a layer where the
     torch path makes ten. q stays in ``qkv`` (what :func:`c_attend` reads, a row apart)."""
     c = w.config
@@ -248,10 +223,10 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     is the gather + SDPA above, or a kernel that reads each sequence's blocks in place up to
     its length (1 call a layer): on CUDA (``triton_kernel=None``: where the weights are on
     CUDA; True forces it, as the tests do under ``TRITON_INTERPRET=1``) the Triton paged
-    kernel; on the CPU the C kernel ``llminfra/quant/paged_decode.c`` — ``c_kernel=None``: the
+    kernel; on the CPU the C kernel ``llminfra/kernels/csrc/paged_decode.c`` — ``c_kernel=None``: the
     weights' own (``w.paged_decode``, brought by the ``linear`` they were built with) where
     weights and pool are fp32; False: gather + SDPA; or a
-    :class:`~llminfra.quant.paged_decode.PagedDecodeKernel` to use."""
+    :class:`~llminfra.kernels.paged_decode.PagedDecodeKernel` to use."""
     num_blocks, B = _page_pool(pools)
     n, W, c = len(tokens), block_tables.size(1), w.config
     x = F.embedding(tokens, w.embedding)                      # (n, dim)

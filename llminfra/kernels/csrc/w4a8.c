@@ -29,7 +29,7 @@
  * (Q_BLOCK_BYTES; 1,600 rows at K = 576 are 0.9 MB). Within its rows a thread prefetches a few
  * dozen rows ahead: a row of 576 codes is 288 bytes, too short a stream for the hardware
  * prefetcher to reach memory's bandwidth on its own. SwiGLU's exp is the file's own (the same
- * bits on every build). Built and loaded by llminfra/quant/w4a8.py; chapter 08.
+ * bits on every build). Built and loaded by llminfra/kernels/w4a8.py; chapter 08.
  */
 #include <math.h>
 #include <stdlib.h>

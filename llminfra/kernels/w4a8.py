@@ -1,8 +1,7 @@
 """int4 weights × int8 activations on the CPU: the integer dot products llama.cpp decodes with.
 
 PyTorch's packed-int4 CPU kernel (:mod:`llminfra.quant.cpu_kernels`) turns every 4-bit code
-into a float before it multiplies, so on one core it is bound by that unpacking, not by memory:
-on SmolLM2-135M its products alone take about 2.8× the time of reading the int4 weights.
+into a float before it multiplies, so on one core it is bound by that unpacking, not by memory.
 llama.cpp multiplies differently: it quantizes the activations too, to int8 in groups of 32
 (Q8_1), and takes each group's dot product in integers — on AVX-512 VNNI one ``vpdpbusd``
 multiplies 64 codes by 64 activations and adds them — so the float work is done once per group
@@ -22,12 +21,11 @@ error too (about 15-bit activations, a second dot product per weight); ``bench r
 how often each keeps the answers of the same int4 weights with fp32 activations.
 
 The C file is compiled on first use for this CPU into a cache folder, checked before it is
-loaded (:mod:`llminfra.quant.w4a8_build`), and loaded with :mod:`ctypes` (:func:`load` checks
+loaded (:mod:`llminfra.kernels.build`), and loaded with :mod:`ctypes` (:func:`load` checks
 its symbols and its ``MAX_K``). :func:`build_info` says which code path was compiled:
 ``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI where the CPU has
-it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). On an AMD EPYC, SmolLM2's
-int4 decode step took 4.8 ms on the AVX-512 VNNI path against 8.2 ms for PyTorch's int4 kernel,
-and 9.1 ms on AVX2 against 17.3 (``ATEN_CPU_CAPABILITY=avx2``; 2026-12-04, one thread).
+it) or ``"portable"`` (a plain C loop, correct everywhere, not fast); ``python -m llminfra
+bench real`` measures each against PyTorch's int4 kernel (``llminfra/data/bench_real_cpu.json``).
 Without a compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError``
 saying why; everything else in the course runs without it.
 
@@ -42,133 +40,22 @@ lasts tens of µs. Chapter 08.
 from __future__ import annotations
 
 import ctypes
-import functools
-import weakref
-from pathlib import Path
 
 import torch
 
-from llminfra.quant import decode_stack, packing
-from llminfra.quant.huge_pages import Arena
+from llminfra.quant import packing
+from llminfra.kernels.huge_pages import Arena
 from llminfra.quant.quantize_tensor import quantize
 from llminfra.quant.tensor import QuantizedTensor
-from llminfra.quant.w4a8_build import (SOURCE, build, cache_dir,  # noqa: F401 - the API
-                                       cached_build_problem)
+from llminfra.kernels.build import SOURCE, build, cache_dir, cached_build_problem  # noqa: F401
+from llminfra.kernels.library import (MAX_K, MAX_THREADS, PATHS, SYMBOLS, ThreadPool,  # noqa: F401
+                                      _check_threads, available, build_info, default_threads,
+                                      library, load, unavailable_reason)
 
 #: the weights' group size (Q4_1's and Q8_1's)
 GROUP = 32
 #: K must be a multiple of this (the kernel reads groups in pairs)
 K_MULTIPLE = 64
-#: the widest K every code path's block table holds (``MAX_K`` in w4a8.c: 1000 blocks of 8
-#: groups of 32 on the AVX2 path); the C code refuses a wider one too
-MAX_K = 32 * 8 * 1000
-_PATHS = {16: "avx512-vnni", 8: "avx2", 0: "portable"}
-#: the most threads one product is split over (``w4a8_gemm`` refuses more)
-MAX_THREADS = 64
-#: what a build must export (and ``w4a8_max_k()`` must equal :data:`MAX_K`)
-SYMBOLS = ("w4a8_gemm", "w4a8_pack", "w4a8_lanes", "w4a8_max_k", "w4a8_pool_new",
-           "w4a8_pool_free")
-
-
-def load(path: Path) -> ctypes.CDLL:
-    """The built library at ``path`` with its functions' argument types set. ``RuntimeError``
-    with the reason, before anything is loaded, for a file :func:`cached_build_problem`
-    refuses, and after, for a library without the :data:`SYMBOLS` of w4a8.c or built from
-    another version of it (``w4a8_max_k() != MAX_K``)."""
-    problem = cached_build_problem(path)
-    if problem is not None:
-        raise RuntimeError(f"w4a8: not loading {path}: {problem}")
-    lib = ctypes.CDLL(str(path))
-    missing = [name for name in SYMBOLS if not hasattr(lib, name)]
-    if missing:
-        raise RuntimeError(f"w4a8: {path} is not a build of w4a8.c: it lacks "
-                           f"{', '.join(missing)}")
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i, i, p]
-    lib.w4a8_gemm.restype = i
-    lib.w4a8_pool_new.argtypes = [i]
-    lib.w4a8_pool_new.restype = p
-    lib.w4a8_pool_free.argtypes = [p]
-    lib.w4a8_pool_free.restype = None
-    lib.w4a8_pack.argtypes = [p, p, i, i]
-    lib.w4a8_pack.restype = i
-    lib.w4a8_lanes.argtypes = []
-    lib.w4a8_lanes.restype = i
-    lib.w4a8_max_k.argtypes = []
-    lib.w4a8_max_k.restype = i
-    if lib.w4a8_max_k() != MAX_K or lib.w4a8_lanes() not in _PATHS:
-        raise RuntimeError(f"w4a8: {path} was built from another version of w4a8.c "
-                           f"(its widest K is {lib.w4a8_max_k()}, this module's {MAX_K})")
-    return lib
-
-
-@functools.cache
-def library() -> ctypes.CDLL:
-    """The kernel built for this CPU (:func:`build`), loaded once per process."""
-    return load(build())
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be built and loaded here (the compiler's message, a refused
-    build…), or None where it can."""
-    try:
-        library()
-    except (RuntimeError, OSError) as e:
-        return str(e)
-    return None
-
-
-def available() -> bool:
-    """Whether the kernel can be built and loaded here (:func:`unavailable_reason` says why
-    not)."""
-    return unavailable_reason() is None
-
-
-def build_info(lib: ctypes.CDLL | None = None) -> dict:
-    """``{"path": "avx512-vnni" | "avx2" | "portable", "lanes": 16 | 8 | 0, "file": …}`` of the
-    loaded kernel: which code path the compiler built for this CPU."""
-    lib = library() if lib is None else lib
-    lanes = lib.w4a8_lanes()
-    return {"path": _PATHS[lanes], "lanes": lanes, "file": lib._name}
-
-
-def default_threads() -> int:
-    """torch's thread count (``torch.get_num_threads()``: every core unless
-    ``OMP_NUM_THREADS`` or ``torch.set_num_threads`` says otherwise), at most
-    :data:`MAX_THREADS`: one setting for the kernel and torch's own matmuls."""
-    return max(1, min(MAX_THREADS, torch.get_num_threads()))
-
-
-def _check_threads(threads) -> int:
-    """``threads``, or :func:`default_threads` for None; ``ValueError`` outside 1..64."""
-    if threads is None:
-        return default_threads()
-    if isinstance(threads, bool) or not isinstance(threads, int) or not (
-            1 <= threads <= MAX_THREADS):
-        raise ValueError(f"threads must be an int in 1..{MAX_THREADS} (None: torch's thread "
-                         f"count), got {threads!r}")
-    return threads
-
-
-class ThreadPool:
-    """``threads − 1`` worker threads of the kernel (``thread_pool.c``), kept between products
-    so that a call of tens of microseconds does not pay for starting them: after each
-    product they spin for 50 µs, then sleep. Freed when the pool is collected (or by
-    :meth:`close`). ``threads=1`` holds no threads. One caller at a time: a product asked from a
-    second thread while one runs, or in a forked child, starts threads of its own instead."""
-
-    def __init__(self, threads: int | None = None, lib: ctypes.CDLL | None = None):
-        lib = library() if lib is None else lib
-        self.threads = _check_threads(threads)
-        self.handle = lib.w4a8_pool_new(self.threads) if self.threads > 1 else None
-        if self.threads > 1 and not self.handle:
-            raise RuntimeError(f"w4a8: could not start {self.threads - 1} worker threads")
-        self._free = weakref.finalize(self, lib.w4a8_pool_free, self.handle)
-
-    def close(self) -> None:
-        """Stop and join the worker threads now (later products start threads per call)."""
-        self._free()
-        self.handle = None
 
 
 def _check_rows(*counts: int) -> None:
@@ -310,41 +197,50 @@ def _check_passes(passes) -> None:
                          f"error: about 15 bits), got {passes!r}")
 
 
-def w4a8_linear(passes: int = 1, threads: int | None = None):
-    """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
-    to int4 once (``int4-g32``, round to nearest with a zero point: the codes of
-    :func:`llminfra.quant.int4_linear`), on huge pages (:mod:`.huge_pages`), and ``f(x)``
-    multiplies with the w4a8 kernel. ``f.fused(x, norm=g, eps=ε)`` multiplies ``RMSNorm(x)·g``
-    and ``f.fused(x, gated=True)`` ``silu(gate)·up`` of ``x = [gate | up]``: the kernel forms
-    them while it quantizes ``x``. ``passes=2`` rounds what the int8 rounding of ``x`` left to
-    int8 as well and adds that product too (activations good to about 15 bits: greedy tokens
-    then follow the int4 weights with fp32 activations) for a second dot product per weight.
-    ``threads`` (None: :func:`default_threads` when called) split each product's rows on one
-    :class:`ThreadPool` the weights share (``f.threads``); the same bits for any count. The
-    engine's decode step runs on them in one C call (``decode_stack``: :mod:`.decode_stack`).
-    ``RuntimeError`` where the kernel cannot be built (:func:`available`), ``ValueError`` for a
-    weight whose input width is not a multiple of 64."""
-    _check_passes(passes)
-    lib, arena = library(), Arena()
-    pool = ThreadPool(threads, lib)
+class W4A8Weight:
+    """One weight on the w4a8 kernel (made by :class:`w4a8_linear`): ``f(x) = x · Wᵀ``, and
+    ``f.fused(x, norm=g, eps=ε)`` = ``f(RMSNorm(x)·g)``, ``f.fused(x, gated=True)`` =
+    ``f(silu(gate)·up)`` of ``x = [gate | up]`` (the kernel forms them while it quantizes
+    ``x``). ``weight``: :func:`pack`'s dict; ``threads``: its pool's; ``nbytes``: what a
+    product reads."""
 
-    def prepare_weight(weight: torch.Tensor):
+    def __init__(self, lib: ctypes.CDLL, weight: dict, passes: int, pool: ThreadPool):
+        self.lib, self.weight, self.passes, self.pool = lib, weight, passes, pool
+        self.threads = pool.threads
+        self.nbytes = sum(weight[k].numel() * weight[k].element_size()
+                          for k in ("codes", "d", "m"))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _multiply(self.lib, self.weight, x, self.passes, pool=self.pool)
+
+    def fused(self, x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
+              gated: bool = False) -> torch.Tensor:
+        return _multiply(self.lib, self.weight, x, self.passes, norm, eps, gated, pool=self.pool)
+
+
+class w4a8_linear:
+    """``linear(W) -> f``: quantizes ``W`` to int4 once (``int4-g32``, round to nearest with a
+    zero point: the codes of :func:`llminfra.quant.int4_linear`), on huge pages
+    (:mod:`.huge_pages`), and returns the :class:`W4A8Weight` that multiplies with the w4a8
+    kernel. ``passes=2`` rounds what the int8 rounding of ``x`` left to int8 as well and adds
+    that product too (activations good to about 15 bits: greedy tokens then follow the int4
+    weights with fp32 activations) for a second dot product per weight. ``threads`` (None:
+    :func:`default_threads` when called) split each product's rows on one :class:`ThreadPool`
+    the weights share (``pool``); the same bits for any count. The runner's kernel set
+    (:func:`llminfra.runner.kernel_set.w4a8_kernels`) adds the C attention and the one-call
+    step on the same pool. ``RuntimeError`` where the kernel cannot be built
+    (:func:`available`), ``ValueError`` for a weight whose input width is not a multiple of
+    64."""
+
+    def __init__(self, passes: int = 1, threads: int | None = None):
+        _check_passes(passes)
+        self.passes, self.lib, self.arena = passes, library(), Arena()
+        self.pool = ThreadPool(threads, self.lib)
+
+    def __call__(self, weight: torch.Tensor) -> W4A8Weight:
         if weight.dim() != 2:
             raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
         _check_k(weight.shape[1])
-        w = prepare(quantize(weight.detach().float(), f"int4-g{GROUP}"), lib)
-        w.update({k: arena.copy(w[k]) for k in ("codes", "d", "m")})
-
-        def fused(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 1e-5,
-                  gated: bool = False) -> torch.Tensor:
-            return _multiply(lib, w, x, passes, norm, eps, gated, pool=pool)
-
-        apply = functools.partial(fused)      # f(x); attributes below
-        apply.fused = fused
-        apply.weight = w
-        apply.threads = pool.threads
-        apply.nbytes = sum(w[k].numel() * w[k].element_size() for k in ("codes", "d", "m"))
-        return apply
-    prepare_weight.pool = pool          # other kernels of the library may run on it
-    prepare_weight.decode_stack = decode_stack.builder(lib, pool, passes)
-    return prepare_weight
+        w = prepare(quantize(weight.detach().float(), f"int4-g{GROUP}"), self.lib)
+        w.update({k: self.arena.copy(w[k]) for k in ("codes", "d", "m")})
+        return W4A8Weight(self.lib, w, self.passes, self.pool)

@@ -6,8 +6,8 @@ page costs a page walk on top of its cache misses. Linux backs anonymous memory 
 where the program asks (``madvise(MADV_HUGEPAGE)``; ``/sys/kernel/mm/transparent_hugepage``
 says ``madvise`` on most distributions, ``always`` on some): 42 pages. PyTorch's allocator does
 not ask, so :class:`Arena` holds the weights in memory that does: the w4a8 codes and scales
-(:func:`llminfra.quant.w4a8.w4a8_linear`) and the fp32 panels
-(:class:`llminfra.quant.f32_skinny.skinny_linear`). Measured 2026-12-06 on the
+(:func:`llminfra.kernels.w4a8.w4a8_linear`) and the fp32 panels
+(:class:`llminfra.kernels.f32_skinny.skinny_linear`). Measured 2026-12-06 on the
 2-core Xeon, the 121 int4 products of a SmolLM2 step in a C loop: 8.4 → 6.2 ms on one thread,
 4.0 → 3.9 ms on two (the TLB's cost hides behind the second core's misses); the engine's int4
 decode step of one sequence on one thread 10.0 → 8.4 ms, and its fp32 step of 16 sequences on

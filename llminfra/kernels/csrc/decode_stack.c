@@ -1,14 +1,14 @@
 /* A whole decode step in one call: every layer's products (w4a8.c for int4 weights, or
  * f32_skinny.c and f32_panels.c for fp32 ones), RoPE and K/V write and paged attention
  * (paged_decode.c), and the residual adds, in the order the Python step
- * (llminfra/model/fast_step.py, _layer) calls them one by one.
+ * (llminfra/runner/fast_step.py, _layer) calls them one by one.
  *
  * At batch 1 the products of SmolLM2-135M read 84 MB in about 3 ms on two cores; the Python
  * step around them made 6 ctypes calls and two torch adds a layer, some 240 calls of 5-15 us
  * each: nearly as long again. Here the calls are C calls. Each one is the
  * same function on the same inputs as in the Python step, and a residual add is the same float
  * add torch does (or the fp32 kernels do, r + y), so the logits are the same bits
- * (tests/test_decode_stack.py). Built into the w4a8 library; llminfra/quant/decode_stack.py
+ * (tests/test_decode_stack.py). Built into the w4a8 library; llminfra/runner/decode_stack.py
  * drives it. Chapter 05.
  */
 #include <limits.h>

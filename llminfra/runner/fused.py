@@ -18,8 +18,8 @@ Rotary positions are one complex multiplication per step for q *and* k (and v, b
 leaves it unchanged bit for bit), read from a table of e^{i·m·θ_j} built once
 (:meth:`FusedWeights.head_rotation`).
 
-Two clients: :class:`~llminfra.model.fast_decode.FastDecoder` (one sequence, its own dense cache)
-and the engine's fast model runner (:mod:`llminfra.model.fast_step`, any batch on the paged
+Two clients: :class:`~llminfra.runner.fast_decode.FastDecoder` (one sequence, its own dense cache)
+and the engine's fast model runner (:mod:`llminfra.runner.fast_step`, any batch on the paged
 cache). Chapter 08 (where a decode step's time goes) and chapter 05 (the model runner).
 """
 
@@ -34,7 +34,7 @@ from torch import nn
 
 from llminfra.model.rope import rope_inv_freq
 from llminfra.model.transformer import Transformer
-from llminfra.model.prepacked import PrepackedLinear, pack_weight
+from llminfra.runner.prepacked import PrepackedLinear, pack_weight
 
 
 class Matmul:
@@ -63,7 +63,7 @@ class Matmul:
 
 
 class PrepackedMatmul(Matmul):
-    """The same product on oneDNN's prepacked weight (:mod:`llminfra.model.prepacked`), the
+    """The same product on oneDNN's prepacked weight (:mod:`llminfra.runner.prepacked`), the
     residual added by its ``add`` post-op."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -80,11 +80,11 @@ class PrepackedMatmul(Matmul):
 
 class SkinnyMatmul(Matmul):
     """A product on the package's C kernels, ``kernel``
-    (:class:`llminfra.quant.f32_skinny.SkinnyKernel`, on its thread pool): at most
-    ``kernel.max_rows`` rows on ``llminfra/quant/f32_skinny.c`` (each thread streams its run of
+    (:class:`llminfra.kernels.f32_skinny.SkinnyKernel`, on its thread pool): at most
+    ``kernel.max_rows`` rows on ``llminfra/kernels/csrc/f32_skinny.c`` (each thread streams its run of
     ``W``'s rows once, front to back: a decode step at batch 1 or 2 is a stream of the
     weights), more, up to ``kernel.panel_max_rows`` (a decode step of many sequences, a prompt
-    chunk), on ``llminfra/quant/f32_panels.c`` (``W`` packed once in panels of 16 columns, an
+    chunk), on ``llminfra/kernels/csrc/f32_panels.c`` (``W`` packed once in panels of 16 columns, an
     outer product in registers), past that on ``F.linear`` (:class:`Matmul`). With a bias every
     row goes to oneDNN's prepacked weight (:class:`PrepackedMatmul`). Without one it also has
     ``fused`` (as the w4a8 kernel's): ``fused(x, norm=g, eps=ε)`` is ``f(RMSNorm(x)·g)`` and
@@ -195,7 +195,7 @@ MATMULS = ("plain", "onednn")
 
 def matmul_kind(model: Transformer) -> str:
     """``"onednn"`` when the model's linear layers are prepacked
-    (:func:`llminfra.model.prepacked.prepacked`), ``"plain"`` for ``nn.Linear``;
+    (:func:`llminfra.runner.prepacked.prepacked`), ``"plain"`` for ``nn.Linear``;
     ``ValueError`` naming the layer type otherwise (a quantized model keeps its own kernels:
     run it on the readable path)."""
     linears = [model.output]
@@ -242,28 +242,29 @@ class FusedWeights:
     """The fused weights of a dense :class:`~llminfra.model.Transformer` (no copy of the
     embedding; the stacked matrices are copies: the projections' memory again).
 
-    ``linear``: ``None`` — :class:`Matmul` (``F.linear``) or :class:`PrepackedMatmul` as the
-    model's layers are (:func:`matmul_kind`); or a ``linear(W) -> f`` of the package
-    (:func:`llminfra.quant.int4_linear`, :func:`llminfra.quant.w4a8.w4a8_linear`), applied to
-    each stacked matrix and to the output matrix; or one with a ``matmul(W, bias)`` of its own
-    (:func:`llminfra.quant.f32_skinny.skinny_linear`: :class:`SkinnyMatmul`). ``ValueError`` for a mixture-of-experts model.
+    ``kernels``: a :class:`~llminfra.runner.kernel_set.KernelSet` (its ``matmul`` applied to
+    each stacked matrix and to the output matrix; its ``attention`` and ``step`` kept for the
+    fast step), or None — :class:`Matmul` (``F.linear``) or :class:`PrepackedMatmul` as the
+    model's layers are (:func:`matmul_kind`). ``ValueError`` for a mixture-of-experts model.
     """
 
-    def __init__(self, model: Transformer, linear: Callable | None = None):
+    def __init__(self, model: Transformer, kernels=None):
         c = model.config
         reason = unsupported(model)
-        if reason is not None and (linear is None or c.num_experts > 1):
+        matmul = None if kernels is None else kernels.matmul
+        if reason is not None and (matmul is None or c.num_experts > 1):
             raise ValueError(reason)
         self.config = c
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
-        make = self._maker(model, linear)
-        #: the C paged decode kernel the linear brings (:mod:`llminfra.quant.paged_decode`), or
-        #: None: the decode step's attention on the CPU (:func:`~llminfra.model.fast_step.decode_step`)
-        self.paged_decode = getattr(linear, "paged_decode", None)
+        make = matmul if matmul is not None else (
+            PrepackedMatmul if matmul_kind(model) == "onednn" else Matmul)
+        #: the C paged decode kernel of the kernel set (:mod:`llminfra.kernels.paged_decode`), or
+        #: None: the decode step's attention on the CPU (:func:`~llminfra.runner.fast_step.decode_step`)
+        self.paged_decode = None if kernels is None else kernels.attention
         #: ``build(weights, pools)`` of the whole decode step in one C call where the linear
-        #: brings one (:mod:`llminfra.quant.decode_stack`: w4a8), else None
-        self.decode_stack = getattr(linear, "decode_stack", None)
+        #: brings one (:mod:`llminfra.runner.decode_stack`: w4a8), else None
+        self.decode_stack = None if kernels is None else kernels.step
         with torch.no_grad():
             self.layers = []
             for block in model.layers:
@@ -295,14 +296,6 @@ class FusedWeights:
         self.rotation_pairs = torch.view_as_real(self.rotation)
         #: (1, H + 2·H_kv, 1): True for the v heads of a [q | k | v] row (rotated by 1)
         self.v_heads = (torch.arange(H + 2 * H_kv, device=self.device) >= H + H_kv)[None, :, None]
-
-    @staticmethod
-    def _maker(model, linear):
-        if linear is not None:        # a linear that brings its own matmul class, or a function
-            own = getattr(linear, "matmul", None)
-            return own if own is not None else (lambda w, b=None: FunctionMatmul(linear(w), w, b))
-        cls = PrepackedMatmul if matmul_kind(model) == "onednn" else Matmul
-        return cls
 
     def head_rotation(self, positions: torch.Tensor) -> torch.Tensor:
         """``(N, H + 2·H_kv, d/2)`` complex: e^{i·m·θ_j} for the q and k heads of a token at

@@ -14,9 +14,9 @@
  *
  * The vectors are GCC / clang vector extensions of 16 floats (AVX-512 registers with
  * -march=native; pairs of AVX2 registers; plain loops elsewhere). Built into the w4a8 library
- * (llminfra/quant/w4a8_build.py) beside f32_skinny.c, whose f32_product checks the sizes,
+ * (llminfra/kernels/build.py) beside f32_skinny.c, whose f32_product checks the sizes,
  * forms the rows (RMSNorm, SwiGLU) and splits the work over the threads for both; driven by
- * llminfra/model/fused.py (SkinnyMatmul). Chapter 08.
+ * llminfra/runner/fused.py (SkinnyMatmul). Chapter 08.
  */
 #include <stddef.h>
 #include <string.h>

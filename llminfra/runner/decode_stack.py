@@ -1,7 +1,7 @@
 """A decode step in one C call: ``decode_stack.c`` beside this file, for int4 (w4a8) and fp32
 weights on the package's C kernels.
 
-The fast runner's decode step (:func:`llminfra.model.fast_step.decode_step`) on the C kernels
+The fast runner's decode step (:func:`llminfra.runner.fast_step.decode_step`) on the C kernels
 makes six ctypes calls a layer — the q/k/v product with its RMSNorm, RoPE and the K/V write,
 paged attention, the output product, the gate/up product, the down product — and a residual
 add after two of them: about 240 Python calls a step of SmolLM2-135M, each 5–15 µs.
@@ -12,8 +12,8 @@ the same float adds, so the logits are the same bits as the Python step's
 answer, the two alternated in one process): one sequence 6.1–6.4 → 3.7–3.85 ms, sixteen
 25.9–26.6 → 22.5–22.9 ms.
 
-:func:`builder` is what :func:`llminfra.quant.w4a8.w4a8_linear` and
-:class:`llminfra.quant.f32_skinny.skinny_linear` hand the engine as their ``decode_stack``:
+:func:`builder` is what :func:`llminfra.kernels.w4a8.w4a8_linear` and
+:class:`llminfra.kernels.f32_skinny.skinny_linear` hand the engine as their ``decode_stack``:
 ``build(weights, pools)`` returns a :class:`DecodeStack` for fused weights whose every matrix
 is a product of those kernels without bias (w4a8, or fp32 ``SkinnyMatmul``), on fp32 CPU pools
 — else None, and the runner keeps the Python step. Chapter 05.
@@ -25,7 +25,7 @@ import ctypes
 
 import torch
 
-from llminfra.model.fused import SkinnyMatmul
+from llminfra.runner.fused import SkinnyMatmul
 
 _p, _i, _f, _l = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 #: what ``w4a8_decode_stack`` returns for input it refuses (and its callees' codes, offset)
@@ -85,8 +85,8 @@ def _weight(matmul) -> _Weight | None:
 
 
 class DecodeStack:
-    """The decode step of ``weights`` (:class:`~llminfra.model.fused.FusedWeights`) over
-    ``pools`` (:func:`~llminfra.model.fast_step.layer_pools`) in one C call: call it with the
+    """The decode step of ``weights`` (:class:`~llminfra.runner.fused.FusedWeights`) over
+    ``pools`` (:func:`~llminfra.runner.fast_step.layer_pools`) in one C call: call it with the
     step's tokens, positions, slots ``(n,)`` and block tables ``(n, W)`` (int64 CPU tensors) for
     the logits ``(n, V)``. Build it with :func:`builder`; it holds the pointers of both, so
     they must outlive it (the runner keeps all three)."""
@@ -151,7 +151,7 @@ def _shapes_fit(c, layers, output: _Weight) -> bool:
 def builder(lib: ctypes.CDLL, pool, passes: int):
     """``build(weights, pools) -> DecodeStack | None``: the stack of fused weights whose every
     product is one of ``lib``'s kernels (w4a8 with ``passes``, or fp32 ``SkinnyMatmul``) on
-    ``pool`` (a :class:`~llminfra.quant.w4a8.ThreadPool`) without biases, on fp32 CPU pools;
+    ``pool`` (a :class:`~llminfra.kernels.w4a8.ThreadPool`) without biases, on fp32 CPU pools;
     None for any other (the runner then runs the Python step)."""
     fn = c_function(lib)
 

@@ -11,9 +11,9 @@ bits. Measured 2026-12-05 on the 2-core EPYC, 16 sequences of 100–450 tokens, 
 60.5 → 25.1 ms on one thread, 29.0 → 13.9 ms on two.
 
 The engine gets it the way it gets its matmul kernels: from the ``linear`` that ``serve``
-hands it (:class:`llminfra.quant.f32_skinny.skinny_linear` carries one, and ``serve`` gives the
-w4a8 linear one), as its ``paged_decode``; :class:`llminfra.model.fused.FusedWeights` keeps it
-and :func:`llminfra.model.fast_step.decode_step` calls it, one ctypes call a layer.
+hands it (:class:`llminfra.kernels.f32_skinny.skinny_linear` carries one, and ``serve`` gives the
+w4a8 linear one), as its ``paged_decode``; :class:`llminfra.runner.fused.FusedWeights` keeps it
+and :func:`llminfra.runner.fast_step.decode_step` calls it, one ctypes call a layer.
 It brings ``rope_write_f32`` too (same file): the step's RoPE on q and k and its K/V write to
 the pool slots, one call a layer where the torch path makes ten. :func:`paged_attention_c` is
 the checked form of the attention, for tests and notebooks. Chapter 05.
@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llminfra.model.fast_step import c_attend
-from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
+from llminfra.kernels.library import ThreadPool, _check_threads, library
 
 #: what ``paged_decode_f32`` returns for input it refuses
 C_KERNEL_ERRORS = {-2: "a size or thread count out of range",
@@ -73,12 +72,38 @@ def rope_function(lib: ctypes.CDLL):
 
 def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedDecodeKernel:
     """The kernel on ``pool`` (a matmul kernel's, shared: the calls of a step come one after
-    another), else on a new :class:`~llminfra.quant.w4a8.ThreadPool` of ``threads`` (None:
+    another), else on a new :class:`~llminfra.kernels.w4a8.ThreadPool` of ``threads`` (None:
     torch's thread count). ``RuntimeError`` where the library cannot be built."""
     lib = library()
     pool = ThreadPool(_check_threads(threads), lib) if pool is None else pool
     return PagedDecodeKernel(c_function(lib), pool.handle, pool.threads, C_KERNEL_ERRORS, pool,
                              rope_function(lib))
+
+
+def c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Tensor,
+             heads: tuple[int, int, int], q_row: int):
+    """``attend(q, pool)`` on the C paged decode kernel ``kernel``
+    (:class:`llminfra.kernels.paged_decode.PagedDecodeKernel`): each sequence's blocks read in
+    place up to its length (``lens`` ``(n,)``), one ctypes call a layer, into one ``(n, H·d)``
+    buffer. ``K`` a K pool (its shape), ``heads`` ``(H, H_kv, d)``; q ``(n, H, d)`` with unit
+    strides in a row of heads, its rows ``q_row`` floats apart."""
+    n, W = block_tables.shape
+    P, B = K.shape[:2]
+    H, H_kv, d = heads
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = lens.to(torch.int32).contiguous()
+    out = torch.empty(n, H * d, dtype=torch.float32)      # every layer's: wo.add reads it first
+    fn = kernel.fn
+    rest = (tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, H, H_kv, d, B, W, P,
+            d ** -0.5, kernel.threads, kernel.pool)
+
+    def attend(q, p, _alive=(tables, lens)):     # the closure holds what rest points into
+        rc = fn(q.data_ptr(), q_row, p[2].data_ptr(), p[3].data_ptr(), *rest)
+        if rc:
+            raise ValueError(f"paged_decode_f32 refused its input: "
+                             f"{kernel.errors.get(rc, rc)}")
+        return out
+    return attend
 
 
 @functools.cache

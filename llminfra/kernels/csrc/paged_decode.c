@@ -1,7 +1,7 @@
 /* Paged decode attention on the CPU: one query per sequence against its keys, read in place
  * from the block pool up to the sequence's length.
  *
- * The torch path of a decode step (llminfra/model/fast_step.py, decode_attention) first copies
+ * The torch path of a decode step (llminfra/runner/fast_step.py, decode_attention) first copies
  * every sequence's K and V blocks out of the pool with index_select, padded to the longest
  * table, then runs scaled_dot_product_attention with a mask over that padded length: on
  * SmolLM2-135M at 16 sequences a third of the step. This is the CPU counterpart of the Triton
@@ -27,7 +27,7 @@
  * thread, 29 against 14 on two (AMD EPYC, 2 cores, 2026-12-05, the fastest of repeated runs).
  *
  * Vectors are GCC / clang vector extensions of 16 floats, as in f32_skinny.c. Built into the
- * w4a8 library (llminfra/quant/w4a8_build.py); driven by llminfra/model/fast_step.py. Chapter 04.
+ * w4a8 library (llminfra/kernels/build.py); driven by llminfra/runner/fast_step.py. Chapter 04.
  */
 #include <math.h>
 #include <stdatomic.h>

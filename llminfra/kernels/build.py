@@ -10,7 +10,7 @@ into place only once it looks like a library, with its SHA-256 written beside it
 file is checked against both before it is loaded (:func:`cached_build_problem`) and built again
 when damaged — truncated, scrambled, another library put there — since loading a broken shared
 library can kill the interpreter (SIGBUS, SIGILL). Temporary files of builds killed mid-compile
-are removed by the next build. Loading is :func:`llminfra.quant.w4a8.load`. Chapter 08.
+are removed by the next build. Loading is :func:`llminfra.kernels.w4a8.load`. Chapter 08.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("w4a8.c")
+#: the C sources and their header (``llminfra/kernels/csrc/``)
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "w4a8.c"
 #: the worker threads the kernel splits its rows over, compiled into the same library
-POOL_SOURCE = Path(__file__).with_name("thread_pool.c")
+POOL_SOURCE = CSRC / "thread_pool.c"
 #: the package's other CPU kernels, compiled into the same library and run on the same pool:
 #: fp32 products of one or two rows (``f32_skinny.c``) and of a decode step's rows on W packed
-#: in panels (``f32_panels.c``), both :mod:`llminfra.quant.f32_skinny`; paged decode attention
-#: read in place (``paged_decode.c``, :mod:`llminfra.model.fast_step`); an int4 model's whole
-#: decode step in one call (``decode_stack.c``, :mod:`llminfra.quant.decode_stack`)
-EXTRA_SOURCES = (Path(__file__).with_name("f32_skinny.c"),
-                 Path(__file__).with_name("f32_panels.c"),
-                 Path(__file__).with_name("paged_decode.c"),
-                 Path(__file__).with_name("decode_stack.c"))
+#: in panels (``f32_panels.c``), both :mod:`llminfra.kernels.f32_skinny`; paged decode attention
+#: read in place (``paged_decode.c``, :mod:`llminfra.runner.fast_step`); an int4 model's whole
+#: decode step in one call (``decode_stack.c``, :mod:`llminfra.runner.decode_stack`)
+EXTRA_SOURCES = (CSRC / "f32_skinny.c", CSRC / "f32_panels.c", CSRC / "paged_decode.c",
+                 CSRC / "decode_stack.c")
 #: no shared library of w4a8.c is smaller (an empty or truncated file is refused)
 MIN_LIBRARY_BYTES = 4096
 #: the first bytes of a shared library: ELF (Linux), Mach-O (macOS, both byte orders and fat)
@@ -60,7 +60,7 @@ def _compiler() -> str:
         if name and shutil.which(name):
             return shutil.which(name)
     raise RuntimeError("no C compiler found ($CC, cc, gcc or clang): the w4a8 kernel is built "
-                       "from llminfra/quant/w4a8.c on first use; install one (Debian/Ubuntu: "
+                       "from llminfra/kernels/csrc/w4a8.c on first use; install one (Debian/Ubuntu: "
                        "apt install gcc; macOS: xcode-select --install) or use PyTorch's int4 "
                        "kernel (llminfra.quant.int4_linear)")
 
@@ -125,7 +125,7 @@ def build(arch: str = "native", directory: Path | None = None) -> Path:
         if error is None:
             return target
         errors.append(error)
-    raise RuntimeError("could not compile llminfra/quant/w4a8.c:\n" + "\n".join(errors))
+    raise RuntimeError("could not compile llminfra/kernels/csrc/w4a8.c:\n" + "\n".join(errors))
 
 
 def _sources() -> list[Path]:

@@ -37,7 +37,7 @@ rows (118 rows: 63.9 against 63.5 ms), where ``F.linear`` (MKL, which takes a sl
 AMD's CPUs) took 154 ms: a 100-token prompt's forward 198 → 100 ms. So no oneDNN copy of the
 weights is kept, and no prompt goes to ``F.linear``. The engine's decode step of SmolLM2-135M on
 two threads: 4 sequences 32.0 → 25.6–26.4 ms, 16 sequences 48–49 → 43–45 ms (Xeon;
-:class:`llminfra.model.fused.SkinnyMatmul` routes the rows). Each output is a sum over ``K`` in
+:class:`llminfra.runner.fused.SkinnyMatmul` routes the rows). Each output is a sum over ``K`` in
 order in either kernel, whatever the block, the row count or the thread: the same bits for any
 thread count and any batch in each kernel's range. RMSNorm and SwiGLU are formed inside the
 call (SiLU's exp the w4a8 kernel's own), on the threads where the rows are many. ``W`` lives on
@@ -51,10 +51,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llminfra.model.fused import SkinnyMatmul
-from llminfra.quant import decode_stack, paged_decode
-from llminfra.quant.huge_pages import Arena
-from llminfra.quant.w4a8 import ThreadPool, _check_threads, library
+from llminfra.kernels.huge_pages import Arena
+from llminfra.kernels.library import ThreadPool, _check_threads, library
 
 #: products of at most this many rows go to the C kernel (see the table above)
 MAX_ROWS = 2
@@ -106,7 +104,7 @@ def _check_rows(name: str, value) -> None:
 
 def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
            panel_max_rows: int = PANEL_MAX_ROWS) -> SkinnyKernel:
-    """The kernel on a :class:`~llminfra.quant.w4a8.ThreadPool` of ``threads`` (None: torch's
+    """The kernel on a :class:`~llminfra.kernels.w4a8.ThreadPool` of ``threads`` (None: torch's
     thread count); products of more than ``max_rows`` rows up to ``panel_max_rows`` (0: none)
     on ``f32_panels.c``. ``RuntimeError`` where the library cannot be built (no C compiler),
     ``ValueError`` for a thread count outside 1..64 or a row count below 0."""
@@ -117,26 +115,6 @@ def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
     gemm, pack = _panel_functions(lib)
     return SkinnyKernel(_function(lib), pool.handle, pool.threads, max_rows, pool, gemm, pack,
                         panel_max_rows, Arena())
-
-
-class skinny_linear:
-    """A ``linear`` for :class:`llminfra.model.fused.FusedWeights` (the engine's fast runner):
-    each matrix becomes a :class:`~llminfra.model.fused.SkinnyMatmul` sharing one
-    :func:`kernel` — products of at most ``max_rows`` rows on ``f32_skinny.c``, up to
-    ``panel_max_rows`` on ``f32_panels.c``, more on ``F.linear`` — and brings the C paged decode
-    attention on the same thread pool (``paged_decode``: :mod:`llminfra.quant.paged_decode`) and
-    the whole decode step in one C call (``decode_stack``: :mod:`llminfra.quant.decode_stack`).
-    ``RuntimeError`` where the C kernels cannot be built."""
-
-    def __init__(self, threads: int | None = None, max_rows: int = MAX_ROWS,
-                 panel_max_rows: int = PANEL_MAX_ROWS):
-        self.kernel = kernel(threads, max_rows, panel_max_rows)
-        #: the decode step's attention in C, on the same threads
-        self.paged_decode = paged_decode.kernel(pool=self.kernel.owner)
-        self.decode_stack = decode_stack.builder(library(), self.kernel.owner, 1)
-
-    def matmul(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> SkinnyMatmul:
-        return SkinnyMatmul(weight, bias, kernel=self.kernel)
 
 
 def f32_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
