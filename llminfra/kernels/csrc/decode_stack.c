@@ -11,54 +11,15 @@
  * (tests/test_decode_stack.py). Built into the w4a8 library; llminfra/runner/decode_stack.py
  * drives it. Chapter 05.
  */
+#include "simd.h"               /* first, as in every file of the library */
+#include "llminfra_kernels.h"
+
 #include <limits.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-int w4a8_gemm(const float *x, const uint8_t *codes, const uint16_t *d, const uint16_t *m,
-              float *y, int M, int N, int K, int x_stride, int gated, const float *norm,
-              float eps, int passes, int threads, void *pool);
-int f32_skinny_gemm(const float *x, const float *w, const float *r, float *y, int M, int N,
-                    int K, int x_stride, int gated, const float *norm, float eps, int threads,
-                    void *pool);
-int f32_panel_gemm(const float *x, const float *p, const float *r, float *y, int M, int N,
-                   int K, int x_stride, int gated, const float *norm, float eps, int threads,
-                   void *pool);
-int rope_write_f32(float *qkv, int N, long row_stride, const int64_t *positions,
-                   const float *rot, long P, int H, int H_kv, int d, const int64_t *slots,
-                   long S, float *k, float *v);
-int paged_decode_f32(const float *q, long q_row, const float *k, const float *v,
-                     const int *tables, const int *lens, float *out, int n, int H, int H_kv,
-                     int d, int B, int W, int pool_blocks, float scale, int threads,
-                     void *pool);
-
-/* one weight (N, K): int4 as w4a8_pack leaves it (codes, d, m), or fp32 (codes NULL): W itself
-   for products of up to skinny_rows rows (f32_skinny.c), its panels (f32_panel_pack) for more,
-   up to panel_rows (SkinnyMatmul's routes) */
-typedef struct {
-    const uint8_t *codes;
-    const uint16_t *d, *m;
-    const float *w, *panels;
-    int N, K, skinny_rows, panel_rows;
-} stack_weight;
-
-/* one layer: its norms' gains, its four products and its K and V pools */
-typedef struct {
-    const float *attn_norm, *ffn_norm;
-    stack_weight qkv, wo, w13, w2;
-    float *k, *v;
-} stack_layer;
-
-/* the model's sizes and the step's shared settings */
-typedef struct {
-    int n_layers, dim, H, H_kv, d, ffn, passes, threads, B, W, pool_blocks;   /* W: per step */
-    float eps, scale;
-    long rot_rows, slots;
-    const float *rot, *embedding, *final_norm;
-    void *pool;
-} stack_model;
-
+/* y = x . W^T on the kernel the weight's kind and the row count choose: int4 w4a8_gemm; fp32
+   f32_skinny_gemm up to skinny_rows rows, f32_panel_gemm up to panel_rows (the structures are
+   llminfra_kernels.h's, filled field by field by llminfra/runner/decode_stack.py) */
 static int product(const stack_model *s, const float *x, const stack_weight *w, float *y, int n,
                    int x_stride, int gated, const float *norm) {
     if (w->codes)
@@ -78,7 +39,8 @@ static void add_to(float *x, const float *y, size_t count) {
 
 /* Layer l on x (n, dim) in place; work holds qkv (n, row), attention (n, H d), gate|up
    (n, 2 ffn) and a product (n, dim). Returns 0, or the code of the call that refused, offset
-   by -10 for a product (w4a8_gemm or the fp32 kernels), -20 for RoPE and the K/V write, -30 for attention. */
+   by -10 for a product (w4a8_gemm or the fp32 kernels), -20 for RoPE and the K/V write, -30
+   for attention. */
 static int layer(const stack_model *s, const stack_layer *L, float *x, int n,
                  const int64_t *positions, const int64_t *slots, const int *tables,
                  const int *lens, float *work) {

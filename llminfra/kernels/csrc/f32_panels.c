@@ -12,22 +12,14 @@
  * output is a sum over k in order, in one lane, so it has the same bits whatever the tile, the
  * row count or the thread (not those of f32_skinny.c or oneDNN: a different order of adds).
  *
- * The vectors are GCC / clang vector extensions of 16 floats (AVX-512 registers with
- * -march=native; pairs of AVX2 registers; plain loops elsewhere). Built into the w4a8 library
- * (llminfra/kernels/build.py) beside f32_skinny.c, whose f32_product checks the sizes,
+ * The vectors are simd.h's GCC / clang vector extensions of 16 floats (AVX-512 registers with
+ * -march=native; pairs of AVX2 registers; NEON quads; plain loops elsewhere). Built into the
+ * library (llminfra/kernels/build.py) beside f32_skinny.c, whose f32_product checks the sizes,
  * forms the rows (RMSNorm, SwiGLU) and splits the work over the threads for both; driven by
  * llminfra/runner/fused.py (SkinnyMatmul). Chapter 08.
  */
-#include <stddef.h>
-#include <string.h>
-
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 load_panel(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#include "simd.h"               /* first, as in every file of the library */
+#include "llminfra_kernels.h"
 
 /* Rows of x a tile takes: 2 MR accumulators of 16 floats, with the two panel loads, fill the
    32 registers of AVX-512; the 16 of AVX2 (two per vector here) or none hold fewer. */
@@ -62,8 +54,8 @@ static inline __attribute__((always_inline)) void tile(
     v16 a0[MR], a1[MR];
     for (int m = 0; m < rows; m++) a0[m] = a1[m] = (v16){0};
     for (int k = 0; k < K; k++) {
-        v16 b0 = load_panel(p0 + 16 * (size_t)k);
-        v16 b1 = two ? load_panel(p1 + 16 * (size_t)k) : b0;
+        v16 b0 = load16(p0 + 16 * (size_t)k);
+        v16 b1 = two ? load16(p1 + 16 * (size_t)k) : b0;
         for (int m = 0; m < rows; m++) {
             v16 xm = x[(size_t)m * K + k] - (v16){0};   /* a broadcast (x - 0 is x) */
             a0[m] += xm * b0;
@@ -122,12 +114,6 @@ static void panel_part(void *arg, int c, int C) {
         }
     }
 }
-
-/* the checks, row forming and threads f32_skinny.c's product shares */
-typedef void (*pool_fn)(void *arg, int t, int T);
-int f32_product(const float *x, int M, int N, int K, int x_stride, int gated, const float *norm,
-                float eps, int threads, void *pool, pool_fn part, void *job, const float **rows,
-                int units);
 
 /* y (M, N) = a (M, K) . W^T, plus r (M, N) where r is not NULL (y may be r); p is W packed by
    f32_panel_pack, y and r contiguous fp32. a is x's rows as they are (gated = 0, norm = NULL,

@@ -11,42 +11,18 @@
  * thread and each load of x serves every row of the block. That is llama.cpp's way for F32
  * weights as well.
  *
- * The vectors are GCC / clang vector extensions of 16 floats: AVX-512 registers where the CPU
- * has them (-march=native), pairs of AVX2 registers, or plain loops elsewhere; one code path.
+ * The vectors are simd.h's GCC / clang vector extensions of 16 floats: AVX-512 registers where
+ * the CPU has them (-march=native), pairs of AVX2 registers, NEON quads, or plain loops
+ * elsewhere; one code path, under simd.h's float rules.
  * Each output is one thread's dot product of its own W row, in a fixed order: the result is the
  * same bits for any thread count. Built into the w4a8 library (llminfra/kernels/build.py);
  * driven by llminfra/kernels/f32_skinny.py. Chapter 08.
  */
+#include "simd.h"               /* first, as in every file of the library */
+#include "llminfra_kernels.h"
+
 #include <math.h>
-#include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
-
-
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-/* the 16 lanes' sum as a tree (halves added, then halves of those): a chain of 16 scalar adds
-   would cost more than the row's dot product itself */
-static inline float sum16(v16 v) {
-    v8 a, b;
-    memcpy(&a, &v, sizeof a);
-    memcpy(&b, (char *)&v + sizeof a, sizeof b);
-    a += b;
-    v4 c, d;
-    memcpy(&c, &a, sizeof c);
-    memcpy(&d, (char *)&a + sizeof c, sizeof d);
-    c += d;
-    return (c[0] + c[2]) + (c[1] + c[3]);
-}
 
 typedef struct {
     const float *x, *w, *r;
@@ -89,8 +65,9 @@ static inline __attribute__((always_inline)) void dot_block(
     }
     for (int b = 0; b < nw; b++)
         for (int m = 0; m < R; m++) {
-            float s = sum16(acc[b][m]);
-            for (int t = k; t < K; t++) s += w[(size_t)b * K + t] * x[(size_t)m * K + t];
+            float s = sum16(&acc[b][m]);
+            for (int t = k; t < K; t++)
+                s = MUL_ADD(w[(size_t)b * K + t], x[(size_t)m * K + t], s);
             out[m * ldo + b] = s;
         }
 }
@@ -133,13 +110,6 @@ static void skinny_part(void *arg, int c, int C) {
     }
 }
 
-/* the thread pool (thread_pool.c) */
-typedef void (*pool_fn)(void *arg, int t, int T);
-void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C);
-
-/* silu(gate) * up over K values with w4a8.c's own exp (the same bits on every build) */
-void w4a8_swiglu(const float *gate, const float *up, float *a, int K);
-
 /* The rows a product multiplies, formed from x: row m of a from row m of x (x_stride floats
    apart). With gated, x's row is [gate (K) | up (K)] and a = silu(gate) * up (a SwiGLU's
    product, w4a8_swiglu: vectorized, the same bits as the w4a8 kernel's); else a = x's first K
@@ -167,7 +137,7 @@ static void form_part(void *arg, int c, int C) {
             int k = 0;
             for (; k + 16 <= K; k += 16)
                 for (int l = 0; l < 16; l++) part[l] += ar[k + l] * ar[k + l];
-            for (; k < K; k++) ss += ar[k] * ar[k];
+            for (; k < K; k++) ss = MUL_ADD(ar[k], ar[k], ss);
             for (int l = 0; l < 16; l++) ss += part[l];
             float inv = 1.f / sqrtf(ss / (float)K + j->eps);
             for (k = 0; k < K; k++) ar[k] = ar[k] * inv * j->norm[k];

@@ -26,53 +26,26 @@
  * its 30 layers each on a pool of its own: 60 ms gathered + SDPA against 25 ms here on one
  * thread, 29 against 14 on two (AMD EPYC, 2 cores, 2026-12-05, the fastest of repeated runs).
  *
- * Vectors are GCC / clang vector extensions of 16 floats, as in f32_skinny.c. Built into the
- * w4a8 library (llminfra/kernels/build.py); driven by llminfra/runner/fast_step.py. Chapter 04.
+ * Vectors are simd.h's GCC / clang vector extensions of 16 floats, under its float rules.
+ * Built into the library (llminfra/kernels/build.py); driven by llminfra/runner/fast_step.py.
+ * Chapter 04.
  */
+#include "simd.h"               /* first, as in every file of the library */
+#include "llminfra_kernels.h"
+
 #include <math.h>
 #include <stdatomic.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define PD_TILE 16           /* keys a tile: one vector of scores per query head */
 #define PD_GROUP 8           /* query heads of a K/V head taken in one pass over its keys */
 #define PD_MAX_HEAD_DIM 4096 /* a bound on d (and on the state a unit allocates) */
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int vi16 __attribute__((vector_size(64)));
-
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-/* Where the compiler has __builtin_shufflevector (clang, GCC 12+), lanes move between
-   registers; elsewhere through memory and scalars (slower, the same results up to rounding). */
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector)
-#define PD_SHUFFLE 1
-#endif
-#endif
-
-#ifdef PD_SHUFFLE
-#define SV __builtin_shufflevector
-
-/* the 16 lanes' sum as a tree (halves added, then halves of those) */
-static inline float sum16(v16 v) {
-    v8 a = SV(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + SV(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 b = SV(a, a, 0, 1, 2, 3) + SV(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-static inline float max16(v16 v) {
+/* Where the compiler has __builtin_shufflevector (simd.h's SV), lanes move between registers;
+   elsewhere through memory and scalars (slower). */
+#ifdef LLMINFRA_SHUFFLE
+LLMINFRA_INLINE float max16(const v16 *lanes) {
+    v16 v = *lanes;
     v8 a = SV(v, v, 0, 1, 2, 3, 4, 5, 6, 7), a2 = SV(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
     float m = a[0] > a2[0] ? a[0] : a2[0];
     for (int i = 1; i < 8; i++) {
@@ -84,7 +57,7 @@ static inline float max16(v16 v) {
 
 /* lane t: the sum of x[t]'s 16 lanes. Each level adds the halves of pairs of vectors: 16
    vectors of 16 partial sums, 8 of 2 x 8, 4 of 4 x 4, 2 of 8 x 2, one of 16 x 1. */
-static inline v16 sum16x16(const v16 *x) {
+LLMINFRA_INLINE v16 sum16x16(const v16 *x) {
     v16 c[8], e[4], f[2];
     for (int i = 0; i < 8; i++)
         c[i] = SV(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
@@ -104,44 +77,31 @@ static inline v16 sum16x16(const v16 *x) {
            SV(f[0], f[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 #else
-/* the 16 lanes' sum as a tree (f32_skinny.c's) */
-static inline float sum16(v16 v) {
-    v8 a, b;
-    memcpy(&a, &v, sizeof a);
-    memcpy(&b, (char *)&v + sizeof a, sizeof b);
-    a += b;
-    v4 c, d;
-    memcpy(&c, &a, sizeof c);
-    memcpy(&d, (char *)&a + sizeof c, sizeof d);
-    c += d;
-    return (c[0] + c[2]) + (c[1] + c[3]);
-}
-
-static inline float max16(v16 v) {
-    float m = v[0];
-    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+LLMINFRA_INLINE float max16(const v16 *v) {
+    float m = (*v)[0];
+    for (int i = 1; i < 16; i++) m = (*v)[i] > m ? (*v)[i] : m;
     return m;
 }
 
-static inline v16 sum16x16(const v16 *x) {
+LLMINFRA_INLINE v16 sum16x16(const v16 *x) {
     v16 s;
-    for (int t = 0; t < 16; t++) s[t] = sum16(x[t]);
+    for (int t = 0; t < 16; t++) s[t] = sum16(&x[t]);
     return s;
 }
 #endif
 
 /* lanes of v where keep is set (-1), else `other` */
-static inline v16 select16(vi16 keep, v16 v, float other) {
+LLMINFRA_INLINE v16 select16(const vi16 *keep, const v16 *v, float other) {
     vi16 a, b;
-    v16 o = (v16){0} + other;
-    memcpy(&a, &v, sizeof a);
+    v16 o = (v16){0} + other, r;
+    memcpy(&a, v, sizeof a);
     memcpy(&b, &o, sizeof b);
-    a = (a & keep) | (b & ~keep);
-    memcpy(&v, &a, sizeof v);
-    return v;
+    a = (a & *keep) | (b & ~*keep);
+    memcpy(&r, &a, sizeof r);
+    return r;
 }
 
-static inline vi16 first_lanes(int nt) {
+LLMINFRA_INLINE vi16 first_lanes(int nt) {
     vi16 lane;
     for (int t = 0; t < 16; t++) lane[t] = t;
     return lane < nt;
@@ -151,8 +111,9 @@ static inline vi16 first_lanes(int nt) {
    and |r| <= ln 2 / 2, e^r a degree-7 polynomial (Cephes' expf), 2^n built in the exponent bits.
    Below -87.3 (e^x under 2^-126) it gives about 1e-38: the caller zeroes the lanes past a
    sequence's end itself. */
-static inline v16 exp16(v16 x) {
-    x = select16(x >= -87.3365447504f, x, -87.3365447504f);   /* lanes -1 where true */
+LLMINFRA_INLINE v16 exp16(const v16 *at) {
+    vi16 above = *at >= -87.3365447504f;                          /* lanes -1 where true */
+    v16 x = select16(&above, at, -87.3365447504f);
     v16 fx = x * 1.44269504088896341f + 0.5f;
     v16 t = __builtin_convertvector(__builtin_convertvector(fx, vi16), v16);
     t += __builtin_convertvector(t > fx, v16);                     /* floor: -1 where above */
@@ -210,8 +171,9 @@ static inline __attribute__((always_inline)) void tile_scores(
         const float *q = st.q + (size_t)g * d;
         v16 s = sum16x16(x[g]);
         for (int t = 0; t < nt && d16 < d; t++)
-            for (int i = d16; i < d; i++) s[t] += k[(size_t)t * row + i] * q[i];
-        store16(st.p[g], select16(keep, s, -INFINITY));
+            for (int i = d16; i < d; i++) s[t] = MUL_ADD(k[(size_t)t * row + i], q[i], s[t]);
+        v16 kept = select16(&keep, &s, -INFINITY);
+        store16(st.p[g], &kept);
     }
 }
 
@@ -221,16 +183,16 @@ static inline __attribute__((always_inline)) void tile_softmax(heads_state st, i
     vi16 keep = first_lanes(nt);
     for (int g = 0; g < R; g++) {
         v16 s = load16(st.p[g]);
-        float m_tile = max16(s), m_new = m_tile > st.m[g] ? m_tile : st.m[g];
-        v16 e = select16(keep, exp16(s - m_new), 0.0f);
-        store16(st.p[g], e);
+        float m_tile = max16(&s), m_new = m_tile > st.m[g] ? m_tile : st.m[g];
+        v16 shifted = s - m_new, ex = exp16(&shifted), e = select16(&keep, &ex, 0.0f);
+        store16(st.p[g], &e);
         if (m_new != st.m[g]) {             /* a larger score: earlier terms shrink */
             float alpha = expf(st.m[g] - m_new), *acc = st.acc + (size_t)g * d;
             st.l[g] *= alpha;
             for (int i = 0; i < d; i++) acc[i] *= alpha;
             st.m[g] = m_new;
         }
-        st.l[g] += sum16(e);
+        st.l[g] += sum16(&e);
     }
 }
 
@@ -246,12 +208,13 @@ static inline __attribute__((always_inline)) void tile_values(
             v16 vv = load16(v + (size_t)t * row + i);
             for (int g = 0; g < R; g++) a[g] += st.p[g][t] * vv;
         }
-        for (int g = 0; g < R; g++) store16(st.acc + (size_t)g * d + i, a[g]);
+        for (int g = 0; g < R; g++) store16(st.acc + (size_t)g * d + i, &a[g]);
     }
     for (; i < d; i++)
         for (int t = 0; t < nt; t++)
             for (int g = 0; g < R; g++)
-                st.acc[(size_t)g * d + i] += st.p[g][t] * v[(size_t)t * row + i];
+                st.acc[(size_t)g * d + i] = MUL_ADD(st.p[g][t], v[(size_t)t * row + i],
+                                                    st.acc[(size_t)g * d + i]);
 }
 
 static inline __attribute__((always_inline)) void tile(heads_state st, const float *k,
@@ -351,10 +314,6 @@ static void decode_part(void *arg, int c, int C) {
     }
     free(state);
 }
-
-/* the thread pool (thread_pool.c) */
-typedef void (*pool_fn)(void *arg, int t, int T);
-void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C);
 
 /* out (n, H, d) = softmax(q k^T scale) v for each sequence's query q (n, H, d: head rows of d
    floats, sequences q_row floats apart) against its keys 0 .. lens[n] - 1, key t in block

@@ -15,28 +15,22 @@
  * before it waits for `users` to reach 0: a worker that wakes late finds it closed. Which
  * thread runs a chunk changes nothing in its result. One caller at a time: a second
  * caller (another Python thread) and a caller in a forked child (the workers are the parent's)
- * get -1 from pool_run and run the job another way. Built with w4a8.c by
+ * get -1 from pool_run and run the job another way. POSIX only (threads, clock_gettime's
+ * CLOCK_MONOTONIC, sched_yield): Linux, macOS and the BSDs alike. Built with w4a8.c by
  * llminfra/kernels/build.py; chapter 08.
  */
+#include "simd.h"               /* first, as in every file of the library: CPU_RELAX */
+#include "llminfra_kernels.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define CPU_RELAX() __asm__ volatile("yield")
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 #define SPIN_NS 50000L         /* 50 us: the gap between two matmuls of a decode step */
 #define MAX_POOL_THREADS 1024
-
-typedef void (*pool_fn)(void *arg, int c, int C);
 
 typedef struct {
     pthread_mutex_t lock;      /* guards the sleep and the wake-up */
@@ -101,8 +95,6 @@ static void *worker(void *a) {
     }
 }
 
-void w4a8_pool_free(void *handle);
-
 /* A pool running jobs on `threads` threads (the caller's included); NULL where threads < 2 or
    a thread cannot be started. */
 void *w4a8_pool_new(int threads) {
@@ -155,7 +147,7 @@ int w4a8_pool_size(const void *handle) { return handle ? ((const pool_t *)handle
 /* fn(arg, c, C) for every chunk c < C, on this thread and whichever workers join; returns
    when all are done. -1 (nothing run) where another caller holds the pool or this is a forked
    child. */
-int pool_run(void *handle, pool_fn fn, void *arg, int C) {
+static int pool_run(void *handle, pool_fn fn, void *arg, int C) {
     pool_t *p = (pool_t *)handle;
     if (p->pid != getpid() || pthread_mutex_trylock(&p->busy)) return -1;
     p->fn = fn;
@@ -193,7 +185,7 @@ static void *run_once(void *a) {
 
 /* fn(arg, t, T) for every t < T on threads started for this call (fewer where they cannot be
    started: their parts then run on this thread). */
-void run_threads(int T, pool_fn fn, void *arg) {
+static void run_threads(int T, pool_fn fn, void *arg) {
     pthread_t th[64];
     once_arg_t args[64];
     int started[64] = {0};

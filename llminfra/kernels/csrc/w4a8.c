@@ -17,7 +17,10 @@
  * 2 * LANES bytes (l < LANES/2) or in their high nibbles (l >= LANES/2). The groups left after
  * the whole blocks (K a multiple of 64, so an even number) are read as blocks of LANES/2,
  * LANES/4, ..., 2 groups, group l % nb in lane l. The activations are quantized into the same
- * order. Without LANES, byte j of a group holds weights j (low nibble) and j + 16 (high).
+ * order. Without LANES, byte j of a group holds weights j (low nibble) and j + 16 (high):
+ * the layout of the portable C loop (dot1, the generic reference) and of the NEON path for
+ * aarch64 with ARMv8.2's dot product (vdotq_s32), which takes dot1's float steps in dot1's
+ * order and so gives the portable build's bits (tests/test_kernels_portability.py, under qemu).
  *
  * T threads (thread_pool.c) split the output columns, W's rows, in pairs, and the rows of x
  * they quantize: each output is one thread's dot product of its own W row, so the result has
@@ -31,18 +34,16 @@
  * prefetcher to reach memory's bandwidth on its own. SwiGLU's exp is the file's own (the same
  * bits on every build). Built and loaded by llminfra/kernels/w4a8.py; chapter 08.
  */
+#include "simd.h"               /* first, as in every file of the library */
+#include "llminfra_kernels.h"
+
 #include <math.h>
 #include <stdlib.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
+/* the instruction set's layout (simd.h chooses the set): the NEON path reads the portable one */
+#if defined(LLMINFRA_AVX512_VNNI)
 #define LANES 16
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#elif defined(LLMINFRA_AVX2)
 #define LANES 8
 #else
 #define LANES 0
@@ -61,9 +62,14 @@ int w4a8_max_k(void) { return MAX_K; }
 
 static int bad_k(int K) { return K <= 0 || K % 64 != 0 || K > MAX_K; }
 
+#if LANES != 16  /* the AVX-512 path converts 16 at a time */
 static inline float h2f(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
+#elif defined(__aarch64__)
+    __fp16 f;                  /* IEEE half on aarch64: the conversion is exact */
+    memcpy(&f, &h, 2);
+    return (float)f;
 #else
     uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, f = h & 0x3ff, b;
     if (e == 0) {
@@ -76,8 +82,11 @@ static inline float h2f(uint16_t h) {
     return r;
 #endif
 }
+#endif
 
 int w4a8_lanes(void) { return LANES; }
+
+const char *llminfra_kernels_isa(void) { return LLMINFRA_ISA; }
 
 /* The blocks a row of G groups is read in: nb[i] groups from group g0[i]; returns their count. */
 static int blocks(int G, int *nb, int *g0) {
@@ -397,7 +406,64 @@ static void dot2_one(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, c
     *y1 = off1;
 }
 
+#elif defined(LLMINFRA_NEON_DOTPROD)
+/* The portable loop's layout and float steps, its integer sums on ARMv8.2's dot product
+   (vdotq_s32: 16 signed bytes times 16, added in fours into 4 int32 lanes, as llama.cpp's ARM
+   path has it; codes 0..15 are signed bytes too). A group's sum s = sum_j u_j q_j is exact
+   either way, and each output adds (d dx) s + m sx, group after group, into one float as dot1
+   does: the same bits as the portable build (simd.h's float rules keep aarch64's FMA out).
+   Two W rows share each load of q, two independent chains of adds. */
+
+/* group g's 4 lanes of partial sums: byte j holds codes j (low nibble) and j + 16 (high) */
+static inline int32x4_t group_dot(const uint8_t *c, const int8_t *q) {
+    uint8x16_t w = vld1q_u8(c);
+    int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(w, vdupq_n_u8(15)));
+    int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(q)), hi, vld1q_s8(q + 16));
+}
+
+/* the terms (d dx) s + m sx of 4 groups from their partial sums p[0..3], as dot1 forms each */
+static inline float32x4_t terms4(const int32x4_t *p, const uint16_t *d, const uint16_t *m,
+                                 const float *dx, const float *sx) {
+    int32x4_t s = vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+    float32x4_t dv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(d)));
+    float32x4_t mv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m)));
+    return vaddq_f32(vmulq_f32(vmulq_f32(dv, vld1q_f32(dx)), vcvtq_f32_s32(s)),
+                     vmulq_f32(mv, vld1q_f32(sx)));
+}
+
+static void dot2_one(const uint8_t *c0, const uint8_t *c1, const uint16_t *d0, const uint16_t *d1,
+                     const uint16_t *m0, const uint16_t *m1, const int8_t *q, const float *dx,
+                     const float *sx, int n, const int *nb, const int *g0, float *y0, float *y1) {
+    (void)n;
+    (void)g0;
+    int G = nb[0], g = 0;
+    float a0 = 0.f, a1 = 0.f;
+    for (; g + 4 <= G; g += 4) {
+        int32x4_t p0[4], p1[4];
+        for (int i = 0; i < 4; i++) {
+            p0[i] = group_dot(c0 + 16 * (g + i), q + 32 * (g + i));
+            p1[i] = group_dot(c1 + 16 * (g + i), q + 32 * (g + i));
+        }
+        float32x4_t t0 = terms4(p0, d0 + g, m0 + g, dx + g, sx + g);
+        float32x4_t t1 = terms4(p1, d1 + g, m1 + g, dx + g, sx + g);
+        a0 += vgetq_lane_f32(t0, 0), a1 += vgetq_lane_f32(t1, 0);
+        a0 += vgetq_lane_f32(t0, 1), a1 += vgetq_lane_f32(t1, 1);
+        a0 += vgetq_lane_f32(t0, 2), a1 += vgetq_lane_f32(t1, 2);
+        a0 += vgetq_lane_f32(t0, 3), a1 += vgetq_lane_f32(t1, 3);
+    }
+    for (; g < G; g++) {       /* the last two groups where G % 4 = 2 */
+        float s0 = (float)vaddvq_s32(group_dot(c0 + 16 * g, q + 32 * g));
+        float s1 = (float)vaddvq_s32(group_dot(c1 + 16 * g, q + 32 * g));
+        a0 += h2f(d0[g]) * dx[g] * s0 + h2f(m0[g]) * sx[g];
+        a1 += h2f(d1[g]) * dx[g] * s1 + h2f(m1[g]) * sx[g];
+    }
+    *y0 = a0;
+    *y1 = a1;
+}
+
 #else
+/* The generic C reference: the layout without LANES, one group at a time. */
 static float dot1(const uint8_t *c, const uint16_t *d, const uint16_t *m, const int8_t *q,
                   const float *dx, const float *sx, int G) {
     float acc = 0.f;
@@ -614,10 +680,6 @@ static void multiply_part(void *arg, int t, int T) {
     }
     free(u);
 }
-
-/* the thread pool (thread_pool.c) */
-typedef void (*pool_fn)(void *arg, int t, int T);
-void pool_for(int threads, void *pool, pool_fn fn, void *arg, int C);
 
 /* fn over `units` rows on T threads (pool_for): in up to 4 T chunks claimed by whichever
    thread runs (a worker the OS leaves waiting takes none). */
