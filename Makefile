@@ -42,6 +42,8 @@ $(BIN)/.course-installed: pyproject.toml
 		--display-name "$(KERNEL_DISPLAY_NAME)" >/dev/null
 	# trusted notebooks (saved widgets drawn on opening) and the course's JupyterLab settings
 	$(BIN)/python -m llminfra.course.lab_setup
+	# the C kernels built now, visibly (without a compiler the torch paths run: not an error)
+	-$(BIN)/python -m llminfra kernels build
 	touch $@
 
 # the test tools on top (pytest, nbval, playwright, triton): only `make test` needs them
@@ -77,6 +79,8 @@ course: $(BIN)/.course-installed
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 LLMINFRA_NOTEBOOK_CPU_CAPABILITY=default
 
 test: $(BIN)/.test-installed
+	# built before any notebook kernel asks: a first build's one line on stderr is not an output
+	-$(BIN)/python -m llminfra kernels build
 	$(BIN)/python -m llminfra.course.exercises --check
 	$(BIN)/python -m llminfra.course.colab --check
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
@@ -85,6 +89,7 @@ test: $(BIN)/.test-installed
 
 # the inner loop: unit tests only (no notebooks, no browser, nothing marked slow)
 test-fast: $(BIN)/.test-installed
+	-$(BIN)/python -m llminfra kernels build
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope \
 		--no-loadscope-reorder -m "not slow and not browser" tests
 

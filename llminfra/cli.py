@@ -1,5 +1,5 @@
-"""Command line: ``python -m llminfra memory | models | gpus | bench | cost | serve | loadtest``
-(also ``llminfra …``).
+"""Command line: ``python -m llminfra memory | models | gpus | bench | cost | serve | loadtest |
+kernels`` (also ``llminfra …``).
 
 Every command prints a table for people and, with ``--json``, the same numbers for programs.
 Bad input exits with status 2 and one line naming the bad value and what is allowed: every
@@ -254,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="smaller sizes, same keys")
     _add_cost_parser(sub)
     add_serving_parsers(sub)
+    k = sub.add_parser("kernels", help="build the C kernels now, or say what is built and "
+                                       "what runs without them")
+    k.add_argument("action", choices=("build", "info"))
+    k.add_argument("--arch", default="native",
+                   help="build: native (default), portable, or a -march value (x86-64-v3)")
+    k.add_argument("--json", action="store_true", help="info: print JSON")
     return p
 
 
@@ -299,6 +305,9 @@ def _main(argv: list[str] | None) -> int:
             return serve(args)
         elif args.command == "loadtest":
             return loadtest(args)
+        elif args.command == "kernels":
+            from llminfra.kernels.cli import run
+            return run(args.action, as_json=args.json, arch=args.arch)
     except (KeyError, ValueError, FileNotFoundError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"llminfra {args.command}: {msg}", file=sys.stderr)

@@ -16,7 +16,7 @@ import torch
 
 from llminfra.runner.fast_step import decode_attention, decode_step, kv_rows, layer_pools
 from llminfra.kernels import w4a8
-from llminfra.kernels.paged_decode import c_function, kernel, paged_attention_c
+from llminfra.kernels.paged_decode import kernel, paged_attention_c
 
 pytestmark = pytest.mark.skipif(not w4a8.available(), reason="no C compiler for the w4a8 library")
 
@@ -113,7 +113,7 @@ def test_padding_lanes_and_unused_table_entries_change_nothing():
 def test_a_portable_build_gives_the_native_result(tmp_path):
     """The library compiled without -march (the fallback build) runs the same kernel."""
     q, pool, tables, lens, P = make_case(n=3, **SMOL, B=16, lens=[17, 100, 3])
-    fn = c_function(w4a8.load(w4a8.build(arch="portable", directory=tmp_path)))
+    fn = w4a8.load(w4a8.build(arch="portable", directory=tmp_path)).paged_decode_f32
     out = torch.empty(3, 9 * 64)
     t32, l32 = tables.to(torch.int32), lens.to(torch.int32)
     rc = fn(q.data_ptr(), q.stride(0), pool[2].data_ptr(), pool[3].data_ptr(), t32.data_ptr(),
@@ -132,8 +132,8 @@ def test_bad_input_is_a_value_error():
         (q, K, V, tables, torch.tensor([17, 10**4, 5]), "context length"),      # past W·B
         (q, K, V, tables.clone().fill_(P + 1), lens, "block id"),               # past the pool
         (q, K, V, tables.clone().fill_(-1), lens, "block id"),
-        (q.double(), K, V, tables, lens, "fp32"),
-        (q, K.bfloat16(), V, tables, lens, "fp32"),
+        (q.double(), K, V, tables, lens, "q must be torch.float32"),
+        (q, K.bfloat16(), V, tables, lens, "k_cache must be torch.float32"),
         (q, K, V, tables.float(), lens, "integer"),
         (q[:, :8], K, V, tables, lens, "multiple of H_kv"),                     # H = 8, H_kv 3
         (q[:, :, :32], K, V, tables, lens, "need q"),                           # d 32 vs 64

@@ -21,8 +21,10 @@ import torch
 from llminfra.quant import quantize
 from llminfra.kernels import w4a8, build as w4a8_build
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                                reason="no C compiler here to build the w4a8 kernel")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not w4a8.available(),
+                                 reason=f"the C library does not build here: "
+                                        f"{w4a8.unavailable_reason()}")]
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ARCHES = ["portable"] + (["x86-64-v3", "native"] if X86 else ["native"])
@@ -188,7 +190,7 @@ def test_another_library_with_a_matching_checksum_is_refused_by_its_symbols(tmp_
     import _ctypes
     path = w4a8.build(directory=tmp_path)                 # the native build, as library() asks
     shutil.copyfile(_ctypes.__file__, path)
-    (tmp_path / (path.name + ".sha256")).write_text(w4a8_build._sha256(path))
+    (tmp_path / (path.name + ".sha256")).write_text(w4a8_build.sha256(path))
     r = run_python("""
         from llminfra.kernels import w4a8
         print(w4a8.available()); print(w4a8.unavailable_reason())
@@ -199,8 +201,8 @@ def test_another_library_with_a_matching_checksum_is_refused_by_its_symbols(tmp_
 
 
 def test_a_compiler_that_writes_nothing_caches_nothing(tmp_path):
-    """``CC=/bin/true`` exits 0 and writes no library: refused with the reason, nothing cached,
-    ``available()`` False with that reason."""
+    """``CC=/bin/true`` exits 0 and writes no library: refused with the reason, no library
+    cached (only the failure marker, holding the reason), ``available()`` False with it."""
     true = shutil.which("true")
     r = run_python("""
         from llminfra.kernels import w4a8
@@ -209,24 +211,26 @@ def test_a_compiler_that_writes_nothing_caches_nothing(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     first, reason = r.stdout.split("\n", 1)
     assert first == "False" and "wrote no library" in reason and "0 bytes" in reason
-    assert list(tmp_path.iterdir()) == []                  # no library, no temporary file
+    left = list(tmp_path.iterdir())                        # no library, no temporary file
+    assert left and all(f.suffix == ".failed" for f in left), left     # native, portable
+    assert all("wrote no library" in f.read_text() for f in left)
 
 
 def test_a_build_killed_mid_compile_leaves_nothing_for_long(tmp_path):
     """A build SIGKILLed while its compiler runs leaves its temporary file; the next build
     removes it (its process is gone) and builds."""
     slow = tmp_path / "slow-cc"
-    slow.write_text("#!/bin/sh\nsleep 60\n")
+    slow.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo slow-cc 1; exit 0; }\nsleep 60\n')
     slow.chmod(0o755)
     cache = tmp_path / "cache"
-    proc = subprocess.Popen([sys.executable, "-c", "from llminfra.quant import w4a8; "
+    proc = subprocess.Popen([sys.executable, "-c", "from llminfra.kernels import w4a8; "
                              f"w4a8.build('portable', {str(cache)!r})"],
                             env={**os.environ, "CC": str(slow)}, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not list(cache.glob(".w4a8.*.tmp")) and time.monotonic() < deadline:
+        while not list(cache.glob(".llminfra_kernels.*.tmp")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = list(cache.glob(".w4a8.*.tmp"))
+        left = list(cache.glob(".llminfra_kernels.*.tmp"))
         assert left, "the build never started its compiler"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)               # the build and its "compiler"

@@ -368,8 +368,8 @@ _HARNESS = ("the comparison harness starts servers and peers first; each measure
             "what it runs (llama.cpp, the real model, the load generator) when it runs")
 LAZY_IMPORTS = {
     "llminfra.cli": ({"llminfra.bench", "llminfra.bench.gpu", "llminfra.calc",
-                      "llminfra.calc.params", "llminfra.calc.step", "llminfra.specs.models"},
-                     _CLI),
+                      "llminfra.calc.params", "llminfra.calc.step", "llminfra.kernels.cli",
+                      "llminfra.specs.models"}, _CLI),
     "llminfra.cli_serving": ({"llminfra.serving.loadtest", "llminfra.serving.serve"}, _CLI),
     "llminfra.attention.ragged": ({"llminfra.attention.paged_triton"}, _TRITON),
     "llminfra.runner.fast_step": ({"llminfra.attention.paged_triton"}, _TRITON),

@@ -1,4 +1,4 @@
-"""The w4a8 kernel (int4 weights × int8 activations, ``llminfra/kernels/csrc/w4a8.c``): each code path
+"""The w4a8 kernel (int4 weights × int8 activations, ``llminfra/kernels/csrc/w4a8.c``): each path
 this machine can build — AVX-512 VNNI, AVX2, portable C — multiplies exactly where the
 activations already lie on their int8 grid, within the int8 rounding elsewhere; its fusions equal
 the torch calls they replace; FastDecoder on it gives the dequantized weights' logits; the build
@@ -235,9 +235,13 @@ def test_bad_input_is_named():
 
 
 def test_no_compiler_says_how_to_get_one(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", "no-such-compiler")
-    monkeypatch.setenv("PATH", str(tmp_path))           # nor cc, gcc or clang
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))           # no cc, gcc or clang
     with pytest.raises(RuntimeError, match="no C compiler found.*int4_linear"):
+        w4a8.build(directory=tmp_path)
+    monkeypatch.setenv("CC", "no-such-compiler")         # named, missing: no other taken
+    monkeypatch.setenv("PATH", __import__("os").defpath)
+    with pytest.raises(RuntimeError, match="CC is 'no-such-compiler', which is not a program"):
         w4a8.build(directory=tmp_path)
 
 
@@ -260,7 +264,6 @@ def test_builds_are_cached_by_source_and_cpu(tmp_path):
 def test_swiglu_is_the_same_bits_on_every_build_and_close_to_exact(tmp_path_factory):
     """The gated product's silu(gate)·up (its own exp, not libm's): identical on the portable,
     AVX2 and native builds, and within 4e-7 relative (a few float roundings) of float64."""
-    import ctypes
     gate = torch.cat([torch.linspace(-120, 120, 4000), torch.randn(4000) * 4,
                       torch.tensor([0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 88.5, -88.5])])
     gate = torch.cat([gate, torch.zeros(-len(gate) % 16)])   # the vector loop and the tail
@@ -270,7 +273,6 @@ def test_swiglu_is_the_same_bits_on_every_build_and_close_to_exact(tmp_path_fact
     for arch in ARCHES:
         lib = w4a8.load(w4a8.build(arch, tmp_path_factory.mktemp("swiglu")))
         out = torch.empty_like(gate)
-        lib.w4a8_swiglu.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
         lib.w4a8_swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), len(gate))
         outs.append(out)
     for out in outs[1:]:

@@ -7,13 +7,11 @@ where the program asks (``madvise(MADV_HUGEPAGE)``; ``/sys/kernel/mm/transparent
 says ``madvise`` on most distributions, ``always`` on some): 42 pages. PyTorch's allocator does
 not ask, so :class:`Arena` holds the weights in memory that does: the w4a8 codes and scales
 (:func:`llminfra.kernels.w4a8.w4a8_linear`) and the fp32 panels
-(:class:`llminfra.kernels.f32_skinny.skinny_linear`). Measured 2026-12-06 on the
-2-core Xeon, the 121 int4 products of a SmolLM2 step in a C loop: 8.4 → 6.2 ms on one thread,
-4.0 → 3.9 ms on two (the TLB's cost hides behind the second core's misses); the engine's int4
-decode step of one sequence on one thread 10.0 → 8.4 ms, and its fp32 step of 16 sequences on
-two (the panels of ``f32_panels.c`` in the arena) 45.8 → 43.6 ms. Where the kernel gives no huge
-page (a ``never`` setting, another OS) the arena is ordinary memory and the same bits. Chapter
-08.
+(:mod:`llminfra.kernels.f32_skinny`). What that buys depends on the TLB and on how many cores
+share the misses: most on one thread, little once a second core's misses hide the page walks;
+chapter 12 measures it on the machine running it. Where the kernel gives no huge page (a
+``never`` setting, macOS: Python's ``mmap`` has no ``MADV_HUGEPAGE`` there) the arena is
+ordinary memory and the same bits. Chapters 08 and 12.
 """
 
 from __future__ import annotations

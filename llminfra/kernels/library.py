@@ -1,94 +1,69 @@
-"""The package's C library, loaded: one shared library of every kernel in ``csrc/``, its
-symbols checked, and the thread pool its kernels run on.
+"""The package's C library, loaded: one shared library of every kernel in ``csrc/``, bound by
+:mod:`llminfra.kernels.abi`, and the thread pool its kernels run on.
 
 :func:`library` builds it for this CPU (:mod:`llminfra.kernels.build`) and loads it once per
-process; :func:`available` / :func:`unavailable_reason` say whether that works here (no
-compiler, a refused build: the course then takes its torch paths). :class:`ThreadPool` holds the
-kernels' worker threads between calls (``csrc/thread_pool.c``). Chapter 12.
+process; :func:`available` / :func:`unavailable_reason` say whether that works here. Where it
+does not (no compiler, a refused build, remembered from before) the answer is the same for the
+whole process, one line on stderr says why, and the course takes its torch paths.
+:class:`ThreadPool` holds the kernels' worker threads between calls (``csrc/thread_pool.c``).
+Chapter 12.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
+import logging
 import weakref
-from pathlib import Path
 
 import torch
 
-from llminfra.kernels.build import build, cached_build_problem
+from llminfra.kernels.abi import MAX_K, MAX_THREADS, PATHS, SYMBOLS, Library, load  # noqa: F401
+from llminfra.kernels.build import build
 
-#: the widest K every code path's block table holds (``MAX_K`` in w4a8.c: 1000 blocks of 8
-#: groups of 32 on the AVX2 path); the C code refuses a wider one too
-MAX_K = 32 * 8 * 1000
-PATHS = {16: "avx512-vnni", 8: "avx2", 0: "portable"}
-#: the most threads one product is split over (``w4a8_gemm`` refuses more)
-MAX_THREADS = 64
-#: what a build must export (and ``w4a8_max_k()`` must equal :data:`MAX_K`)
-SYMBOLS = ("w4a8_gemm", "w4a8_pack", "w4a8_lanes", "w4a8_max_k", "w4a8_pool_new",
-           "w4a8_pool_free")
-
-
-def load(path: Path) -> ctypes.CDLL:
-    """The built library at ``path`` with its functions' argument types set. ``RuntimeError``
-    with the reason, before anything is loaded, for a file :func:`cached_build_problem`
-    refuses, and after, for a library without the :data:`SYMBOLS` of w4a8.c or built from
-    another version of it (``w4a8_max_k() != MAX_K``)."""
-    problem = cached_build_problem(path)
-    if problem is not None:
-        raise RuntimeError(f"w4a8: not loading {path}: {problem}")
-    lib = ctypes.CDLL(str(path))
-    missing = [name for name in SYMBOLS if not hasattr(lib, name)]
-    if missing:
-        raise RuntimeError(f"w4a8: {path} is not a build of w4a8.c: it lacks "
-                           f"{', '.join(missing)}")
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.w4a8_gemm.argtypes = [p, p, p, p, p, i, i, i, i, i, p, ctypes.c_float, i, i, p]
-    lib.w4a8_gemm.restype = i
-    lib.w4a8_pool_new.argtypes = [i]
-    lib.w4a8_pool_new.restype = p
-    lib.w4a8_pool_free.argtypes = [p]
-    lib.w4a8_pool_free.restype = None
-    lib.w4a8_pack.argtypes = [p, p, i, i]
-    lib.w4a8_pack.restype = i
-    lib.w4a8_lanes.argtypes = []
-    lib.w4a8_lanes.restype = i
-    lib.w4a8_max_k.argtypes = []
-    lib.w4a8_max_k.restype = i
-    if lib.w4a8_max_k() != MAX_K or lib.w4a8_lanes() not in PATHS:
-        raise RuntimeError(f"w4a8: {path} was built from another version of w4a8.c "
-                           f"(its widest K is {lib.w4a8_max_k()}, this module's {MAX_K})")
-    return lib
+log = logging.getLogger(__name__)
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    """The kernel built for this CPU (:func:`build`), loaded once per process."""
-    return load(build())
+def _loaded() -> tuple[Library | None, str | None]:
+    """``(library, None)``, or ``(None, why not)`` with one warning line: once per process."""
+    try:
+        return load(build()), None
+    except (RuntimeError, OSError) as e:
+        reason = str(e)
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    short = lines[0] if len(lines) < 2 else f"{lines[0]} {lines[1][:200]}"
+    log.warning("llminfra kernels: the C library is not available here, so the pure torch "
+                "paths run instead: %s (python -m llminfra kernels info)", short)
+    return None, reason
+
+
+def library() -> Library:
+    """The library built for this CPU (:func:`~llminfra.kernels.build.build`), loaded once per
+    process; ``RuntimeError`` with the reason where it cannot be (asked again, the same answer:
+    nothing is compiled twice in a process)."""
+    lib, reason = _loaded()
+    if lib is None:
+        raise RuntimeError(reason)
+    return lib
 
 
 def unavailable_reason() -> str | None:
-    """Why the kernel cannot be built and loaded here (the compiler's message, a refused
+    """Why the library cannot be built and loaded here (the compiler's message, a refused
     build…), or None where it can."""
-    try:
-        library()
-    except (RuntimeError, OSError) as e:
-        return str(e)
-    return None
+    return _loaded()[1]
 
 
 def available() -> bool:
-    """Whether the kernel can be built and loaded here (:func:`unavailable_reason` says why
-    not)."""
-    return unavailable_reason() is None
+    """Whether the library can be built and loaded here (:func:`unavailable_reason` says why
+    not): where False, every kernel's torch path runs."""
+    return _loaded()[0] is not None
 
 
-def build_info(lib: ctypes.CDLL | None = None) -> dict:
+def build_info(lib: Library | None = None) -> dict:
     """``{"path": "avx512-vnni" | "avx2" | "portable", "lanes": 16 | 8 | 0, "file": …}`` of the
-    loaded kernel: which code path the compiler built for this CPU."""
+    loaded library: which code path the compiler built for this CPU."""
     lib = library() if lib is None else lib
-    lanes = lib.w4a8_lanes()
-    return {"path": PATHS[lanes], "lanes": lanes, "file": lib._name}
+    return {"path": lib.isa, "lanes": lib.lanes, "file": str(lib.path)}
 
 
 def default_threads() -> int:
@@ -109,24 +84,35 @@ def _check_threads(threads) -> int:
     return threads
 
 
+def check_cpu(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """``ValueError`` naming ``name`` where ``t`` is not a tensor on the CPU (or not of
+    ``dtype``): the C kernels read its memory as raw CPU memory of that type."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device}: the C kernels read CPU memory only "
+                         f"(move it with .cpu())")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+
+
 class ThreadPool:
-    """``threads − 1`` worker threads of the kernel (``thread_pool.c``), kept between products
+    """``threads − 1`` worker threads of the kernels (``thread_pool.c``), kept between products
     so that a call of tens of microseconds does not pay for starting them: after each
     product they spin for 50 µs, then sleep. Freed when the pool is collected (or by
     :meth:`close`). ``threads=1`` holds no threads. One caller at a time: a product asked from a
     second thread while one runs, or in a forked child, starts threads of its own instead."""
 
-    def __init__(self, threads: int | None = None, lib: ctypes.CDLL | None = None):
+    def __init__(self, threads: int | None = None, lib: Library | None = None):
         lib = library() if lib is None else lib
         self.threads = _check_threads(threads)
         self.handle = lib.w4a8_pool_new(self.threads) if self.threads > 1 else None
         if self.threads > 1 and not self.handle:
-            raise RuntimeError(f"w4a8: could not start {self.threads - 1} worker threads")
+            raise RuntimeError(f"llminfra kernels: could not start {self.threads - 1} worker "
+                               f"threads")
         self._free = weakref.finalize(self, lib.w4a8_pool_free, self.handle)
 
     def close(self) -> None:
         """Stop and join the worker threads now (later products start threads per call)."""
         self._free()
         self.handle = None
-
-

@@ -1,22 +1,22 @@
 """Decode attention through block tables in C: the CPU counterpart of the Triton paged kernel.
 
-The engine's decode step on a CPU gathered every sequence's K/V blocks out of the paged pool
-(``index_select``) and ran SDPA over the padded length: at 16 sequences of SmolLM2-135M that was
-a third of the step. ``paged_decode.c`` beside this file (built into the w4a8 library, on its
-thread pool) walks each sequence's block table up to its length and reads the keys where they
-lie, with an online softmax in fp32: no gather copy, no padded keys. A work unit is a sequence
-with all its heads (a K/V head of a sequence where there are fewer than 4 sequences a thread);
-each head's arithmetic is the same whichever unit holds it, so any thread count gives the same
-bits. Measured 2026-12-05 on the 2-core EPYC, 16 sequences of 100–450 tokens, 30 layers:
-60.5 → 25.1 ms on one thread, 29.0 → 13.9 ms on two.
+The engine's decode step on a CPU gathers every sequence's K/V blocks out of the paged pool
+(``index_select``) and runs SDPA over the padded length: a copy of every key the step reads,
+and keys of padding. ``paged_decode.c`` (in the package's C library, on its thread pool) walks
+each sequence's block table up to its length and reads the keys where they lie, with an online
+softmax in fp32: no gather copy, no padded keys. A work unit is a sequence with all its heads (a
+K/V head of a sequence where there are fewer than 4 sequences a thread); each head's arithmetic
+is the same whichever unit holds it, so any thread count gives the same bits. What it takes of
+a serving step is the ``"attention: C paged kernel"`` row of the recorded profile
+(``llminfra/data/profile_serving_cpu.json``, ``python -m llminfra bench serving-profile``).
 
-The engine gets it the way it gets its matmul kernels: from the ``linear`` that ``serve``
-hands it (:class:`llminfra.kernels.f32_skinny.skinny_linear` carries one, and ``serve`` gives the
-w4a8 linear one), as its ``paged_decode``; :class:`llminfra.runner.fused.FusedWeights` keeps it
-and :func:`llminfra.runner.fast_step.decode_step` calls it, one ctypes call a layer.
-It brings ``rope_write_f32`` too (same file): the step's RoPE on q and k and its K/V write to
-the pool slots, one call a layer where the torch path makes ten. :func:`paged_attention_c` is
-the checked form of the attention, for tests and notebooks. Chapter 05.
+The fast runner gets it from its kernel set (:class:`llminfra.runner.kernel_set.KernelSet`'s
+``attention``); :class:`llminfra.runner.fused.FusedWeights` keeps it and
+:func:`llminfra.runner.fast_step.decode_step` calls it, one ctypes call a layer. It brings
+``rope_write_f32`` too (same file): the step's RoPE on q and k and its K/V write to the pool
+slots, one call a layer where the torch path makes ten. :func:`paged_attention_c` is the checked
+form of the attention, for tests and notebooks. Without the library the step runs torch's
+gather and SDPA. Chapter 12.
 """
 
 from __future__ import annotations
@@ -27,47 +27,29 @@ from dataclasses import dataclass
 
 import torch
 
-from llminfra.kernels.library import ThreadPool, _check_threads, library
-
-#: what ``paged_decode_f32`` returns for input it refuses
-C_KERNEL_ERRORS = {-2: "a size or thread count out of range",
-                   -3: "a context length outside 1 .. W·B (the block table's keys)",
-                   -4: "a block id of a table outside the pool",
-                   -5: "no memory for a thread's state"}
+from llminfra.kernels.abi import ERRORS, Library
+from llminfra.kernels.library import ThreadPool, _check_threads, check_cpu, library
 
 
 @dataclass(frozen=True)
 class PagedDecodeKernel:
-    """``paged_decode_f32`` with its argument types, the thread pool it runs on (its handle and
-    thread count) and the meaning of its error codes."""
+    """The library's ``paged_decode_f32`` (``fn``), the thread pool it runs on (its handle and
+    thread count) and the meaning of its error codes (:data:`llminfra.kernels.abi.ERRORS`)."""
 
     fn: ctypes._CFuncPtr
     pool: int | None
     threads: int
     errors: dict
     owner: ThreadPool              # keeps the pool's workers alive while the kernel is in use
-    #: ``rope_write_f32``: a decode step's RoPE and K/V write in one call (:func:`rope_function`)
+    #: the library's ``rope_write_f32``: a decode step's RoPE and K/V write in one call
     rope_write: ctypes._CFuncPtr | None = None
 
 
-def c_function(lib: ctypes.CDLL):
-    """``paged_decode_f32`` of a build of the w4a8 library with its argument types."""
-    fn = lib.paged_decode_f32
-    p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [p, ctypes.c_long, p, p, p, p, p, i, i, i, i, i, i, i, ctypes.c_float, i, p]
-    fn.restype = i
-    return fn
-
-
-def rope_function(lib: ctypes.CDLL):
-    """``rope_write_f32`` of a build of the w4a8 library with its argument types: RoPE on the
-    query and key heads of a step's ``qkv`` rows in place, and their keys and values copied to
-    their pool slots (``paged_decode.c``)."""
-    fn = lib.rope_write_f32
-    p, i, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    fn.argtypes = [p, i, L, p, p, L, i, i, i, p, L, p, p]
-    fn.restype = i
-    return fn
+def on(lib: Library, pool: ThreadPool | None = None) -> PagedDecodeKernel:
+    """The attention of the loaded library ``lib`` on ``pool`` (None: one thread, no pool)."""
+    return PagedDecodeKernel(lib.paged_decode_f32, None if pool is None else pool.handle,
+                             1 if pool is None else pool.threads, ERRORS["paged_decode_f32"],
+                             pool, lib.rope_write_f32)
 
 
 def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedDecodeKernel:
@@ -75,9 +57,7 @@ def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedD
     another), else on a new :class:`~llminfra.kernels.w4a8.ThreadPool` of ``threads`` (None:
     torch's thread count). ``RuntimeError`` where the library cannot be built."""
     lib = library()
-    pool = ThreadPool(_check_threads(threads), lib) if pool is None else pool
-    return PagedDecodeKernel(c_function(lib), pool.handle, pool.threads, C_KERNEL_ERRORS, pool,
-                             rope_function(lib))
+    return on(lib, ThreadPool(_check_threads(threads), lib) if pool is None else pool)
 
 
 def c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Tensor,
@@ -119,15 +99,16 @@ def paged_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     :func:`llminfra.attention.paged_triton.paged_attention_triton` on CPU fp32 tensors. q
     ``(N, H, d)``; K and V pools ``(num_blocks, B, H_kv, d)``; ``block_tables`` ``(N, W)``;
     ``context_lens`` ``(N,)`` in 1 .. W·B; ``threads`` 1 .. 64 (None: torch's thread count).
-    Returns ``(N, H, d)``. ``ValueError`` for what the kernel cannot read, ``RuntimeError``
-    where the w4a8 library does not build."""
+    Returns ``(N, H, d)``. ``ValueError`` naming what the kernel cannot read (a tensor on
+    another device or of another dtype, shapes that do not fit), ``RuntimeError`` where the
+    library does not build."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_cpu(name, t, torch.float32)
+    for name, t in (("block_tables", block_tables), ("context_lens", context_lens)):
+        check_cpu(name, t)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
     k = _kernel_on(_check_threads(threads))
-    tensors = (q, k_cache, v_cache, block_tables, context_lens)
-    if any(not isinstance(t, torch.Tensor) or t.device.type != "cpu" for t in tensors) or \
-            any(t.dtype != torch.float32 for t in tensors[:3]) or \
-            any(t.is_floating_point() for t in tensors[3:]):
-        raise ValueError("q, k_cache and v_cache must be fp32 CPU tensors, block_tables and "
-                         "context_lens integer CPU tensors")
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or \
             k_cache.shape[3] != q.shape[2] or q.shape[1] % k_cache.shape[2] or \
             block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0] or \

@@ -5,8 +5,7 @@ into a float before it multiplies, so on one core it is bound by that unpacking,
 llama.cpp multiplies differently: it quantizes the activations too, to int8 in groups of 32
 (Q8_1), and takes each group's dot product in integers — on AVX-512 VNNI one ``vpdpbusd``
 multiplies 64 codes by 64 activations and adds them — so the float work is done once per group
-of 32 weights instead of once per weight. ``w4a8.c`` beside this file does the same in about 350
-lines of C:
+of 32 weights instead of once per weight. ``csrc/w4a8.c`` does the same:
 
 * ``W`` is stored as Q4_1 stores it: per group of 32 along ``K``, codes ``u ∈ [0, 15]`` and an
   fp16 scale ``d`` and offset ``m``, ``w = d·u + m`` (0.625 bytes a weight, what PyTorch's
@@ -14,32 +13,31 @@ lines of C:
 * each row of ``x`` becomes ``q = round(x · 127 / max|x|)`` per group, ``dx = max|x| / 127``;
 * a group adds ``d·dx·Σ u·q + m·dx·Σ q`` to the dot product.
 
-The activations' rounding is the price: the products differ from the float ones by about
-0.2–0.5 % of their scale (``tests/test_w4a8.py`` bounds it), which changes a greedy token
+The activations' rounding is the price: the products differ from the float ones by a fraction
+of a percent of their scale (``tests/test_w4a8.py`` bounds it), which changes a greedy token
 wherever two logits nearly tie — llama.cpp pays the same. ``passes=2`` multiplies the rounding
 error too (about 15-bit activations, a second dot product per weight); ``bench real`` counts
 how often each keeps the answers of the same int4 weights with fp32 activations.
 
-The C file is compiled on first use for this CPU into a cache folder, checked before it is
-loaded (:mod:`llminfra.kernels.build`), and loaded with :mod:`ctypes` (:func:`load` checks
-its symbols and its ``MAX_K``). :func:`build_info` says which code path was compiled:
+The library is built for this CPU (:mod:`llminfra.kernels.build`) and loaded through
+:mod:`llminfra.kernels.abi`; :func:`build_info` says which code path was compiled:
 ``"avx512-vnni"`` (16 groups per instruction), ``"avx2"`` (8, with AVX-VNNI where the CPU has
-it) or ``"portable"`` (a plain C loop, correct everywhere, not fast); ``python -m llminfra
-bench real`` measures each against PyTorch's int4 kernel (``llminfra/data/bench_real_cpu.json``).
-Without a compiler :func:`available` is ``False`` and :func:`library` raises ``RuntimeError``
-saying why; everything else in the course runs without it.
+it) or ``"portable"`` (a plain C loop, correct everywhere, not fast). ``python -m llminfra bench
+real`` measures it against PyTorch's int4 kernel; the recorded run is
+``llminfra/data/bench_real_cpu.json`` (``decode_ms_per_token``: ``fast_int4`` against
+``fast_int4_torch``, with ``int4_kernel_build`` the path). Without a compiler
+:func:`available` is ``False`` and :func:`library` raises ``RuntimeError`` saying why; the
+course then uses PyTorch's int4 kernel (:func:`llminfra.quant.int4_linear`).
 
 ``threads`` (default: torch's thread count, :func:`default_threads`) split a product's output
 columns (the rows of ``W``) and the rows of ``x`` it quantizes; each output is one thread's dot
 product of its own row of ``W``, so the bits are the same for any thread count
 (``tests/test_w4a8.py``). :func:`w4a8_linear` keeps its threads between calls in a
-:class:`ThreadPool` (``thread_pool.c``: they spin 50 µs after each call, then sleep): a call
-lasts tens of µs. Chapter 08.
+:class:`ThreadPool` (``thread_pool.c``: they spin 50 µs after each call, then sleep). Chapters
+08 and 12.
 """
 
 from __future__ import annotations
-
-import ctypes
 
 import torch
 
@@ -47,10 +45,11 @@ from llminfra.quant import packing
 from llminfra.kernels.huge_pages import Arena
 from llminfra.quant.quantize_tensor import quantize
 from llminfra.quant.tensor import QuantizedTensor
+from llminfra.kernels.abi import Library, refusal
 from llminfra.kernels.build import SOURCE, build, cache_dir, cached_build_problem  # noqa: F401
 from llminfra.kernels.library import (MAX_K, MAX_THREADS, PATHS, SYMBOLS, ThreadPool,  # noqa: F401
-                                      _check_threads, available, build_info, default_threads,
-                                      library, load, unavailable_reason)
+                                      _check_threads, available, build_info, check_cpu,
+                                      default_threads, library, load, unavailable_reason)
 
 #: the weights' group size (Q4_1's and Q8_1's)
 GROUP = 32
@@ -72,10 +71,13 @@ def _check_k(K: int) -> None:
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-         lib: ctypes.CDLL | None = None) -> dict:
+         lib: Library | None = None) -> dict:
     """Weights ``w = scale·codes + offset`` per group of 32 — ``codes`` integers in [0, 15]
     ``(N, K)``, ``scale`` and ``offset`` ``(N, K/32)`` — in the kernel's layout:
-    ``{"codes": uint8 (N, K/2), "d": fp16 bits (N, K/32), "m": …, "shape": (N, K)}``."""
+    ``{"codes": uint8 (N, K/2), "d": fp16 bits (N, K/32), "m": …, "shape": (N, K)}``, on the
+    CPU. ``ValueError`` naming a tensor on another device or shapes that do not fit."""
+    for name, t in (("codes", codes), ("scale", scale), ("offset", offset)):
+        check_cpu(name, t)
     lib = library() if lib is None else lib
     if codes.dim() != 2:
         raise ValueError(f"codes must be 2-D (N, K), got shape {tuple(codes.shape)}")
@@ -92,13 +94,14 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
     u = codes.to(torch.uint8).contiguous()
     _check_rows(N)
     packed = torch.empty(N, K // 2, dtype=torch.uint8)
-    if lib.w4a8_pack(u.data_ptr(), packed.data_ptr(), N, K):
-        raise ValueError(f"w4a8_pack refused K = {K} (at most {MAX_K}) or N = {N}")
+    status = lib.w4a8_pack(u.data_ptr(), packed.data_ptr(), N, K)
+    if status:
+        raise ValueError(f"{refusal('w4a8_pack', status)}: K = {K}, N = {N}")
     half = lambda t: t.detach().to(torch.float16).contiguous().view(torch.int16)
     return {"codes": packed, "d": half(scale), "m": half(offset), "shape": (N, K)}
 
 
-def prepare(q: QuantizedTensor, lib: ctypes.CDLL | None = None) -> dict | None:
+def prepare(q: QuantizedTensor, lib: Library | None = None) -> dict | None:
     """:func:`pack` of an int4 weight quantized in groups of 32 (``int4-g32``: ``w = (u − z)·s``,
     so ``d = s``, ``m = −z·s``; symmetric ``z = 8``); ``None`` for any other scheme or a ``K``
     that is not a multiple of 64."""
@@ -114,7 +117,7 @@ def prepare(q: QuantizedTensor, lib: ctypes.CDLL | None = None) -> dict | None:
     return pack(u, s, -z * s, lib)
 
 
-def dequantize(w: dict, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+def dequantize(w: dict, lib: Library | None = None) -> torch.Tensor:
     """The float32 ``(N, K)`` weight the kernel multiplies by (``d·u + m`` with the fp16 ``d``
     and ``m`` it holds), for checking it."""
     lib = library() if lib is None else lib
@@ -127,7 +130,7 @@ def dequantize(w: dict, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     return (u * d + m).reshape(N, K)
 
 
-def _slot_of(K: int, lib: ctypes.CDLL) -> torch.Tensor:
+def _slot_of(K: int, lib: Library) -> torch.Tensor:
     """For each natural position k, the nibble (2·byte + high) :func:`pack` puts it in: found by
     packing probe rows whose codes spell k in base 16, then reading each slot's k back."""
     k = torch.arange(K)
@@ -142,21 +145,25 @@ def _slot_of(K: int, lib: ctypes.CDLL) -> torch.Tensor:
     return slot
 
 
-def w4a8_mm(x: torch.Tensor, w: dict, lib: ctypes.CDLL | None = None,
+def w4a8_mm(x: torch.Tensor, w: dict, lib: Library | None = None,
             passes: int = 1, threads: int | None = None) -> torch.Tensor:
     """``x (M, K) @ Wᵀ -> (M, N)`` float32 from :func:`pack`'s ``w``, ``x`` quantized to int8
     per group of 32 on the way in (``passes=2``: its rounding error too, see
     :func:`w4a8_linear`), on ``threads`` threads started for this call (None: torch's thread
-    count; the same bits for any count)."""
+    count; the same bits for any count). ``ValueError`` naming a tensor on another device, a
+    weight not in :func:`pack`'s dtypes, or shapes that do not fit."""
     _check_passes(passes)
     threads = _check_threads(threads)
+    check_cpu("x", x)
+    for name, dtype in (("codes", torch.uint8), ("d", torch.int16), ("m", torch.int16)):
+        check_cpu(f"w[{name!r}]", w[name], dtype)
     if x.dim() != 2 or x.shape[1] != w["shape"][1]:
         raise ValueError(f"x must have shape (M, {w['shape'][1]}), got {tuple(x.shape)}")
     return _multiply(library() if lib is None else lib, w, x.detach().float(), passes,
                      threads=threads)
 
 
-def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
+def _multiply(lib: Library, w: dict, x: torch.Tensor, passes: int,
               norm: torch.Tensor | None = None, eps: float = 0.0,
               gated: bool = False, threads: int = 1,
               pool: ThreadPool | None = None) -> torch.Tensor:
@@ -164,6 +171,8 @@ def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
     the C file says (``gated``: silu(gate)·up; ``norm``: RMSNorm with these gains), on
     ``pool``'s threads, else on ``threads`` started for the call."""
     threads = threads if pool is None else pool.threads
+    if x.device.type != "cpu":
+        raise ValueError(f"x is on {x.device}: the w4a8 kernel reads CPU memory only")
     N, K = w["shape"]
     width = 2 * K if gated else K
     if x.shape[-1] != width:
@@ -186,8 +195,8 @@ def _multiply(lib: ctypes.CDLL, w: dict, x: torch.Tensor, passes: int,
     if status == -1:
         raise MemoryError(f"w4a8: no memory for the int8 copy of x {tuple(x.shape)}")
     if status:
-        raise ValueError(f"w4a8_gemm refused K = {K}, {y.numel() // N} rows, N = {N}, "
-                         f"passes = {passes} or threads = {threads}")
+        raise ValueError(f"{refusal('w4a8_gemm', status)}: K = {K}, {y.numel() // N} rows, "
+                         f"N = {N}, passes = {passes}, threads = {threads}")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
@@ -204,7 +213,7 @@ class W4A8Weight:
     ``x``). ``weight``: :func:`pack`'s dict; ``threads``: its pool's; ``nbytes``: what a
     product reads."""
 
-    def __init__(self, lib: ctypes.CDLL, weight: dict, passes: int, pool: ThreadPool):
+    def __init__(self, lib: Library, weight: dict, passes: int, pool: ThreadPool):
         self.lib, self.weight, self.passes, self.pool = lib, weight, passes, pool
         self.threads = pool.threads
         self.nbytes = sum(weight[k].numel() * weight[k].element_size()

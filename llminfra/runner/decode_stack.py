@@ -1,22 +1,22 @@
-"""A decode step in one C call: ``decode_stack.c`` beside this file, for int4 (w4a8) and fp32
-weights on the package's C kernels.
+"""A decode step in one C call: ``csrc/decode_stack.c``, for int4 (w4a8) and fp32 weights on
+the package's C kernels.
 
 The fast runner's decode step (:func:`llminfra.runner.fast_step.decode_step`) on the C kernels
 makes six ctypes calls a layer — the q/k/v product with its RMSNorm, RoPE and the K/V write,
 paged attention, the output product, the gate/up product, the down product — and a residual
-add after two of them: about 240 Python calls a step of SmolLM2-135M, each 5–15 µs.
-``w4a8_decode_stack`` makes the same calls from C, in the same order, on the same inputs, with
-the same float adds, so the logits are the same bits as the Python step's
-(``tests/test_decode_stack.py``); the Python step stays the readable account of it. Measured
-2026-12-06 on the 2-core Xeon, the engine's int4 decode step (two threads, median of a 64-token
-answer, the two alternated in one process): one sequence 6.1–6.4 → 3.7–3.85 ms, sixteen
-25.9–26.6 → 22.5–22.9 ms.
+add after two of them: some 240 Python calls a step of SmolLM2-135M, each paying the host's
+cost of a call. ``w4a8_decode_stack`` makes the same calls from C, in the same order, on the
+same inputs, with the same float adds, so the logits are the same bits as the Python step's
+(``tests/test_decode_stack.py``); the Python step stays the readable account of it. The
+recorded serving runs on the C kernels (``llminfra/data/compare_engines_cpu.json``) decode with
+it; chapter 12 measures what it buys, one call a step against six a layer, on the machine
+running it.
 
-:func:`builder` is what :func:`llminfra.kernels.w4a8.w4a8_linear` and
-:class:`llminfra.kernels.f32_skinny.skinny_linear` hand the engine as their ``decode_stack``:
-``build(weights, pools)`` returns a :class:`DecodeStack` for fused weights whose every matrix
-is a product of those kernels without bias (w4a8, or fp32 ``SkinnyMatmul``), on fp32 CPU pools
-— else None, and the runner keeps the Python step. Chapter 05.
+:func:`builder` is what the runner's kernel sets (:mod:`llminfra.runner.kernel_set`) hand the
+fast runner as their ``step``: ``build(weights, pools)`` returns a :class:`DecodeStack` for
+fused weights whose every matrix is a product of those kernels without bias (w4a8, or fp32
+``SkinnyMatmul``), on fp32 CPU pools — else None, and the runner keeps the Python step. The C
+structures it fills and the function's types are :mod:`llminfra.kernels.abi`'s. Chapter 12.
 """
 
 from __future__ import annotations
@@ -25,63 +25,29 @@ import ctypes
 
 import torch
 
-from llminfra.runner.fused import SkinnyMatmul
-
-_p, _i, _f, _l = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
-#: what ``w4a8_decode_stack`` returns for input it refuses (and its callees' codes, offset)
-ERRORS = {-1: "no memory for the step's int32 block tables",
-          -6: "a token outside the vocabulary, a position or block id outside int, or a "
-              "logits row outside the step",
-          -11: "a product ran out of memory", -12: "a product refused its sizes",
-          -22: "RoPE refused its sizes", -23: "a position outside the rotation table",
-          -24: "a slot outside the pool", -32: "attention refused its sizes",
-          -33: "a context length outside the block table",
-          -34: "a block id outside the pool", -35: "no memory for attention's state"}
+from llminfra.kernels.abi import Library, StackLayer, StackModel, StackWeight, refusal
+from llminfra.kernels.w4a8 import W4A8Weight
+from llminfra.runner.matmul import BaseMatmul, FunctionMatmul, SkinnyMatmul
 
 
-class _Weight(ctypes.Structure):
-    _fields_ = [("codes", _p), ("d", _p), ("m", _p), ("w", _p), ("panels", _p), ("N", _i),
-                ("K", _i), ("skinny_rows", _i), ("panel_rows", _i)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", _p), ("ffn_norm", _p), ("qkv", _Weight), ("wo", _Weight),
-                ("w13", _Weight), ("w2", _Weight), ("k", _p), ("v", _p)]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [("n_layers", _i), ("dim", _i), ("H", _i), ("H_kv", _i), ("d", _i), ("ffn", _i),
-                ("passes", _i), ("threads", _i), ("B", _i), ("W", _i), ("pool_blocks", _i),
-                ("eps", _f), ("scale", _f), ("rot_rows", _l), ("slots", _l), ("rot", _p),
-                ("embedding", _p), ("final_norm", _p), ("pool", _p)]
-
-
-def c_function(lib: ctypes.CDLL):
-    """``w4a8_decode_stack`` of a build of the w4a8 library with its argument types."""
-    fn = lib.w4a8_decode_stack
-    fn.argtypes = [_p, _p, _p, _p, _l, _p, _p, _p, _i, _i, _p, _i, _p, _p, _p]
-    fn.restype = _i
-    return fn
-
-
-def _weight(matmul) -> _Weight | None:
-    """The C view of a product: w4a8 (a ``FunctionMatmul`` of :func:`w4a8_linear`'s ``f``) or
-    fp32 on the C kernels (a ``SkinnyMatmul`` with its panels); None for any other matmul or
-    one with a bias."""
-    if getattr(matmul, "bias", None) is not None:
+def _weight(matmul) -> StackWeight | None:
+    """The C view of a product: w4a8 (a ``FunctionMatmul`` of a
+    :class:`~llminfra.kernels.w4a8.W4A8Weight`) or fp32 on the C kernels (a ``SkinnyMatmul``
+    with its panels); None for any other matmul or one with a bias."""
+    if not isinstance(matmul, BaseMatmul) or matmul.bias is not None:
         return None
     if isinstance(matmul, SkinnyMatmul):
         if matmul.panels is None or matmul.weight.dtype != torch.float32:
             return None
         N, K = matmul.weight.shape
-        return _Weight(None, None, None, matmul.weight.data_ptr(), matmul.panels.data_ptr(), N,
-                       K, matmul.skinny_rows, min(matmul.c_rows, 2 ** 31 - 1))
-    w = getattr(getattr(matmul, "f", None), "weight", None)
-    if not isinstance(w, dict) or "codes" not in w:
+        return StackWeight(None, None, None, matmul.weight.data_ptr(), matmul.panels.data_ptr(),
+                           N, K, matmul.skinny_rows, min(matmul.c_rows, 2 ** 31 - 1))
+    if not isinstance(matmul, FunctionMatmul) or not isinstance(matmul.f, W4A8Weight):
         return None
+    w = matmul.f.weight
     N, K = w["shape"]
-    return _Weight(w["codes"].data_ptr(), w["d"].data_ptr(), w["m"].data_ptr(), None, None, N, K,
-                   0, 0)
+    return StackWeight(w["codes"].data_ptr(), w["d"].data_ptr(), w["m"].data_ptr(), None,
+                       None, N, K, 0, 0)
 
 
 class DecodeStack:
@@ -91,7 +57,7 @@ class DecodeStack:
     the logits ``(n, V)``. Build it with :func:`builder`; it holds the pointers of both, so
     they must outlive it (the runner keeps all three)."""
 
-    def __init__(self, fn, weights, pools, layers, output: _Weight, pool, passes: int):
+    def __init__(self, fn, weights, pools, layers, output: StackWeight, pool, passes: int):
         c = weights.config
         K = pools[0][2]
         self.fn, self.layers, self.output, self.owner = fn, layers, output, pool
@@ -103,7 +69,7 @@ class DecodeStack:
         self.max_batch = min((w.panel_rows for w in every if not w.codes), default=2 ** 31 - 1)
         H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
         self.width = (H + 2 * H_kv) * d + H * d + 2 * c.ffn_dim + c.dim   # work floats a row
-        self.model = _Model(c.n_layers, c.dim, H, H_kv, d, c.ffn_dim, passes, pool.threads,
+        self.model = StackModel(c.n_layers, c.dim, H, H_kv, d, c.ffn_dim, passes, pool.threads,
                             K.shape[1], 0, K.shape[0], c.norm_eps, d ** -0.5,
                             len(weights.rotation_pairs), K.shape[0] * K.shape[1],
                             weights.rotation_pairs.data_ptr(), weights.embedding.data_ptr(),
@@ -125,7 +91,7 @@ class DecodeStack:
                      -1 if rows is None else len(rows), work.data_ptr(),
                      work.data_ptr() + 4 * n * self.dim, logits.data_ptr())
         if rc:
-            raise ValueError(f"w4a8_decode_stack refused its input: {ERRORS.get(rc, rc)}")
+            raise ValueError(refusal("w4a8_decode_stack", rc))
         return logits
 
 
@@ -139,26 +105,26 @@ def _fits(weights, pools) -> bool:
         for t in tensors) and weights.config.dim % 64 == 0
 
 
-def _shapes_fit(c, layers, output: _Weight) -> bool:
+def _shapes_fit(c, layers, output: StackWeight) -> bool:
     """Whether the products have the shapes the step passes between them."""
     H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
-    want = {"qkv": ((H + 2 * H_kv) * d, c.dim), "wo": (c.dim, H * d),
-            "w13": (2 * c.ffn_dim, c.dim), "w2": (c.dim, c.ffn_dim)}
-    return output.K == c.dim and all((getattr(L, k).N, getattr(L, k).K) == v
-                                     for L in layers for k, v in want.items())
+    want = (((H + 2 * H_kv) * d, c.dim), (c.dim, H * d), (2 * c.ffn_dim, c.dim),
+            (c.dim, c.ffn_dim))                                    # qkv, wo, w13, w2
+    return output.K == c.dim and all(
+        [(w.N, w.K) for w in (L.qkv, L.wo, L.w13, L.w2)] == list(want) for L in layers)
 
 
-def builder(lib: ctypes.CDLL, pool, passes: int):
+def builder(lib: Library, pool, passes: int):
     """``build(weights, pools) -> DecodeStack | None``: the stack of fused weights whose every
     product is one of ``lib``'s kernels (w4a8 with ``passes``, or fp32 ``SkinnyMatmul``) on
     ``pool`` (a :class:`~llminfra.kernels.w4a8.ThreadPool`) without biases, on fp32 CPU pools;
     None for any other (the runner then runs the Python step)."""
-    fn = c_function(lib)
+    fn = lib.w4a8_decode_stack
 
     def build(weights, pools) -> DecodeStack | None:
         if len(pools) != len(weights.layers) or not pools or not _fits(weights, pools):
             return None
-        layers = (_Layer * len(pools))()
+        layers = (StackLayer * len(pools))()
         for L, p, out in zip(weights.layers, pools, layers):
             parts = [_weight(m) for m in (L.wqkv, L.wo, L.w13, L.w2)]
             if any(part is None for part in parts):
