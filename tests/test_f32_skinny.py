@@ -65,7 +65,7 @@ def test_views_are_read_as_their_values():
     (dict(x=torch.randn(2, 8).double(), weight=torch.randn(3, 8)), "float32"),
     (dict(x=torch.randn(8), weight=torch.randn(3, 8)), "2-D"),
     (dict(x=torch.randn(2, 8), weight=torch.randn(3, 8), residual=torch.randn(3, 2)),
-     "residual must be float32 of shape"),
+     "residual must have shape"),
     (dict(x=torch.randn(2, 8), weight=torch.randn(3, 8), threads=0), "threads"),
 ])
 def test_bad_input_is_refused_plainly(bad, message):
@@ -91,7 +91,7 @@ def test_matmul_sends_rows_to_the_kernels_and_past_the_panels_limit_to_blas(monk
     said."""
     from llminfra.runner import fused
     from llminfra.kernels.f32_skinny import PANEL_MAX_ROWS, f32_mm
-    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels
 
     g = torch.Generator().manual_seed(3)
     W = torch.randn(96, 64, generator=g)
@@ -101,7 +101,7 @@ def test_matmul_sends_rows_to_the_kernels_and_past_the_panels_limit_to_blas(monk
                         lambda self, x, r, M: sent.append(M) or product(self, x, r, M))
     assert PANEL_MAX_ROWS >= 2 ** 20
     for limit, rows in ((PANEL_MAX_ROWS, (1, 2, 3, 16, 600)), (64, (1, 3, 64, 65))):
-        m = skinny_linear(threads=2, max_rows=2, panel_max_rows=limit).matmul(W)
+        m = skinny_kernels(threads=2, max_rows=2, panel_max_rows=limit).matmul(W)
         sent.clear()
         for M in rows:
             x, r = torch.randn(M, 64, generator=g), torch.randn(M, 96, generator=g)
@@ -121,23 +121,23 @@ def test_panel_rows_get_the_same_bits_in_any_batch_and_thread_count(N, K):
     """f32_panels.c: tiles of 8 rows against pairs of 16-column panels (N not a multiple of 16
     or 32 leaves a partial panel and a lone one); each output is one sum over K in order, so a
     row's result is the same bits in a batch of 3 as of 64, on 1 or 3 threads, and right."""
-    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels
 
     g = torch.Generator().manual_seed(N + K)
     W, x = torch.randn(N, K, generator=g), torch.randn(64, K, generator=g)
     r = torch.randn(64, N, generator=g)
-    whole = skinny_linear(threads=3).matmul(W).add(x, r)
+    whole = skinny_kernels(threads=3).matmul(W).add(x, r)
     _close(whole, torch.addmm(r, x, W.t()))
-    one = skinny_linear(threads=1).matmul(W)
+    one = skinny_kernels(threads=1).matmul(W)
     for rows in (slice(0, 3), slice(5, 14), slice(40, 64)):
         assert torch.equal(one.add(x[rows], r[rows]), whole[rows])
 
 
 def test_a_biased_matrix_stays_on_onednn():
-    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels
 
     W, b = torch.randn(8, 16), torch.randn(8)
-    m = skinny_linear(max_rows=2).matmul(W, b)
+    m = skinny_kernels(max_rows=2).matmul(W, b)
     x = torch.randn(1, 16)
     _close(m(x), x @ W.t() + b)
 
@@ -177,12 +177,12 @@ def test_fused_norm_and_swiglu_match_torch(M, limit, monkeypatch):
 
     from llminfra.runner import fused
     from llminfra.kernels.f32_skinny import PANEL_MAX_ROWS
-    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels
 
     most = PANEL_MAX_ROWS if limit is None else limit
     g = torch.Generator().manual_seed(M)
     W, gain = torch.randn(40, 100, generator=g), torch.rand(100, generator=g) + 0.5
-    m = skinny_linear(threads=2, max_rows=2, panel_max_rows=most).matmul(W)
+    m = skinny_kernels(threads=2, max_rows=2, panel_max_rows=most).matmul(W)
     calls, product = [], fused.SkinnyMatmul._product
     monkeypatch.setattr(fused.SkinnyMatmul, "_product", lambda self, x, r, M, norm=None,
                         eps=0.0, gated=False: calls.append((M, norm is not None, gated))
@@ -201,7 +201,7 @@ def test_fused_norm_and_swiglu_match_torch(M, limit, monkeypatch):
         m._product(torch.randn(1, 50), None, 1)        # narrower than K: the C code refuses
     with pytest.raises(ValueError, match="f32_panel_gemm refused"):
         m._product(torch.randn(3, 50), None, 3)
-    assert not hasattr(skinny_linear().matmul(W, torch.zeros(40)), "fused")
+    assert not skinny_kernels().matmul(W, torch.zeros(40)).fuses
 
 
 def test_fast_decoder_on_skinny_gives_onednns_tokens():
@@ -209,12 +209,12 @@ def test_fast_decoder_on_skinny_gives_onednns_tokens():
     row): greedy tokens equal oneDNN's on the tiny model."""
     from llminfra.model import load_model
     from llminfra.runner import FastDecoder, prepacked
-    from llminfra.runner.kernel_set import skinny_kernels as skinny_linear
+    from llminfra.runner.kernel_set import skinny_kernels
 
     net, _ = load_model("tiny")
     prompt = list(range(5, 25))
     dnn = FastDecoder(net, max_len=64, linear=prepacked.onednn_linear).generate(prompt, 16)
-    skinny = FastDecoder(net, max_len=64, kernels=skinny_linear())
+    skinny = FastDecoder(net, max_len=64, kernels=skinny_kernels())
     assert skinny.fused
     assert skinny.generate(prompt, 16) == dnn
 
@@ -235,7 +235,6 @@ def test_an_avx2_build_gives_the_native_builds_bits():
     the paged decode attention) give the same bits built for AVX2 (x86-64-v3) as for this CPU."""
     from llminfra.runner.fast_step import c_attend
     from llminfra.kernels import paged_decode
-    from llminfra.kernels.f32_skinny import _function, _panel_functions
 
     g = torch.Generator().manual_seed(11)
     x, W, gain = torch.randn(2, 576, generator=g), torch.randn(300, 576, generator=g), \
@@ -247,12 +246,11 @@ def test_an_avx2_build_gives_the_native_builds_bits():
     for arch in ("native", "x86-64-v3"):
         lib = w4a8.load(w4a8.build(arch))
         y = torch.empty(2, 300)
-        assert _function(lib)(x.data_ptr(), W.data_ptr(), None, y.data_ptr(), 2, 300, 576, 576,
-                              0, gain.data_ptr(), 1e-5, 1, None) == 0
-        k = paged_decode.PagedDecodeKernel(paged_decode.c_function(lib), None, 1,
-                                           paged_decode.C_KERNEL_ERRORS, None)
+        assert lib.f32_skinny_gemm(x.data_ptr(), W.data_ptr(), None, y.data_ptr(), 2, 300,
+                                   576, 576, 0, gain.data_ptr(), 1e-5, 1, None) == 0
+        k = paged_decode.on(lib)
         att = c_attend(k, tables, lens, K, (9, 3, 64), 9 * 64)(q, (None, None, K, V)).clone()
-        gemm, pack = _panel_functions(lib)
+        gemm, pack = lib.f32_panel_gemm, lib.f32_panel_pack
         panels, ys = torch.empty(19 * 16 * 576), torch.empty(11, 300)
         assert pack(W.data_ptr(), panels.data_ptr(), 300, 576) == 0
         assert gemm(xs.data_ptr(), panels.data_ptr(), None, ys.data_ptr(), 11, 300, 576, 576, 0,

@@ -7,13 +7,14 @@ chapter-04 ShareGPT trace, :func:`llminfra.sim.workload.serving_workload`, scale
 validation corpus in the real tokenizer) is served, greedily and with fixed output lengths, by:
 
 * ``engine``: :class:`~llminfra.engine.LLMEngine`, continuous batching on the paged cache
-  (:data:`ENGINE`), on the matmul kernel ``llminfra serve`` gives the real model by default
-  (``matmul`` in the result): :func:`llminfra.runner.prepacked.prepacked` weights, oneDNN's
-  matmul from weights reordered once, as vLLM's CPU backend runs them (``F.linear`` on a
-  PyTorch without oneDNN, with a note);
-* ``engine_plain``: the same engine with its layers multiplying through ``F.linear`` as
-  transformers' do. The two engine rows apart are what the matmul kernel is worth;
-  ``engine_plain`` and ``hf_continuous`` apart, what the rest of the engine is;
+  (:data:`ENGINE`), as ``llminfra serve`` builds it for this model on this machine by default
+  (:func:`llminfra.runner.kernel_choice.engine_runner`: the fast runner on the package's C
+  kernels where they build, on oneDNN's prepacked weights otherwise);
+* ``engine_plain``: the same engine on its default, readable runner, its layers multiplying
+  through ``F.linear`` as transformers' do. The two engine rows apart are what the fast path
+  (runner and kernels) is worth; ``engine_plain`` and ``hf_continuous`` apart, what the rest
+  of the engine is. ``engine_paths`` records which path each engine row ran (runner, the
+  class of its products, its attention, whether its decode step was one C call);
 * ``hf_sequential``, ``hf_static_8``, ``hf_static_16``: transformers' ``generate`` on batches of
   1, 8, 16 requests in arrival order, left-padded, with an attention mask; a batch runs to its
   longest output and each request keeps its own length (the rest is the padding waste of
@@ -37,24 +38,25 @@ shared machine does not decide the ratio.
 
 ``decode_ms_per_token``: batch-1 decode of our model, ``eager`` through plain
 :func:`llminfra.model.generate` with a :class:`~llminfra.model.DenseKVCache` (the readable
-model), ``fast`` through :class:`llminfra.model.FastDecoder`, both on the default kernel, and
-``eager_plain`` / ``fast_plain`` the same on ``F.linear``, ``fast_skinny`` on the package's C kernel
-for few rows (:mod:`llminfra.kernels.f32_skinny`, ``serve``'s kernel at batch 1); ``fast_int4`` through FastDecoder in
-int4 on ``int4_kernel`` (``"w4a8"``: :mod:`llminfra.kernels.w4a8`, int8 activations and integer
-dot products as llama.cpp's Q4_1 × Q8_1, where it can be built; else ``"torch"``) and
-``fast_int4_2pass`` (w4a8 with the activations' int8 rounding error multiplied too) and
-``fast_int4_torch`` with the same codes through PyTorch's packed-int4 kernel ((time of n + 1
-tokens − time of 1) / n after a 64-token prompt). ``int4_greedy_identical``: on how many of
-eight chat prompts each int4 path's greedy tokens are those of the same int4 weights with fp32
-activations (what the kernel's activations change) and those of the fp32 model (what int4
-changes). ``decode_floor_ms``: the
-weights read once per token at the copy bandwidth measured in this run
+model), ``fast`` through :class:`llminfra.runner.FastDecoder`, both on ``matmul`` (oneDNN's
+prepacked weights where this PyTorch has them, else ``F.linear``), and ``eager_plain`` /
+``fast_plain`` the same on ``F.linear``, ``fast_skinny`` on the package's C kernel for few
+rows (:mod:`llminfra.kernels.f32_skinny`, ``serve``'s kernel at batch 1); ``fast_int4``
+through FastDecoder in int4 on ``int4_kernel`` (``"w4a8"``: :mod:`llminfra.kernels.w4a8`, int8
+activations and integer dot products as llama.cpp's Q4_1 × Q8_1, where it can be built; else
+``"torch"``) and ``fast_int4_2pass`` (w4a8 with the activations' int8 rounding error
+multiplied too) and ``fast_int4_torch`` with the same codes through PyTorch's packed-int4
+kernel ((time of n + 1 tokens − time of 1) / n after a 64-token prompt).
+``int4_greedy_identical``: on how many of eight chat prompts each int4 path's greedy tokens
+are those of the same int4 weights with fp32 activations (what the kernel's activations
+change) and those of the fp32 model (what int4 changes). ``decode_floor_ms``: the weights read
+once per token at the copy bandwidth measured in this run
 (:func:`llminfra.bench.roofline.measure_copy_bytes_per_s`, STREAM copy, McCalpin 1995): fp32,
 and int4 (what ``fast_int4`` holds: packed codes and a bf16 scale and offset per group of
-:data:`FAST_INT4_GROUP`, output matrix included). Targets (on the default kernel; the plain
-rows are measured beside them, not held to them): engine ≥ 1.3× the best HF mode's throughput;
-batch-1 decode ≤ 2.5× its fp32 floor (eager), ≤ 1.6×
-(fast), ≤ 2.5× its int4 floor (fast_int4). Chapters 05 and 08.
+:data:`FAST_INT4_GROUP`, output matrix included). Targets (the plain rows are measured beside
+them, not held to them): the engine row ≥ 1.3× the best HF mode's throughput; on the default
+kernel, batch-1 decode ≤ 2.5× its fp32 floor (eager), ≤ 1.6× (fast), ≤ 2.5× its int4 floor
+(fast_int4). The recorded run: ``llminfra/data/bench_real_cpu.json``. Chapters 05, 08 and 12.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ from llminfra.bench.real_hf import (ENGINE, hf_kv_blocks, import_transformers, l
 from llminfra.engine import LLMEngine, SamplingParams, percentile
 from llminfra.sim.workload import WorkloadRequest, serving_workload
 from llminfra.model import load_pretrained, pretrained_path
-from llminfra.runner import prepacked as onednn
+from llminfra.runner.fast_runner import FastRunner
+from llminfra.runner.fused import matmul_kind
+from llminfra.runner.kernel_choice import engine_runner
 from llminfra.model.corpus import corpus_path
 from llminfra.kernels import w4a8
 from llminfra.bench.real_decode import (AGREEMENT_PROMPTS, DECODE_PROMPT_LEN, decode_s_per_token,
@@ -113,9 +117,10 @@ def corpus_prompts(tokenizer, work: list[WorkloadRequest]) -> list[list[int]]:
             for i, r in enumerate(work)]
 
 
-def run_engine(model, tokenizer, work, prompts) -> dict:
-    """Serve the workload on :class:`LLMEngine` (every request arrives at t = 0)."""
-    engine = LLMEngine(model, tokenizer, **ENGINE)
+def run_engine(model, tokenizer, work, prompts, runner="readable") -> dict:
+    """Serve the workload on :class:`LLMEngine` with ``runner`` (every request arrives at
+    t = 0); the run's record, with ``path``: what the engine ran (:func:`engine_path`)."""
+    engine = LLMEngine(model, tokenizer, runner=runner, **ENGINE)
     t0 = time.perf_counter()
     ids = [engine.add_request(p, SamplingParams(max_tokens=r.output_len, ignore_eos=True),
                               arrival_time=t0) for p, r in zip(prompts, work)]
@@ -123,9 +128,32 @@ def run_engine(model, tokenizer, work, prompts) -> dict:
     while engine.has_unfinished_requests():
         done.update((o.request_id, o) for o in engine.step() if o.finished)
     outs = [done[i] for i in ids]
-    return run_record([o.outputs[0].token_ids for o in outs], [o.metrics.ttft_s for o in outs],
-                      [o.metrics.finished_time - t0 for o in outs])
+    record = run_record([o.outputs[0].token_ids for o in outs], [o.metrics.ttft_s for o in outs],
+                        [o.metrics.finished_time - t0 for o in outs])
+    return {**record, "path": engine_path(engine)}
 
+
+def engine_path(engine) -> dict:
+    """Which path an engine ran: its runner's name and, on the fast runner, the class of its
+    products (:mod:`llminfra.runner.matmul`), its decode attention (``"C paged"`` or
+    ``"torch"``) and whether its decode step was one C call; on the readable runner, the kind
+    of its model's layers (``"plain"``: ``F.linear``, ``"onednn"``: prepacked)."""
+    r = engine.runner
+    if not isinstance(r, FastRunner):
+        return {"runner": r.name, "matmul": matmul_kind(r.model)}
+    w = r.weights
+    return {"runner": r.name, "matmul": type(w.layers[0].wqkv).__name__,
+            "attention": "torch" if w.paged_decode is None else "C paged",
+            "one_call_step": r.stack is not None}
+
+
+def engine_sides(model, tok, work, prompts) -> dict:
+    """``side -> run()`` of the two engine rows: ``engine`` on what ``serve`` builds for
+    :data:`MODEL` here by default (:func:`~llminfra.runner.kernel_choice.engine_runner`, its
+    kernels built once), ``engine_plain`` on the readable runner and ``F.linear``."""
+    net, runner = engine_runner(model, MODEL)
+    return {"engine": lambda: run_engine(net, tok, work, prompts, runner),
+            "engine_plain": lambda: run_engine(model, tok, work, prompts)}
 
 
 def run(quick: bool = False, n_requests: int | None = None, max_output: int | None = None,
@@ -135,9 +163,9 @@ def run(quick: bool = False, n_requests: int | None = None, max_output: int | No
     smaller sizes of :data:`SIZES`; ``n_requests``, ``max_output`` (a cap on each request's
     output tokens and on the decode measurement's), ``repeats`` and ``agreement_prompts`` (the
     first that many of :data:`~llminfra.bench.real_decode.AGREEMENT_PROMPTS`) override them
-    (the tests run a tiny workload). ``models``: ``(model, tokenizer, hf_model)`` already loaded from the
-    same file (the tests load transformers' once for all their checks), else both are loaded
-    here. ``ImportError`` without transformers."""
+    (the tests run a tiny workload). ``models``: ``(model, tokenizer, hf_model)`` already
+    loaded from the same file (the tests load transformers' once for all their checks), else
+    both are loaded here. ``ImportError`` without transformers."""
     transformers = import_transformers()
     with torch_threads(1):
         size = dict(SIZES[bool(quick)], agreement_prompts=agreement_prompts)
@@ -147,15 +175,7 @@ def run(quick: bool = False, n_requests: int | None = None, max_output: int | No
 def _compare(transformers, model, tok, hf, work, prompts, repeats: int, notes: list) -> dict:
     """Every side's best run (of ``repeats``, interleaved) and the runs' throughputs."""
     pad = hf.generation_config.pad_token_id or 0
-    plain = lambda: run_engine(model, tok, work, prompts)
-    if matmul_kernel() == "onednn":
-        packed = onednn.prepacked(model)
-        engines = {"engine": lambda: run_engine(packed, tok, work, prompts),
-                   "engine_plain": plain}
-    else:
-        notes.append("engine runs F.linear and engine_plain is left out: this PyTorch build "
-                     "has no oneDNN")
-        engines = {"engine": plain}
+    engines = engine_sides(model, tok, work, prompts)
     runners = {**engines,
                **{k: (lambda b=b: run_hf_static(hf, work, prompts, b, pad))
                   for k, b in HF_STATIC.items()},
@@ -230,6 +250,7 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
                         "transformers": transformers.__version__},
         "quick": quick, "seed": SEED, "threads": 1, "model": MODEL, "dtype": "fp32",
         "matmul": matmul_kernel(), "workload": _workload_record(work, size, max_output),
+        "engine_paths": {k: best[k]["path"] for k in ENGINE_SIDES},
         "copy_bandwidth_bytes_per_s": bw,
         "throughput_tokens_per_s": {k: v["throughput_tokens_per_s"] for k, v in best.items()},
         "throughput_tokens_per_s_runs": cmp["runs"],
@@ -254,12 +275,12 @@ def _run(transformers, size: dict, quick: bool, n_requests, max_output, repeats,
 
 
 def targets(r: dict) -> dict:
-    """The issue's ratios and whether each is met, on the default kernel (``r["matmul"]``):
-    engine / best HF mode >= 1.3, batch-1 decode / its floor (eager <= 2.5, fast <= 1.6,
-    fast_int4 <= 2.5 of the int4 floor). The other kernels' ratios are given beside them
-    (``engine_plain_vs_best_hf``, ``eager_plain_vs_floor``, ``fast_plain_vs_floor``,
-    ``fast_skinny_vs_floor``,
-    ``fast_int4_2pass_vs_floor``, ``fast_int4_torch_vs_floor``), not held to a target."""
+    """The issue's ratios and whether each is met: the engine as ``serve`` runs it / best HF
+    mode >= 1.3; on the default kernel (``r["matmul"]``), batch-1 decode / its floor (eager
+    <= 2.5, fast <= 1.6, fast_int4 <= 2.5 of the int4 floor). The other rows' ratios are given
+    beside them (``engine_plain_vs_best_hf``, ``eager_plain_vs_floor``,
+    ``fast_plain_vs_floor``, ``fast_skinny_vs_floor``, ``fast_int4_2pass_vs_floor``,
+    ``fast_int4_torch_vs_floor``), not held to a target."""
     thr, d, f = r["throughput_tokens_per_s"], r["decode_ms_per_token"], r["decode_floor_ms"]
     best_hf = max((k for k in thr if k not in ENGINE_SIDES), key=thr.get)
     out = {"best_hf_mode": best_hf, "engine_vs_best_hf": thr["engine"] / thr[best_hf],
@@ -283,8 +304,10 @@ def targets(r: dict) -> dict:
 def format_table(result: dict) -> str:
     """The numbers as a plain-text table."""
     r, w = result, result["workload"]
+    path = r["engine_paths"]["engine"]
     lines = [f"{w['num_requests']} requests ({w['trace']}), fp32, 1 thread, "
-             f"{r['environment']['cpu_name']}; engine / eager / fast matmul: {r['matmul']}",
+             f"{r['environment']['cpu_name']}; eager / fast matmul: {r['matmul']}",
+             "engine (serve's default): " + ", ".join(f"{k} {v}" for k, v in path.items()),
              f"int4 kernel: {r['int4_kernel']}"
              + (f" ({r['int4_kernel_build']})" if r.get("int4_kernel_build") else ""),
              f"{'mode':<15}{'tokens/s':>10}{'TTFT p50 s':>12}{'TTFT p99 s':>12}"

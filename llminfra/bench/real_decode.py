@@ -1,5 +1,5 @@
 """Batch-1 decode of SmolLM2-135M for ``python -m llminfra bench real``: the readable model and
-:class:`~llminfra.model.FastDecoder` on each matmul kernel and in int4 on each int4 kernel, timed
+:class:`~llminfra.runner.FastDecoder` on each matmul kernel and in int4 on each int4 kernel, timed
 against the weight-read floor, and how far each int4 kernel's greedy answers follow the int4
 weights with fp32 activations and the fp32 model. :mod:`llminfra.bench.real` (its module
 docstring) says what each path is; ``make compare-engines`` times the same paths beside
@@ -48,7 +48,7 @@ def decode_s_per_token(model, prompt: list[int], n: int, repeats: int,
                        int4: dict[str, FastDecoder] | None = None
                        ) -> tuple[dict[str, float], int]:
     """Batch-1 decode seconds per token, keyed as :data:`DECODE_PATHS`: ``eager``
-    (:func:`generate` with a DenseKVCache), ``fast`` (:class:`llminfra.model.FastDecoder`), both
+    (:func:`generate` with a DenseKVCache), ``fast`` (:class:`llminfra.runner.FastDecoder`), both
     on :func:`matmul_kernel`'s kernel, ``eager_plain`` / ``fast_plain`` on ``F.linear`` (left out
     where that is the default already), ``fast_skinny`` on :mod:`llminfra.kernels.f32_skinny`
     (where the C kernels build), and the int4 paths of :func:`int4_decoders` (``int4``:
@@ -134,8 +134,9 @@ def int4_kernel() -> str:
 
 
 def matmul_kernel() -> str:
-    """The kernel of the ``engine``, ``eager`` and ``fast`` rows: ``"onednn"`` (prepacked
-    weights: ``llminfra serve --matmul onednn``, and what ``--matmul auto`` gives the real model
-    past two rows; ``fast_skinny`` is auto's one- and two-row kernel) where this PyTorch has
-    it, else ``"plain"``."""
+    """The kernel of the ``eager`` and ``fast`` decode rows: ``"onednn"`` (prepacked weights:
+    ``llminfra serve --matmul onednn``, what ``--matmul auto`` gives the real model where the C
+    kernels do not build; ``fast_skinny`` is the C kernels' row) where this PyTorch has it,
+    else ``"plain"``. The ``engine`` row runs what ``serve`` runs
+    (:func:`llminfra.bench.real.engine_sides`)."""
     return "onednn" if onednn.available() else "plain"

@@ -130,6 +130,6 @@ def run_hf_continuous(transformers, hf, work, prompts, pad_id: int, kv_blocks: i
     failed = [o.error for o in outs if o.error is not None]
     if failed:
         raise RuntimeError(f"transformers' continuous batching failed: {failed[0]}")
-    return run_record([list(o.generated_tokens) for o in outs], [o.timestamps[0] - t0 for o in outs],
-                 [o.timestamps[-1] - t0 for o in outs])
+    return run_record([list(o.generated_tokens) for o in outs],
+                      [o.timestamps[0] - t0 for o in outs], [o.timestamps[-1] - t0 for o in outs])
 

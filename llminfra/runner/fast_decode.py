@@ -1,23 +1,26 @@
-"""A fast batch-1 decode path beside the readable model: the same weights, fewer torch calls.
+"""A fast batch-1 decoder beside the readable model: the same weights, fewer torch calls.
 
-On a CPU a 135 M-parameter model's decode step should cost what reading its weights costs (the
-floor of chapter 08's roofline: weight bytes / memory bandwidth). The readable
-:class:`llminfra.model.Transformer` spends about as long again in Python and in small torch
-calls: three q/k/v projections, two gate/up projections, a rotary of a dozen element-wise
-operations, a growing ``torch.cat`` cache, per layer. :class:`FastDecoder` keeps the arithmetic
-and removes the calls:
+On a CPU a small model's decode step should cost what reading its weights costs (the floor of
+chapter 08's roofline: weight bytes / memory bandwidth). The readable
+:class:`llminfra.model.Transformer` spends more than that in Python and in small torch calls:
+three q/k/v projections, two gate/up projections, a rotary of a dozen element-wise operations,
+a growing ``torch.cat`` cache, per layer. :class:`FastDecoder` keeps the arithmetic and removes
+the calls, by running the one fast layer (:func:`llminfra.runner.fast_layer.layer`, the
+engine's fast step's too) on the fused weights (:mod:`llminfra.runner.fused`):
 
 * q, k and v come from one matrix (their weights stacked, ``(H·d + 2·H_kv·d, dim)``), gate and
   up from another (``(2·I, dim)``): one matrix-vector product each instead of three and two;
-* the K/V cache is one preallocated tensor per layer, written in place at the step's position;
+* the K/V cache is one preallocated tensor per layer, written in place at the step's position
+  (this decoder's ``place``);
 * rotary positions are a complex multiplication by precomputed ``cos + i·sin`` (the pairs
   (x_2i, x_2i+1) of :func:`llminfra.model.apply_rotary` read as complex numbers);
-* RMSNorm and attention are PyTorch's fused ``rms_norm`` and ``scaled_dot_product_attention``;
+* RMSNorm and attention are PyTorch's fused ``rms_norm`` and ``scaled_dot_product_attention``
+  (this decoder's ``attend``, over its dense cache);
 * only the last position's logits are computed.
 
 Greedy tokens equal the readable model's (``tests/test_pretrained.py`` checks both against
 Hugging Face ``transformers``); ``python -m llminfra bench real`` measures both against the
-floor. Chapter 08.
+floor (the recorded run: ``llminfra/data/bench_real_cpu.json``). Chapters 08 and 12.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from llminfra.model.transformer import Transformer
+from llminfra.runner import fast_layer
 from llminfra.runner.fused import FusedWeights
 from llminfra.runner.kernel_set import KernelSet
-from llminfra.model.transformer import Transformer
 from llminfra.validate import non_negative_int
 
 
@@ -52,10 +56,10 @@ class FastDecoder:
     is applied, ``linear(W) -> f`` with ``f(x) = x · Wᵀ`` (``KernelSet.of(linear)``) — by default
     ``F.linear`` on ``W`` as it is; :func:`llminfra.quant.int4_linear` quantizes each fused matrix
     (and the output matrix) to int4 and multiplies from the packed codes. Biases stay fp32.
-    Where every ``f`` also has ``f.fused(x, norm=g, eps=ε)`` (``f(RMSNorm(x)·g)``) and
-    ``f.fused(x, gated=True)`` (``f(silu(gate)·up)`` of ``x = [gate | up]``), as
-    :func:`llminfra.kernels.w4a8.w4a8_linear`'s do, the decoder hands them the norms and the
-    SwiGLU product instead of computing them with torch calls.
+    Where every ``f`` forms the norms and SwiGLU in its own call
+    (:class:`~llminfra.runner.matmul.FusingLinear`, as
+    :func:`llminfra.kernels.w4a8.w4a8_linear`'s do), the decoder hands them those instead of
+    computing them with torch calls (``fused``).
     """
 
     def __init__(self, model: Transformer, max_len: int | None = None,
@@ -65,7 +69,7 @@ class FastDecoder:
                 raise ValueError("give linear or kernels, not both")
             kernels = KernelSet.of(linear)
         c = model.config
-        if getattr(c, "num_experts", 1) > 1:
+        if c.num_experts > 1:
             raise ValueError(f"FastDecoder supports dense models only; this one has "
                              f"num_experts={c.num_experts} (run it with the plain model)")
         self.config = c
@@ -74,17 +78,10 @@ class FastDecoder:
             raise ValueError(f"max_len must be in [1, {c.max_seq_len}], got {max_len!r}")
         #: the fused weights (shared with the engine's fast runner: :mod:`llminfra.runner.fused`)
         self.weights = w = FusedWeights(model, kernels)
-        self.embedding, self.output, self.norm = w.embedding, w.output, w.norm
-        # a kernel that forms RMSNorm(x)·g and silu(gate)·up itself (llminfra.kernels.w4a8)
+        self.embedding = w.embedding
+        #: whether every matmul forms RMSNorm(x)·g and silu(gate)·up itself (the C kernels)
         self.fused = w.fused_kernels
-        self.split = w.split
         self.dtype, self._cache = w.dtype, None              # its own cache: made on first use
-        self.rotation = w.rotation[:self.max_len]            # cos + i·sin, (max_len, d/2)
-
-    def _rotate(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-        """x ``(1, T, heads, d)`` -> rotated, each pair (x_2i, x_2i+1) times e^{i·m·θ_i}."""
-        xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (1, T, heads, d/2)
-        return torch.view_as_real(xc * rot[:, None]).flatten(-2).to(x.dtype)
 
     def new_cache(self, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """An empty K/V cache of ``max_len`` positions (default the decoder's) for
@@ -105,46 +102,53 @@ class FastDecoder:
         """Logits ``(V,)`` of the last of ``tokens`` ``(T,)`` at positions pos .. pos+T-1; their
         K/V are written to ``cache`` (default the decoder's own), whose positions before
         ``pos`` must hold this sequence's earlier tokens."""
-        c, (nq, nkv, _) = self.config, self.split
         if cache is None:
             if self._cache is None:
                 self._cache = self.new_cache()
             cache = self._cache
         kc, vc = cache
-        T, d, dim = tokens.shape[0], c.head_dim, c.dim
-        end = pos + T
+        T, end = tokens.shape[0], pos + tokens.shape[0]
         if pos < 0 or end > kc.shape[3]:
             raise ValueError(f"positions {pos} .. {end - 1} do not fit the cache's "
                              f"{kc.shape[3]} positions")
-        rot = self.rotation[pos:end]
-        # a query at position pos + i sees the keys 0 .. pos + i (causal, after the cached ones)
-        mask = (torch.ones(T, end, dtype=torch.bool, device=kc.device).tril(diagonal=pos)
-                if T > 1 else None)
-        fused = self.fused
+        w = self.weights
+        place, attend = self._place(pos, T), self._attend(pos, T)
+        x = F.embedding(tokens, w.embedding)                 # (T, dim)
+        for i in range(len(w.layers)):
+            x = fast_layer.layer(w, i, x, (kc[i], vc[i]), place, attend)
+        return fast_layer.logits(w, x[-1:])[0]
 
-        def normed(f, x, gain):                       # f(RMSNorm(x) · gain)
-            if fused:
-                y = f.fused(x, norm=gain, eps=c.norm_eps)
-                return y if f.bias is None else y + f.bias
-            return f(F.rms_norm(x, (dim,), gain, c.norm_eps))
+    def _place(self, pos: int, T: int):
+        """``place(qkv, (k, v)) -> q`` of a layer: the ``T`` rows at positions pos .. pos+T-1
+        turned by RoPE, their K and V written to the layer's dense cache ``(1, H_kv, n, d)``."""
+        w, c = self.weights, self.config
+        H, H_kv = c.n_heads, c.n_kv_heads
+        positions = torch.arange(pos, pos + T, device=self.embedding.device)
+        rot = w.head_rotation(positions)                     # (T, H + 2·H_kv, d/2)
 
-        x = F.embedding(tokens, self.embedding)[None]  # (1, T, dim)
-        for i, layer in enumerate(self.weights.layers):
-            q, k, v = normed(layer.wqkv, x, layer.attn_norm).split(self.split, dim=-1)
-            q = self._rotate(q.view(1, T, c.n_heads, d), rot).transpose(1, 2)  # (1, H, T, d)
-            k = self._rotate(k.view(1, T, c.n_kv_heads, d), rot).transpose(1, 2)
-            kc[i, :, :, pos:end] = k
-            vc[i, :, :, pos:end] = v.view(1, T, c.n_kv_heads, d).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, kc[i, :, :, :end], vc[i, :, :, :end],
-                                                 attn_mask=mask, enable_gqa=True)
-            x = x + layer.wo(out.transpose(1, 2).reshape(1, T, nq))
-            gate_up = normed(layer.w13, x, layer.ffn_norm)
-            if fused:
-                x = x + layer.w2.fused(gate_up, gated=True)
-            else:
-                gate, up = gate_up.chunk(2, -1)
-                x = x + layer.w2(F.silu(gate) * up)
-        return normed(self.output, x[0, -1:], self.norm)[0]
+        def place(qkv, cache):
+            k, v = cache
+            r = w.rotate(qkv, rot, T)                        # (T, H + 2·H_kv, d)
+            k[0, :, pos:pos + T] = r[:, H:H + H_kv].transpose(0, 1)
+            v[0, :, pos:pos + T] = r[:, H + H_kv:].transpose(0, 1)
+            return r[:, :H]
+        return place
+
+    def _attend(self, pos: int, T: int):
+        """``attend(q, (k, v)) -> (T, H·d)`` of a layer: SDPA of the ``T`` queries over the
+        cache's keys 0 .. pos+T-1, a query at position pos + i seeing keys 0 .. pos + i."""
+        c, end = self.config, pos + T
+        # causal after the cached keys; one query sees every key: no mask
+        mask = (torch.ones(T, end, dtype=torch.bool, device=self.embedding.device)
+                .tril(diagonal=pos) if T > 1 else None)
+
+        def attend(q, cache):
+            k, v = cache
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[:, :, :end],
+                                                 v[:, :, :end], attn_mask=mask,
+                                                 enable_gqa=True)     # (1, H, T, d)
+            return out[0].transpose(0, 1).reshape(T, c.n_heads * c.head_dim)
+        return attend
 
     def weight_bytes_read(self) -> int:
         """Bytes of weights one decode step reads: every matrix once, as the decoder holds it

@@ -11,7 +11,9 @@ every 16 up to ``max_num_seqs``): the batch is padded to its bucket (padding lan
 read the cache's scratch block) and the graph replays the whole step as one launch. On a CPU
 ``cuda_graphs="emulate"`` takes the same path — the same buffers, the same padded function
 call, without a graph — so the tests check every bucket's tokens against the eager step where
-no GPU is. Chapter 05 (the engine) and chapter 08 (why a GPU decode step needs graphs).
+no GPU is. Chapter 12 (making it fast), chapter 05 (the engine) and chapter 08 (why a GPU
+decode step needs graphs: on a GPU each kernel a step launches costs host time, whatever the
+kernel does).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One serving step of the fused model over a paged K/V pool, in few torch calls.
 
-The engine's fast model runner (:mod:`llminfra.engine.model_runner`) calls these two functions
+The engine's fast runner (:mod:`llminfra.runner.fast_runner`) calls these two functions
 on :class:`~llminfra.runner.fused.FusedWeights`; every input is a device tensor the runner
 built for the step, and no Python list reaches a layer:
 
@@ -12,7 +12,11 @@ built for the step, and no Python list reaches a layer:
   verify): the decode lanes first, as above, then the others padded to the longest
   (``T``) in one attention call — no Python loop over sequences.
 
-One layer, in torch calls (25 on a decode step; the test counts them)::
+Both run the one fast layer (:func:`llminfra.runner.fast_layer.layer`) over each layer's pool,
+with this module's ``place`` (RoPE and the K/V write) and ``attend``. One layer, in torch calls
+(25 on a decode step; the test counts them; a counted call is not a kernel launch — the
+counter, :func:`llminfra.bench.roofline.count_torch_calls`, counts attribute reads, views,
+slices and chunks too, which launch nothing)::
 
     h = rms_norm(x)                          1      qkv = wqkv(h)                  1
     r = rotate(qkv) (q, k by e^{imθ}; v by 1) 5     write K, V of the step          3
@@ -29,34 +33,36 @@ gathers K and V of the sequences' blocks with one ``index_select`` and masks by 
 A decode step's attention can skip that copy: a kernel walks each sequence's block table and
 reads its keys where they lie, up to its length — the Triton kernel on CUDA
 (:mod:`llminfra.attention.paged_triton`), and on the CPU the C kernel
-``llminfra/kernels/csrc/paged_decode.c`` (built into the w4a8 library, one ctypes call a layer, on the
-library's thread pool), which the weights bring where their ``linear`` does
-(:mod:`llminfra.kernels.paged_decode`; ``serve`` on a real model). At 16 sequences of
-SmolLM2-135M the gather and the padded SDPA were a third of the CPU step. With the C kernel
-the rotation and the K/V write are one C call as well (``rope_write_f32``, :func:`c_place`):
-the ten torch calls they take cost about 3 ms of a 28 ms batch-1 step of SmolLM2-135M on a
-2-core Xeon. Where every matmul also forms RMSNorm and SwiGLU in its own call
-(``w.fused_kernels``: the C kernels), the layer's norms and SwiGLU are theirs. Where the
-weights are on the C kernels (int4 on w4a8, fp32 on ``f32_skinny``) the runner goes one step
-further: the same calls, made from C, for the whole step (:mod:`llminfra.runner.decode_stack`;
-``w.decode_stack``, the same logits bit for bit), this function remaining its readable account.
+``llminfra/kernels/csrc/paged_decode.c`` (one ctypes call a layer, on the library's thread
+pool), which the kernel set brings (:attr:`KernelSet.attention
+<llminfra.runner.kernel_set.KernelSet>`, :mod:`llminfra.kernels.paged_decode`; ``serve`` on a
+real model). With the C kernel the rotation and the K/V write are one C call as well
+(``rope_write_f32``, :func:`c_place`) where the torch path makes ten. Where every matmul also
+forms RMSNorm and SwiGLU in its own call (``w.fused_kernels``: the C kernels), the layer's
+norms and SwiGLU are theirs. Where the weights are on the C kernels (int4 on w4a8, fp32 on
+``f32_skinny``) the runner goes one step further: the same calls, made from C, for the whole
+step (:mod:`llminfra.runner.decode_stack`; ``w.decode_stack``, the same logits bit for bit),
+this function remaining its readable account. Where a step's time goes, call by call, is the
+recorded serving profile (``llminfra/data/profile_serving_cpu.json``, ``python -m llminfra
+bench serving-profile``).
 
 With the C attention a step with prompt chunks needs no padding: each query is a row of
 :func:`decode_step` with its sequence's block table and its own position, and the logits are
-taken of the rows that want them (``logits_rows``). A 100-token prompt's step of SmolLM2-135M
-(2-core AMD EPYC, fp32, two threads): 88 ms through :func:`mixed_step` (its padded SDPA alone
-7.5 ms), 66 ms as rows in one C call. :func:`mixed_step` stays the path of torch's attention
-(CUDA, the tiny model, ``--matmul plain``/``onednn``). Chapter 05.
+taken of the rows that want them (``logits_rows``); it reads each key in place where
+:func:`mixed_step` gathers and pads. :func:`mixed_step` stays the path of torch's attention
+(CUDA, the tiny model, ``--matmul plain``/``onednn``). Chapters 12 and 05.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from llminfra.kernels.paged_decode import c_attend
+from llminfra.kernels.paged_decode import PagedDecodeKernel, c_attend
+from llminfra.runner import fast_layer
 from llminfra.runner.fused import FusedWeights
 
 
@@ -65,9 +71,10 @@ class PrefillInputs:
     """The multi-token sequences of a mixed step, padded to ``T`` queries each.
 
     ``pad_rows`` ``(n_p·T,)``: the row of each padded query among the multi-token
-    sequences' queries ``(N_p, …)`` (pads repeat a valid row); ``pad_positions`` ``(n_p·T,)``: each padded query's position (0 for a pad: it sees
-    key 0 only); ``unpad_rows`` ``(N_p,)``: where each real query sits in the padded
-    ``(n_p·T)``; ``block_tables`` ``(n_p, W)``."""
+    sequences' queries ``(N_p, …)`` (pads repeat a valid row); ``pad_positions``
+    ``(n_p·T,)``: each padded query's position (0 for a pad: it sees key 0 only);
+    ``unpad_rows`` ``(N_p,)``: where each real query sits in the padded ``(n_p·T)``;
+    ``block_tables`` ``(n_p, W)``."""
 
     T: int
     pad_rows: torch.Tensor
@@ -93,11 +100,10 @@ def layer_pools(cache) -> list[Pool]:
 
 
 def _c_decode_attend(w: FusedWeights, pools: list[Pool], tables: torch.Tensor,
-                     positions: torch.Tensor, kernel=None):
+                     positions: torch.Tensor, kernel: PagedDecodeKernel | None):
     """``attend`` of one-token sequences (block ``tables`` ``(n, W)``, their ``positions``) on
-    the C paged decode kernel — ``kernel``, else the weights' own (``w.paged_decode``) — where
-    weights and pool are fp32 on the CPU; None elsewhere."""
-    kernel = w.paged_decode if kernel is None else kernel
+    the C paged decode ``kernel`` where there is one and weights and pool are fp32 on the CPU;
+    None elsewhere."""
     if not _c_kernel_fits(kernel, w, pools):
         return None
     c = w.config
@@ -134,46 +140,18 @@ def _triton_decode():
     return paged_decode_launch if triton is not None else None
 
 
-def _normed(f, x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
-    """``f(RMSNorm(x)·gain)`` in the matmul's own call (``f.fused``, + its bias)."""
-    y = f.fused(x, norm=gain, eps=eps)
-    return y if f.bias is None else y + f.bias
-
-
-def _layer(w: FusedWeights, i: int, x: torch.Tensor, rot: torch.Tensor, pool: Pool,
-           write_rows: torch.Tensor, N: int, attend, place=None) -> torch.Tensor:
-    """Block i on the step's ``x`` ``(N, dim)``; ``attend(q, blocks) -> (N, H·d)``. Where every
-    matmul forms RMSNorm and SwiGLU itself (``w.fused_kernels``: the C kernels), they do.
-    ``place(qkv, pool) -> q``: RoPE and the K/V write in one C call (:func:`c_place`), else
-    the torch calls below."""
-    c, layer = w.config, w.layers[i]
-    H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
-    if w.fused_kernels:
-        qkv = _normed(layer.wqkv, x, layer.attn_norm, c.norm_eps)
-    else:
-        qkv = layer.wqkv(F.rms_norm(x, (c.dim,), layer.attn_norm, c.norm_eps))
-    if place is None:
-        r = w.rotate(qkv, rot, N)                                   # (N, H + 2·H_kv, d)
-        pool[0].index_copy_(0, write_rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of a token
-        q = r[:, :H]
-    else:
-        q = place(qkv, pool)
-    x = layer.wo.add(attend(q, pool), x)
-    if w.fused_kernels:
-        gate_up = _normed(layer.w13, x, layer.ffn_norm, c.norm_eps)
-        if layer.w2.adds_in_fused:                  # the residual inside the call too
-            return layer.w2.fused(gate_up, gated=True, residual=x)
-        return x + layer.w2.fused(gate_up, gated=True)
-    h = F.rms_norm(x, (c.dim,), layer.ffn_norm, c.norm_eps)
-    gate, up = layer.w13(h).chunk(2, dim=-1)
-    return layer.w2.add(F.silu(gate) * up, x)
-
-
-def _logits(w: FusedWeights, x: torch.Tensor) -> torch.Tensor:
+def torch_place(w: FusedWeights, rot: torch.Tensor, rows: torch.Tensor, N: int):
+    """``place(qkv, pool) -> q`` in torch calls: the step's ``N`` rows turned by ``rot``
+    (:meth:`~llminfra.runner.fused.FusedWeights.head_rotation`) and their K and V written to
+    the pool ``rows`` (:func:`write_rows`) with one ``index_copy_``."""
     c = w.config
-    if w.fused_kernels:
-        return _normed(w.output, x, w.norm, c.norm_eps)
-    return w.output(F.rms_norm(x, (c.dim,), w.norm, c.norm_eps))
+    H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
+
+    def place(qkv, pool):
+        r = w.rotate(qkv, rot, N)                                   # (N, H + 2·H_kv, d)
+        pool[0].index_copy_(0, rows, r[:, H:].reshape(2 * N, H_kv, d))  # K, V of a token
+        return r[:, :H]
+    return place
 
 
 def write_rows(slots: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
@@ -214,33 +192,33 @@ def _page_pool(pools: list[Pool]) -> tuple[int, int]:
 def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
                 positions: torch.Tensor, slots: torch.Tensor,
                 block_tables: torch.Tensor, triton_kernel: bool | None = None,
-                c_kernel=None, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+                c_kernel: PagedDecodeKernel | Literal[False] | None = None,
+                logits_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Logits ``(n, V)`` of one token per sequence (see the module docstring) — of the rows
     ``logits_rows`` only, where given; each token's K/V is written to its slot first. A row is
     a query that sees keys 0 .. its position through its own row of ``block_tables``, so the
     rows of a prompt chunk may come here too, one row each with its sequence's table
-    (:func:`uses_c_rows`: the fast runner does so where the C kernels take the step). ``pools``: :func:`layer_pools` of the cache. Attention
-    is the gather + SDPA above, or a kernel that reads each sequence's blocks in place up to
-    its length (1 call a layer): on CUDA (``triton_kernel=None``: where the weights are on
-    CUDA; True forces it, as the tests do under ``TRITON_INTERPRET=1``) the Triton paged
-    kernel; on the CPU the C kernel ``llminfra/kernels/csrc/paged_decode.c`` — ``c_kernel=None``: the
-    weights' own (``w.paged_decode``, brought by the ``linear`` they were built with) where
-    weights and pool are fp32; False: gather + SDPA; or a
-    :class:`~llminfra.kernels.paged_decode.PagedDecodeKernel` to use."""
+    (:func:`uses_c_rows`: the fast runner does so where the C kernels take the step).
+    ``pools``: :func:`layer_pools` of the cache. Attention is the gather + SDPA above, or a
+    kernel that reads each sequence's blocks in place up to its length (1 call a layer): on
+    CUDA (``triton_kernel=None``: where the weights are on CUDA; True forces it, as the tests
+    do under ``TRITON_INTERPRET=1``) the Triton paged kernel; on the CPU the C kernel
+    ``llminfra/kernels/csrc/paged_decode.c`` — ``c_kernel=None``: the weights' own
+    (``w.paged_decode``, their kernel set's ``attention``) where weights and pool are fp32;
+    False: gather + SDPA; or a :class:`~llminfra.kernels.paged_decode.PagedDecodeKernel` to
+    use (its ``rope_write``, where it has one, takes RoPE and the K/V write)."""
     num_blocks, B = _page_pool(pools)
     n, W, c = len(tokens), block_tables.size(1), w.config
     x = F.embedding(tokens, w.embedding)                      # (n, dim)
     on_cuda = w.device.type == "cuda" if triton_kernel is None else triton_kernel
     kernel = _triton_decode() if on_cuda and not B & (B - 1) else None
-    c_kernel = w.paged_decode if c_kernel is None else c_kernel
-    cpu = None if on_cuda or c_kernel is False else _c_decode_attend(
-        w, pools, block_tables, positions, c_kernel)
-    rope = getattr(c_kernel, "rope_write", None)
-    place = None if cpu is None or rope is None else c_place(
-        rope, w, positions, slots, (num_blocks + 1) * B)
-    rot = rows = None
-    if place is None:
-        rot, rows = w.head_rotation(positions), write_rows(slots, num_blocks, B)
+    c_kernel = (w.paged_decode if c_kernel is None else None if c_kernel is False
+                else c_kernel)
+    cpu = None if on_cuda else _c_decode_attend(w, pools, block_tables, positions, c_kernel)
+    if cpu is not None and c_kernel.rope_write is not None:
+        place = c_place(c_kernel.rope_write, w, positions, slots, (num_blocks + 1) * B)
+    else:
+        place = torch_place(w, w.head_rotation(positions), write_rows(slots, num_blocks, B), n)
     if kernel is not None:   # CUDA: read each sequence's blocks in place, up to its length
         tables, lens = block_tables.to(torch.int32), (positions + 1).to(torch.int32)
 
@@ -256,11 +234,12 @@ def decode_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
         def attend(q, p):
             return decode_attention(q, p, blocks, mask, n, c)
     for i, pool in enumerate(pools):
-        x = _layer(w, i, x, rot, pool, rows, n, attend, place)
-    return _logits(w, x if logits_rows is None else x[logits_rows])
+        x = fast_layer.layer(w, i, x, pool, place, attend)
+    return fast_layer.logits(w, x if logits_rows is None else x[logits_rows])
 
 
-def _c_kernel_fits(kernel, w: FusedWeights, pools: list[Pool]) -> bool:
+def _c_kernel_fits(kernel: PagedDecodeKernel | None, w: FusedWeights,
+                   pools: list[Pool]) -> bool:
     """A C paged decode kernel, on weights and pools that are fp32 on the CPU."""
     return (kernel is not None and w.device.type == "cpu" and
             w.dtype == pools[0][2].dtype == torch.float32)
@@ -272,7 +251,7 @@ def uses_c_rows(w: FusedWeights, pools: list[Pool]) -> bool:
     row then reads its own keys in place, and a step with prompt chunks goes there too, a row
     a query, rather than to :func:`mixed_step`'s padded SDPA."""
     return (_c_kernel_fits(w.paged_decode, w, pools) and
-            getattr(w.paged_decode, "rope_write", None) is not None)
+            w.paged_decode.rope_write is not None)
 
 
 def _prefill_attention(q: torch.Tensor, pool: torch.Tensor, pre: PrefillInputs,
@@ -305,7 +284,8 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
     pre_rows = kv_rows(pre.block_tables, num_blocks)
     c = w.config
     # the decode lanes on the weights' C kernel where they bring one, as in decode_step
-    dec_attend = _c_decode_attend(w, pools, decode_tables, positions[:nd]) if nd else None
+    dec_attend = (_c_decode_attend(w, pools, decode_tables, positions[:nd], w.paged_decode)
+                  if nd else None)
     if nd and dec_attend is None:
         Sd = decode_tables.shape[1] * B
         dec_rows = kv_rows(decode_tables, num_blocks)
@@ -319,7 +299,8 @@ def mixed_step(w: FusedWeights, pools: list[Pool], tokens: torch.Tensor,
         out = _prefill_attention(q[nd:], pool, pre, pre_mask, pre_rows, c)
         return torch.cat((dec_attend(q[:nd], pool), out)) if nd else out
 
+    place = torch_place(w, rot, rows, N)
     x = F.embedding(tokens, w.embedding)
     for i, pool in enumerate(pools):
-        x = _layer(w, i, x, rot, pool, rows, N, attend)
-    return _logits(w, x[logits_rows])
+        x = fast_layer.layer(w, i, x, pool, place, attend)
+    return fast_layer.logits(w, x[logits_rows])

@@ -86,11 +86,10 @@ def resolve_runner(runner: str, net) -> str:
     """The model runner ``runner`` means for the model ``net``: ``"auto"`` is ``"fast"`` (the
     fused step: 25 torch calls a layer instead of about 110, the same greedy tokens) wherever
     the fused weights take the model (:func:`llminfra.runner.fused.unsupported`), and
-    ``"readable"`` for a mixture of experts or a quantized model. Measured one thread, on the
-    kernel ``serve`` gives each (``python -m llminfra bench serving``, chapter 05 §11): fast /
-    readable decode 1.19x (batch 1) and 1.17x (batch 16) on SmolLM2-135M with oneDNN, 1.4x /
-    1.2x on the tiny model; on ``F.linear`` at batch 16 the stacked matrices lose what the
-    calls save (bench-100m 0.98x)."""
+    ``"readable"`` for a mixture of experts or a quantized model. What each runner's step
+    costs is recorded beside its torch calls in ``llminfra/data/bench_engine_cpu.json``
+    (``python -m llminfra bench engine``): fewer calls buy most where a step's weights are
+    few, and little where reading the weights sets the pace."""
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r}; allowed: {RUNNERS}")
     if runner != "auto":
@@ -102,14 +101,14 @@ def resolve_matmul(matmul: str, model: str) -> str:
     """The kernel ``matmul`` means for ``model``: ``"auto"`` is ``"skinny"`` for a real model
     (anything but ``"tiny"``) where this PyTorch has oneDNN's prepacked linear and the
     package's C kernels build (:func:`llminfra.kernels.w4a8.available`): products of one or two
-    rows stream the weights through ``f32_skinny.c``, up to 64 rows (a decode step of many
-    sequences) take ``f32_panels.c``'s outer product, faster than oneDNN's prepacked weight
-    there (oneDNN — about 2× the tokens/s of ``F.linear`` on SmolLM2 on a CPU, ``python -m
-    llminfra bench real``, the kernel vLLM's CPU backend uses — is ``"onednn"``), and a prompt
-    chunk goes to ``F.linear``, as fast as oneDNN for that many rows. Without a C compiler it
-    is ``"onednn"``, and
-    ``"plain"`` for the tiny model: its 12 MB of weights sit in cache, where repacking them on
-    each call costs little, and the course's stored tiny-model outputs are ``F.linear``'s."""
+    rows stream the weights through ``f32_skinny.c``, more rows (a decode step of many
+    sequences, a prompt chunk) take ``f32_panels.c``'s outer product from weights packed once
+    in panels, and the whole decode step is one C call. Without a C compiler it is
+    ``"onednn"`` (weights prepacked once for oneDNN, the kernel vLLM's CPU backend uses;
+    ``python -m llminfra bench real`` times it against ``F.linear``, the recorded run
+    ``llminfra/data/bench_real_cpu.json``), and ``"plain"`` for the tiny model: its weights
+    sit in cache, where repacking them on each call costs little, and the course's stored
+    tiny-model outputs are ``F.linear``'s."""
     if matmul not in MATMULS:
         raise ValueError(f"matmul {matmul!r}; allowed: {MATMULS}")
     if matmul != "auto":

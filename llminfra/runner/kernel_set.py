@@ -3,10 +3,12 @@
 A :class:`KernelSet` names what the fused weights (:class:`~llminfra.runner.fused.FusedWeights`)
 are built with and what the step then calls:
 
-* ``matmul`` — ``matmul(W, bias) -> Matmul``: how each fused matrix is applied (None: the
-  model's own kind, ``F.linear`` or oneDNN's prepacked weights);
-* ``attention`` — the C paged decode attention (:class:`~llminfra.kernels.paged_decode.PagedDecodeKernel`)
-  or None (torch's gather and SDPA; Triton on CUDA);
+* ``matmul`` — ``matmul(W, bias) -> BaseMatmul``: how each fused matrix is applied
+  (:mod:`llminfra.runner.matmul`; None: the model's own kind, ``F.linear`` or oneDNN's
+  prepacked weights);
+* ``attention`` — the C paged decode attention
+  (:class:`~llminfra.kernels.paged_decode.PagedDecodeKernel`, with its ``rope_write``) or None
+  (torch's gather and SDPA; Triton on CUDA);
 * ``step`` — ``step(weights, pools) -> DecodeStack | None``: the whole decode step in one C
   call (:mod:`llminfra.runner.decode_stack`), or None (the Python step).
 
@@ -27,7 +29,7 @@ import torch
 from llminfra.kernels import f32_skinny, paged_decode, w4a8
 from llminfra.kernels.library import library
 from llminfra.runner import decode_stack
-from llminfra.runner.fused import FunctionMatmul, SkinnyMatmul
+from llminfra.runner.matmul import BaseMatmul, FunctionMatmul, SkinnyMatmul
 
 
 @dataclass(frozen=True)
@@ -36,15 +38,17 @@ class KernelSet:
     (``attention``) and its one-call step (``step``); see the module."""
 
     name: str
-    matmul: Callable | None = None
+    matmul: Callable[..., BaseMatmul] | None = None
     attention: paged_decode.PagedDecodeKernel | None = None
     step: Callable | None = None
 
     @classmethod
     def of(cls, linear: Callable[[torch.Tensor], Callable], name: str = "linear") -> KernelSet:
-        """Every matrix applied through ``linear(W) -> f`` (``f(x) = x · Wᵀ``; where ``f`` has
-        ``fused``, as :class:`~llminfra.kernels.w4a8.W4A8Weight` does, the fast paths hand
-        it the norms and SwiGLU)."""
+        """Every matrix applied through ``linear(W) -> f`` (``f(x) = x · Wᵀ``) as a
+        :class:`~llminfra.runner.matmul.FunctionMatmul`: where ``f`` is a
+        :class:`~llminfra.runner.matmul.FusingLinear`, as
+        :class:`~llminfra.kernels.w4a8.W4A8Weight` is, the fast paths hand it the norms and
+        SwiGLU."""
         return cls(name, lambda weight, bias=None: FunctionMatmul(linear(weight), weight, bias))
 
 

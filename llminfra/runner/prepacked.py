@@ -7,7 +7,8 @@ is read, written and read again for a handful of rows. oneDNN (the CPU library i
 can reorder the weight *once* into its blocked layout and multiply from that layout ever after
 (``torch.ops.mkldnn._reorder_linear_weight`` then ``torch.ops.mkldnn._linear_pointwise``). The
 arithmetic is the same product; only the order of the additions inside each dot product
-differs, so results agree to float32 rounding (about 1e-4 on SmolLM2's logits, not bit for bit).
+differs, so results agree to float32 rounding, not bit for bit (the tests hold them to a
+tolerance, and the greedy tokens to each other).
 
 This is what vLLM's CPU backend does with every unquantized linear layer on x86
 (``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``: a oneDNN matmul
@@ -50,7 +51,8 @@ def available() -> bool:
 def _require_onednn() -> None:
     if not available():
         raise RuntimeError("this PyTorch build has no oneDNN prepacked linear "
-                           "(torch.backends.mkldnn.is_available() is False): use the model as it is")
+                           "(torch.backends.mkldnn.is_available() is False): use the model as "
+                           "it is")
 
 
 def _require(weight: torch.Tensor) -> None:
