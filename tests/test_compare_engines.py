@@ -55,8 +55,10 @@ def test_plan_bound_is_the_roofline_of_a_closed_loop():
     from llminfra.calc.roofline import Roofline, step_time_s
     roof = Roofline("cpu", 1e11, 2e10)
     got = plan_bound("smollm2-135m", roof, 4, 99.6, 64)
-    tpot = step_time_s("smollm2-135m", roof, [(1, 132)] * 4, dtype="fp32")
-    ttft = step_time_s("smollm2-135m", roof, [(100, 100)] + [(1, 132)] * 3, dtype="fp32")
+    # a prefill needs one row of logits: the output layer once per sequence (logits="last")
+    tpot = step_time_s("smollm2-135m", roof, [(1, 132)] * 4, dtype="fp32", logits="last")
+    ttft = step_time_s("smollm2-135m", roof, [(100, 100)] + [(1, 132)] * 3, dtype="fp32",
+                       logits="last")
     assert (got["tpot_s"], got["ttft_s"]) == (tpot, ttft)
     assert got["output_tokens_per_s"] == pytest.approx(4 * 64 / (ttft + 63 * tpot))
     # decode at batch 4 reads the weights once: about 538 MB of fp32 at 20 GB/s

@@ -47,6 +47,27 @@ def test_prefill_attention_pairs_by_hand():
     assert step_flops("gpt2", [(2, 5)]) == 2 * 124_439_808 * 2 + 4 * 12 * 12 * 64 * 9
 
 
+def test_output_layer_once_per_sequence_with_logits_last():
+    """Llama-2-7B (V = 32,000, h = 4,096, L = H = 32, d = 128), a prompt of 2 tokens:
+    every token through every weight: 2 · 6,738,415,616 · 2 + 4 · 32 · 32 · 128 · 3 =
+    26,955,235,328; only the last token's logits: 2 · 32,000 · 4,096 = 262,144,000 fewer,
+    26,693,091,328. A decode step (one new token) is the same either way; a step of two
+    sequences drops the output layer once per sequence for each token but its last."""
+    assert step_flops("llama-2-7b", [(2, 2)]) == 26_955_235_328
+    assert step_flops("llama-2-7b", [(2, 2)], logits="last") == 26_693_091_328
+    assert step_flops("gpt2", [(1, 9)], logits="last") == step_flops("gpt2", [(1, 9)])
+    pairs = [(5, 7), (3, 3)]
+    assert step_flops("gpt2", pairs) - step_flops("gpt2", pairs, logits="last") == \
+        2 * 50_257 * 768 * (4 + 2)
+    roof = Roofline("cpu", 1e11, 2e10)
+    b = step_breakdown("gpt2", roof, [(64, 64)], dtype="fp32", logits="last")
+    assert b["flops"] == step_flops("gpt2", [(64, 64)], logits="last")
+    assert ttft_s("gpt2", roof, 64, dtype="fp32", logits="last") < ttft_s("gpt2", roof, 64,
+                                                                         dtype="fp32")
+    with pytest.raises(ValueError, match="logits must be one of"):
+        step_flops("gpt2", [(1, 1)], logits="first")
+
+
 def test_cpu_roofline_and_overhead():
     """A measured device: 1e11 FLOP/s and 2e10 B/s, ridge 5 FLOP/B. gpt2 fp32 decode at
     context 1 reads 4 · 124,439,808 + 2·12·12·64·4 bytes -> /2e10 s, plus 1 ms overhead."""

@@ -80,3 +80,55 @@ def test_quick_run_has_the_keys():
     q = r["quantized_decode"]
     assert q["fp32"]["bytes_per_step"] > q["int8"]["bytes_per_step"] > q["int4"]["bytes_per_step"]
     assert "int4" in load_suite("roofline").format_table(r)
+
+
+def test_compute_roof_is_the_faster_kernel_and_restores_threads():
+    """The roof is the faster of torch's matmul and the C panel kernel (which is checked
+    against ``x @ W.T`` inside), each > 0; without the C library the panel entry is None."""
+    from llminfra.bench.roofline import measure_compute_roof
+    before = torch.get_num_threads()
+    r = measure_compute_roof(n=128, repeats=1)
+    assert torch.get_num_threads() == before
+    rates = {k: r[k] for k in ("torch_matmul", "f32_panels") if r[k] is not None}
+    assert r["torch_matmul"] > 0 and r["kernel"] in rates
+    assert r["flops_per_s"] == max(rates.values())
+    roof = measure_cpu_roofline(1, n_bytes=8 * 2**20, n=128, repeats=1)
+    assert roof.source.endswith(("torch_matmul", "f32_panels"))
+
+
+def test_kernels_are_counted_apart_from_calls_copies_and_launch_calls():
+    """``kernels_in`` on a fake profile: two device kernels, one copy and one memset on the
+    device, two host launch calls and a graph replay, and host ops that launch nothing."""
+    from types import SimpleNamespace
+
+    from llminfra.bench.roofline import count_cuda_kernels, kernels_in
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name=n, device_type=d) for n, d in (
+        ("ampere_sgemm_128x64_tn", cuda), ("void at::native::elementwise_kernel", cuda),
+        ("Memcpy HtoD (Pageable -> Device)", cuda), ("Memset (Device)", cuda),
+        ("cudaLaunchKernel", cpu), ("cudaLaunchKernel", cpu), ("cudaGraphLaunch", cpu),
+        ("aten::view", cpu), ("aten::slice", cpu), ("aten::mm", cpu))]
+    assert kernels_in(events) == {"kernels": 2, "copies": 2, "launch_calls": 3}
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            count_cuda_kernels(lambda: None)
+        # what a GPU bench records where the profiler cannot count: the reason, not a gap
+        from llminfra.bench.calls import launches_or_error
+        assert "CUDA" in launches_or_error(lambda: None)["error"]
+
+
+def test_a_cpu_profile_has_calls_but_no_kernels():
+    """A real ``torch.profiler`` profile of CPU work: torch calls, views among them, but no
+    event on a GPU and no launch call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from llminfra.bench.roofline import count_torch_calls, kernels_in
+    x = torch.randn(8, 8)
+
+    def step():
+        return (x[:4].view(2, 16) @ torch.ones(16, 2)).sum()
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    assert kernels_in(prof.events()) == {"kernels": 0, "copies": 0, "launch_calls": 0}
+    assert count_torch_calls(step) >= 4       # slice, view, ones, matmul, sum

@@ -48,7 +48,7 @@ def decode_attention_nshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``(N, S_max, H_kv, d)`` (what a gather through block tables gives), without repeating K/V
     per query head: the G = H / H_kv query heads of a group share one K/V head. The masked
     softmax is handed to ``torch.nn.functional.scaled_dot_product_attention`` (the same
-    equation, fused; about 2x faster on a CPU than two einsums). q ``(N, H, d)``; returns
+    equation, fused; faster on a CPU than two einsums). q ``(N, H, d)``; returns
     ``(N, H, d)``."""
     N, H, d = q.shape
     H_kv = k.shape[2]
@@ -120,7 +120,7 @@ def gather_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     B, H_kv, d = k_cache.shape[1:]
     n_blocks = -(-max_context // B)                               # blocks the longest one uses
     ids = block_tables[:, :n_blocks].to(device=k_cache.device, dtype=torch.long).flatten()
-    rows = k_cache.shape[0]                   # index_select: ~4x faster than k_cache[bt] on CPU
+    rows = k_cache.shape[0]                   # index_select: faster than k_cache[bt] on a CPU
     K = k_cache.view(rows, -1).index_select(0, ids).view(N, -1, H_kv, d)  # (N, n_blocks·B, ...)
     V = v_cache.view(rows, -1).index_select(0, ids).view(N, -1, H_kv, d)
     return decode_attention_nshd(q, K, V, context_lens, scale)

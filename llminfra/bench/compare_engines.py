@@ -1,5 +1,5 @@
-"""``make compare-engines``: ``llminfra serve`` beside vLLM and llama.cpp on the same weights,
-on this machine, in one run.
+"""``make compare-engines``: ``llminfra serve`` beside vLLM and llama.cpp on the same fp32 weights,
+and in int4, on this machine, in one run.
 
 Recorded once and committed (``llminfra/data/compare_engines_cpu.json``), never run in CI: vLLM
 wants a virtual environment of its own and minutes to start on a 2-core CPU, and llama.cpp is
@@ -8,7 +8,9 @@ built from source.
 1. The real model (``smollm2-135m``) is exported with
    :func:`llminfra.model.hf_export.export_hf_folder` to a Hugging Face folder in fp32, which
    vLLM and ``llminfra serve`` read; llama.cpp rewrites the model's GGUF file in F32 itself
-   and also serves the file as it ships (Q4_1), beside ``llminfra serve --quantization w4a8``
+   and also serves the file as it ships (Q4_1), beside ``llminfra serve --quantization w4a8``,
+   which re-quantizes the fp32 folder (the Q4_1 values) to ``int4-g32``: the same layout, other
+   values, so the int4 rows compare engines on different weights
    (:mod:`llminfra.bench.compare_servers` lists every server and its command line: chapter 10's
    exported commands, run as they are).
 2. Beside the servers, batch-1 decode on one thread (``--llama-cpp``): ``llama-bench`` on both
@@ -184,7 +186,9 @@ def _report(args, requests, limits: EngineLimits, spec, results, specs, roof,
         "weights": {"fp32": "exported from the GGUF to a safetensors folder, fp32 (vLLM, "
                             "llminfra); llama.cpp: the GGUF rewritten in F32 by llama-quantize",
                     "int4": "llama.cpp: the GGUF as it ships (Q4_1, embedding Q8_0); llminfra: "
-                            "the fp32 folder as int4 groups of 32 (--quantization w4a8)"},
+                            "the fp32 folder (the Q4_1 values, dequantized) re-quantized to "
+                            "int4-g32, a whole-number zero point: Q4_1's layout, not its "
+                            "values (--quantization w4a8)"},
         "settings": {"threads": args.threads, "requests": requests, "formats": args.formats,
                      "matmul": resolve_matmul(args.matmul, args.model),
                      "output_tokens": OUTPUT_TOKENS, "max_model_len": limits.max_model_len,
@@ -193,7 +197,7 @@ def _report(args, requests, limits: EngineLimits, spec, results, specs, roof,
         "plan": {"limits": dataclasses.asdict(limits),
                  "roofline": compare_report.roofline_json(roof, args.threads),
                  "beside_measured": compare_report.plan_beside_measured(
-                     spec, roof, results, specs, OUTPUT_TOKENS)},
+                     spec, roof, results, OUTPUT_TOKENS)},
         "greedy_agreement": compare_report.greedy_agreement(results, specs),
         "servers": results,
         "throughput_llminfra_over_peer": compare_report.throughput_ratios(results, specs),

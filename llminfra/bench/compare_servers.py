@@ -14,8 +14,11 @@ server                 format  weights
 =====================  ======  ===========================================================
 ``llminfra``           fp32    the exported folder (``--matmul auto``: every product on the
                                course's C kernels, a step in one C call)
-``llminfra w4a8``      int4    the same folder as int4 groups of 32 (Q4_1's layout), int8
-                               activations, the course's C kernel (``--quantization w4a8``)
+``llminfra w4a8``      int4    the same folder re-quantized to ``int4-g32`` (``--quantization
+                               w4a8``): Q4_1's layout (groups of 32, ``w = d·u + m``), not its
+                               values — the folder holds the Q4_1 file's weights dequantized,
+                               rounded again onto a grid with a whole-number zero point; int8
+                               activations, the course's C kernel
 ``vllm``               fp32    the exported folder (``--dtype float32``)
 ``llama.cpp``          fp32    the GGUF rewritten in F32 by ``llama-quantize``
 ``llama.cpp Q4_1``     int4    the GGUF as it ships (Q4_1 blocks, embedding in Q8_0)

@@ -3,15 +3,16 @@ Hugging Face ``generate``, on the same shapes and the same weights.
 
 The ladder chapter 08 teaches, measured (random weights, byte vocabulary, one device):
 
-* ``readable`` — :class:`~llminfra.engine.model_runner.ReadableRunner`: the model as chapter 01
+* ``readable`` — :class:`~llminfra.engine.readable_runner.ReadableRunner`: the model as chapter 01
   writes it, about 110 torch calls a layer;
-* ``fast`` — :class:`~llminfra.engine.model_runner.FastRunner` eager: fused weights, 25 calls a
+* ``fast`` — :class:`~llminfra.runner.FastRunner` eager: fused weights, 25 calls a
   layer;
 * ``graphs`` — the fast runner's decode steps replayed from CUDA graphs (on a CPU the emulated
   path: the same buffers, no graph — so its time there is the fast runner's, plus padding).
 
 Per shape: batch-1 decode ms/token of each, × the floor (weight bytes / copy bandwidth
-measured in the same run: the time to read every weight once), torch calls per decode step,
+measured in the same run: the time to read every weight once), torch calls per decode step
+(and on CUDA the kernels it launches, as the profiler counts them: calls are not launches),
 throughput of ``requests`` × ``prompt`` prompt tokens × ``new`` new tokens, and the same
 requests through ``transformers``' ``generate`` with a dynamic and a static cache on the same
 weights (:func:`hf_llama`), when transformers is installed (else the row says why). Greedy
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from llminfra.bench.roofline import count_torch_calls
+from llminfra.bench.calls import count_torch_calls, launches_or_error
 from llminfra.bench.timing import (copy_bandwidth_bytes_per_s, environment, synchronize,
                                    torch_threads)
 from llminfra.calc.measured import parameter_bytes
@@ -52,9 +53,11 @@ def _engine(model, name: str, device: torch.device, **kw) -> LLMEngine:
     return LLMEngine(model, ByteTokenizer(), runner=runner_for(runner, cuda_graphs=graphs), **kw)
 
 
-def decode_ms(model, name: str, device, short: int = 16, long: int = 80) -> tuple[float, int]:
+def decode_ms(model, name: str, device, short: int = 16,
+              long: int = 80) -> tuple[float, int, dict | None]:
     """Batch-1 decode: ms per token from the time of ``long`` minus ``short`` new tokens (the
-    prompt and the first token cancel), and torch calls of one decode step."""
+    prompt and the first token cancel), the torch calls of one decode step and, on CUDA, what
+    the next step launches (:func:`llminfra.bench.calls.launches_or_error`; None elsewhere)."""
     def timed(n: int) -> float:
         e = _engine(model, name, device, max_num_seqs=1, max_num_batched_tokens=64)
         e.generate([list(range(1, 33))], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -67,7 +70,8 @@ def decode_ms(model, name: str, device, short: int = 16, long: int = 80) -> tupl
     e = _engine(model, name, device, max_num_seqs=1, max_num_batched_tokens=64)
     e.add_request(list(range(1, 33)), SamplingParams(max_tokens=4, ignore_eos=True))
     e.step()
-    return ms, count_torch_calls(e.step)
+    calls = count_torch_calls(e.step)
+    return ms, calls, launches_or_error(e.step) if device.type == "cuda" else None
 
 
 def prompts_for(n: int, length: int) -> list[list[int]]:
@@ -147,9 +151,11 @@ def measure_shape(model, device, requests: int, prompt: int, new: int,
     out = {"weight_bytes": parameter_bytes(model), "copy_bytes_per_s": bw, "floor_ms": floor_ms,
            "decode_b1": {}, "throughput": {}}
     for name in ladder:
-        ms, calls = decode_ms(model, name, device)
+        ms, calls, launches = decode_ms(model, name, device)
         out["decode_b1"][name] = {"ms_per_token": ms, "times_floor": ms / floor_ms,
                                   "torch_calls_per_step": calls}
+        if launches is not None:
+            out["decode_b1"][name]["launches_per_step"] = launches
     prompts = prompts_for(requests, prompt)
     toks = {}
     for name in ladder:

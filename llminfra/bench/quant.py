@@ -145,8 +145,9 @@ def measure(model, quick: bool = False, schemes=SCHEMES) -> dict:
 def run(quick: bool = False, threads: int = 1) -> dict:
     """Measure every scheme on the trained tiny model (``--quick``: fewer tokens and schemes).
 
-    Runs on ``threads`` CPU threads (1 by default: on a shared 2-core machine one thread was
-    ~8× faster than two for GPTQ's column loop); fp32 and quantized timings share that setting.
+    Runs on ``threads`` CPU threads (1 by default: on a shared 2-core machine GPTQ's column
+    loop, many small products in a row, ran several times slower on two threads than on one);
+    fp32 and quantized timings share that setting.
     """
     model, _ = load_tiny()
     with torch_threads(threads):

@@ -3,12 +3,19 @@
 * ``copy_bytes_per_s``: STREAM "copy" (McCalpin, 1995, "Memory bandwidth and machine balance in
   current high performance computers", IEEE TCCA newsletter): ``dst.copy_(src)`` of a buffer far
   larger than the caches, counted as 2 · size bytes (one read, one write);
-* ``matmul_flops_per_s``: ``2 · n³ / t`` of an fp32 ``n × n`` matmul (bf16 beside it);
+* ``matmul_flops_per_s``: the compute roof, the faster of two fp32 products measured on the
+  same threads (``matmul_flops_per_s_by_kernel``): ``2 · n³ / t`` of torch's ``n × n`` matmul
+  (its BLAS) and ``2 · M · N · K / t`` of the package's C panel kernel (``f32_panels.c``, the
+  kernel a prompt chunk of ``llminfra serve`` runs on; absent without a C compiler). A roof
+  is what the fastest kernel at hand reaches: where the BLAS takes a slow path the engine's own
+  kernel runs above it, and a roof measured with the BLAS alone would sit under the engines.
+  ``compute_roof_by_threads`` has both on 1 and 2 threads (bf16 matmul beside them);
 * ``decode_points`` / ``prefill_points``: per model preset (``tiny``, ``bench-100m``) and batch,
   the measured seconds of one step beside the roofline bound of the same step from
   :func:`llminfra.calc.roofline.step_breakdown` on the measured CPU roofline; decode points add
-  the torch calls per step and ``overhead_floor_s``, the step time of the same architecture
-  (layers, heads, batch, context) shrunk to a width of 2 per head — the same calls with almost
+  the torch calls per step (:func:`count_torch_calls`) and ``overhead_floor_s``, the step time
+  of the same architecture (layers, heads, batch, context) shrunk to a width of 2 per head — the
+  same calls with almost
   no bytes or FLOPs, i.e. the per-call overhead that bounds a model too small to be limited by
   either;
 * ``quantized_decode_tokens_per_s``: batch-1 decode of ``bench-100m`` with fp32, bf16, int8
@@ -21,16 +28,22 @@
 Everything runs on ONE thread (``torch.set_num_threads(1)``, restored afterwards), so ratios
 measured side by side are stable on a shared machine. ``run_gpu()`` (called by ``bench gpu``)
 measures the same roofline on a CUDA device and places a bf16 decode step of ``bench-100m`` on
-it. Chapters 03 and 08.
+it, with its torch calls and the kernels the profiler saw it launch (:func:`count_cuda_kernels`).
+Chapters 03 and 08.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
-from llminfra.bench.timing import (best_time_s, copy_bandwidth_bytes_per_s, environment,
+from llminfra.bench.calls import (_CountCalls, count_cuda_kernels,  # noqa: F401 - API
+                                  count_torch_calls, kernels_in, launches_or_error)
+from llminfra.bench.compute_roof import (PANEL_SHAPE, measure_compute_roof,  # noqa: F401 - API
+                                         measure_matmul_flops_per_s, measure_panel_flops_per_s)
+from llminfra.bench.timing import (best_time_s, copy_bandwidth_bytes_per_s, cpu_name, environment,
                                    synchronize, torch_threads)
 from llminfra.calc.memory import kv_bytes_per_token
 from llminfra.calc.step import step_flops
@@ -54,25 +67,27 @@ def measure_copy_bytes_per_s(n_bytes: int = 128 * 2**20, repeats: int = 5) -> fl
     return copy_bandwidth_bytes_per_s(n_bytes, repeats)
 
 
-def measure_matmul_flops_per_s(n: int = 1024, dtype: torch.dtype = torch.float32,
-                               repeats: int = 5) -> float:
-    """``2 · n³ / t`` of an ``n × n`` matmul in ``dtype`` (best of ``repeats``)."""
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(dtype)
-    b = torch.randn(n, n, generator=g).to(dtype)
-    return 2 * n**3 / best_time_s(lambda: a @ b, repeats=repeats)
-
-
 def measure_cpu_roofline(threads: int | None = 1, n_bytes: int = 128 * 2**20, n: int = 1024,
                          repeats: int = 5) -> Roofline:
-    """This CPU's :class:`~llminfra.calc.roofline.Roofline` (fp32 matmul peak, copy
-    bandwidth) on ``threads`` threads (``None``: as set); the thread count is restored."""
+    """This CPU's :class:`~llminfra.calc.roofline.Roofline` on ``threads`` threads (``None``:
+    as set; restored afterwards): copy bandwidth, and as the compute roof the faster fp32
+    product of torch's ``n × n`` matmul and the C panel kernel (:func:`measure_compute_roof`).
+    On ``t > 1`` threads the roof is at least ``t`` × the one-thread roof: ``t`` cores cannot
+    do more than ``t`` times one core's peak (the FMA peak is linear in the cores), and one
+    core is far easier to find idle on a shared machine than all of them."""
     with torch_threads(threads):
+        t = torch.get_num_threads()
         bw = measure_copy_bytes_per_s(n_bytes, repeats)
-        peak = measure_matmul_flops_per_s(n, torch.float32, repeats)
-    return Roofline(f"this CPU ({torch.get_num_threads() if threads is None else threads} "
-                    "thread(s), measured)", peak, bw,
-                    "llminfra.bench.roofline: STREAM copy and fp32 matmul, measured")
+        roof = measure_compute_roof(n, repeats)
+    peak, how = roof["flops_per_s"], roof["kernel"]
+    if t > 1:
+        with torch_threads(1):
+            one = measure_compute_roof(n, repeats)
+        if t * one["flops_per_s"] > peak:
+            peak, how = t * one["flops_per_s"], f"{t} x one thread of {one['kernel']}"
+    return Roofline(f"this CPU ({t} thread(s), measured)", peak, bw,
+                    f"llminfra.bench.roofline: STREAM copy and fp32 products, measured; "
+                    f"compute roof from {how}")
 
 
 def measure_device_roofline(device: str | torch.device = "cuda", n_bytes: int = 512 * 2**20,
@@ -102,34 +117,26 @@ def run_gpu() -> dict:
     model = build_model("bench-100m", "bf16").to("cuda")
     spec = model.config.to_spec("bench-100m")
     t, calls = decode_s_per_step(model, 1, DECODE_CONTEXT, 10, gen)
+    launches = _decode_launches(model, gen)
     bound = step_breakdown(spec, roof, [(1, DECODE_CONTEXT + 1)], dtype="bf16")
     return {"environment": environment(), "copy_bytes_per_s": roof.bytes_per_s,
             "matmul_flops_per_s_bf16": roof.peak_flops_per_s,
             "ridge_flops_per_byte": roof.ridge_flops_per_byte,
             "decode_bench_100m_bf16": {"measured_s": t, "bound_s": bound["time_s"],
                                        "times_the_bound": t / bound["time_s"],
-                                       "ops_per_step": calls}}
+                                       "ops_per_step": calls,
+                                       "launches_per_step": launches}}
 
 
-class _CountCalls(torch.overrides.TorchFunctionMode):
-    """Counts the torch calls made inside it (functions, methods and modules' ops)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_torch_calls(fn, *args, **kwargs) -> int:
-    """The torch calls ``fn(*args, **kwargs)`` makes (functions, tensor methods and attribute
-    reads, as :class:`_CountCalls` sees them): the count a launch-bound step pays for, one
-    kernel launch or more each on a GPU. Deterministic for a given code path."""
-    with _CountCalls() as counter:
-        fn(*args, **kwargs)
-    return counter.calls
+@torch.no_grad()
+def _decode_launches(model, gen: torch.Generator) -> dict:
+    """:func:`count_cuda_kernels` (or the error that stopped it) of one batch-1 decode step after a
+    :data:`DECODE_CONTEXT`-token prompt (the torch calls of the same step are ``ops_per_step``)."""
+    V, device = model.config.vocab_size, next(model.parameters()).device
+    cache = DenseKVCache(model.config.n_layers)
+    model(torch.randint(0, V, (1, DECODE_CONTEXT), generator=gen).to(device), cache)
+    tok = torch.randint(0, V, (1, 1), generator=gen).to(device)
+    return launches_or_error(lambda: model(tok, cache, cache.seq_len))
 
 
 def build_model(preset: str, weights: str = "fp32", shrunk: bool = False):
@@ -264,21 +271,46 @@ def _quantized(roof: Roofline, quick: bool, gen: torch.Generator) -> dict:
     return out
 
 
+def _roofs(quick: bool) -> tuple[Roofline, dict]:
+    """The one-thread roofline (copy bandwidth; the compute roof of :func:`measure_compute_roof`)
+    and ``{threads: compute roof}`` on 1 and 2 threads, each with torch's bf16 matmul beside."""
+    repeats = 3 if quick else 5
+    by_threads = {}
+    for threads in (1, 2):
+        with torch_threads(threads):
+            by_threads[str(threads)] = measure_compute_roof(1024, repeats)
+            # quick: 512 (a CPU without native bf16 was slow at 1024 × 1024 in bf16)
+            by_threads[str(threads)]["torch_matmul_bf16"] = measure_matmul_flops_per_s(
+                512 if quick else 1024, torch.bfloat16, repeats)
+    one = by_threads["1"]
+    roof = Roofline("this CPU (1 thread(s), measured)", one["flops_per_s"],
+                    measure_copy_bytes_per_s(repeats=repeats),
+                    f"llminfra.bench.roofline: STREAM copy and fp32 products, measured; "
+                    f"compute roof from {one['kernel']}")
+    return roof, by_threads
+
+
 def run(quick: bool = False) -> dict:
-    """All measurements on one thread (restored afterwards); ``quick`` takes fewer steps and
-    batches (same keys)."""
+    """All measurements on one thread (restored afterwards), but the compute roofs on 2
+    threads; ``quick`` takes fewer steps and batches (same keys)."""
     with torch_threads(1):
         gen = torch.Generator().manual_seed(SEED)
         t0 = time.perf_counter()
-        roof = measure_cpu_roofline(None, repeats=3 if quick else 5)
-        # quick: 512 (a CPU without native bf16 took ~3 s per 1024 × 1024 bf16 matmul)
-        bf16 = measure_matmul_flops_per_s(512 if quick else 1024, torch.bfloat16, 3 if quick else 5)
+        load_before = os.getloadavg()
+        roof, by_threads = _roofs(quick)
+        one = by_threads["1"]
         decode, prefill = _points(roof, quick, gen)
         quant = _quantized(roof, quick, gen)
         result = {
-            "environment": environment(), "quick": quick, "threads": 1, "seed": SEED,
+            "environment": {**environment(), "cpu_name": cpu_name(),
+                            "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+            "quick": quick, "threads": 1, "seed": SEED,
             "copy_bytes_per_s": roof.bytes_per_s, "matmul_flops_per_s": roof.peak_flops_per_s,
-            "matmul_flops_per_s_by_dtype": {"fp32": roof.peak_flops_per_s, "bf16": bf16},
+            "matmul_kernel": one["kernel"],
+            "matmul_flops_per_s_by_kernel": {k: one[k] for k in ("torch_matmul", "f32_panels")},
+            "matmul_flops_per_s_by_dtype": {"fp32": one["torch_matmul"],
+                                            "bf16": one["torch_matmul_bf16"]},
+            "compute_roof_by_threads": by_threads, "panel_shape": list(PANEL_SHAPE),
             "ridge_flops_per_byte": roof.ridge_flops_per_byte,
             "decode_context": DECODE_CONTEXT, "decode_points": decode, "prefill_points": prefill,
             "quantized_decode": quant,
@@ -293,8 +325,9 @@ def run(quick: bool = False) -> dict:
 def format_table(result: dict) -> str:
     """The numbers as plain text."""
     r = result
-    out = [f"CPU roofline, 1 thread: copy {r['copy_bytes_per_s'] / 1e9:.3g} GB/s, fp32 matmul "
-           f"{r['matmul_flops_per_s'] / 1e9:.3g} GFLOP/s (bf16 "
+    out = [f"CPU roofline, 1 thread: copy {r['copy_bytes_per_s'] / 1e9:.3g} GB/s, fp32 roof "
+           f"{r['matmul_flops_per_s'] / 1e9:.3g} GFLOP/s ({r['matmul_kernel']}; torch matmul "
+           f"fp32 {r['matmul_flops_per_s_by_dtype']['fp32'] / 1e9:.3g}, bf16 "
            f"{r['matmul_flops_per_s_by_dtype']['bf16'] / 1e9:.3g}), ridge "
            f"{r['ridge_flops_per_byte']:.3g} FLOP/B",
            f"{'point':<26} {'measured ms':>11} {'bound ms':>9} {'x bound':>8} {'FLOP/B':>7} "

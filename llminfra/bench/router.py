@@ -14,7 +14,8 @@ system prompt (round robin, least loaded) or each computes its quarter once (pre
 the aggregate-cache effect SGLang's cache-aware router is built for. With N replicas whose
 caches each hold 1/N of the prompts, a router blind to prefixes finds a prompt cached about
 1/N of the time at best, so prefix-aware routing gains up to about N× in hit rate: 2 replicas
-(this bench until 2026-12-04) cap the gain near 2×, and it measured 1.95×.
+cap the gain near 2× (the recorded run, ``llminfra/data/bench_distributed_cpu.json``, has the
+hit rates this bench measures).
 
 Also reported: ``prefix_hit_rate_ceiling``, the hit rate no router can beat on this workload
 (:func:`llminfra.cluster.router_workload.prefix_hit_rate_ceiling`: each system prompt's first

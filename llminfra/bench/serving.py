@@ -25,9 +25,9 @@ Targets (ratios of one run): continuous ≥ 2× static throughput; on the ~100M 
 Everything runs on **one thread** (``torch.set_num_threads(1)``, restored afterwards), as
 chapter 05 and the HTTP part do: the tiny model's matrices are too small for a second thread,
 and a batch-1 decode is a matrix-vector product that this torch build's BLAS runs on one core
-whatever the setting (measured on the project's 2-core machine: an fp32 2048 × 6144 GEMV reads
-24–25 GB/s at one and at two threads, where a large sum goes from ~34 to ~62 GB/s), so a floor
-taken at two threads' bandwidth would measure the BLAS's threading, not the engine. The three
+whatever the setting (a large fp32 matrix-vector product read no more bytes per second at two
+threads than at one on the project's 2-core machine, where a large sum nearly doubled), so a
+floor taken at two threads' bandwidth would measure the BLAS's threading, not the engine. The three
 policies are run interleaved (static, dynamic, continuous, then again) and each keeps its best
 throughput of the ``POLICY_REPEATS`` runs (all of them are in ``throughput_tokens_per_s_runs``),
 so a neighbour's burst on a shared machine does not decide the ratio.
@@ -150,8 +150,8 @@ def decode_rate(model, batch: int, steps: int, prompt_len: int = 16,
 
 def decode_calls(model, batch: int, runner: str, prompt_len: int = 16) -> int:
     """Torch calls of one decode step of ``batch`` sequences on the engine's ``runner``
-    (:func:`llminfra.bench.roofline.count_torch_calls`; on a GPU each is a kernel launch or
-    more, chapter 08)."""
+    (:func:`llminfra.bench.calls.count_torch_calls`: calls, each with its host time; views and
+    attribute reads among them launch nothing, so on a GPU the launches are fewer, chapter 08)."""
     engine = LLMEngine(model, ByteTokenizer(), max_num_seqs=batch,
                        max_num_batched_tokens=max(512, batch * prompt_len), runner=runner_for(runner))
     for j in range(batch):

@@ -19,7 +19,7 @@ Profiled runs alternate with runs of the same server without the wrappers, and t
 each kind counts (the least disturbed on a shared machine); their ratio bounds what the timers
 cost, and the timers' own cost (timed calls × the cost of one, measured) is recorded beside it.
 The JSON records the load average: the machine may be shared.
-Chapter 05.
+Chapter 12 (the serving profile beside the three-engine comparison).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ regime speculation is for):
 * ``open_chat`` — short open questions: little to copy.
 
 Configurations: ``baseline`` (no speculation), then for each proposer — ``ngram`` (prompt lookup)
-and ``draft_int4`` (the same model in int4 through :class:`~llminfra.model.FastDecoder`, groups of
+and ``draft_int4`` (the same model in int4 through :class:`~llminfra.runner.FastDecoder`, groups of
 64, drafting for the fp32 target) — γ ∈ :data:`GAMMAS` and ``adaptive`` (γ ≤ 6 by
 :func:`~llminfra.engine.spec_decode.choose_gamma`). Each run keeps its best time of ``repeats``,
 all configurations taking turns within a round (interleaved), so a neighbour's burst on a shared

@@ -16,7 +16,7 @@ categories of a step add up to its wall time::
 
 The gap between the end of a step that left work and the start of the next is the engine
 loop's own time (delivering the step's outputs, taking commands). Used by
-:mod:`llminfra.bench.serving_profile`; chapter 05.
+:mod:`llminfra.bench.serving_profile`; chapter 12.
 """
 
 from __future__ import annotations

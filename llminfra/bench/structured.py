@@ -6,7 +6,7 @@ compiled against the vocabulary; the library caches the tokenizer after the firs
 decode loop whose "model" is seeded random logits nudged toward closing characters (so the
 random text ends), masked by the grammar every step — per-token cost of computing the mask and
 advancing the state (mean, p50, p99), and whether every output parsed and matched. Beside it,
-one batch-1 decode step of the model (fp32, :class:`~llminfra.model.FastDecoder`), for scale.
+one batch-1 decode step of the model (fp32, :class:`~llminfra.runner.FastDecoder`), for scale.
 Chapter 05.
 """
 

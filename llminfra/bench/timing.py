@@ -58,7 +58,8 @@ def copy_bandwidth_bytes_per_s(nbytes: int = 2**28, repeats: int = 3,
 
 def cpu_name() -> str:
     """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``"AMD EPYC 7B13"``), else the
-    architecture: two 2-core machines of the course differed ~3x in fp32 matmul speed."""
+    architecture: two 2-core machines of the course differed several-fold in fp32 matmul speed,
+    so a recorded run names its CPU."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and ":" in line:

@@ -123,7 +123,7 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
                    dtype: str = "bf16", kv_dtype: str | None = None, tensor_parallel: int = 1,
                    overhead_s: float = 0.0, interconnect: str | Interconnect | None = None,
                    latency_s: float = 0.0,
-                   whole_input_embedding: bool = True) -> dict:
+                   whole_input_embedding: bool = True, logits: str = "every") -> dict:
     """The roofline time of one step over ``batch`` (``(new_tokens, context_tokens)`` pairs),
     with its parts: ``flops``, ``bytes`` (whole model), ``compute_s`` = FLOPs / (n · peak),
     ``memory_s`` = bytes per rank / bandwidth, ``comm_s`` (0 for one rank), ``overhead_s``,
@@ -138,7 +138,9 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     whole (True, the default of every bound here: chapter 08's model, every weight read once
     per step, which its exercise follows) or only the rows the step's tokens look up (False,
     what a step does read, as :func:`llminfra.calc.step.step_bytes` counts by default: 1.9 %
-    fewer bytes for Llama-2-7B, 9 % for Qwen3-30B-A3B per decode token).
+    fewer bytes for Llama-2-7B, 9 % for Qwen3-30B-A3B per decode token). ``logits``: which new
+    tokens go through the output layer (:func:`llminfra.calc.step.step_flops`): ``"every"``
+    (the default) or ``"last"``, a serving engine's prefill, which needs one row of logits.
     """
     spec = get_model(model)
     roof = device_roofline(device, dtype)
@@ -147,7 +149,7 @@ def step_breakdown(model: str | ModelSpec, device: str | GPUSpec | Roofline, bat
     non_negative_finite("latency_s", latency_s)
     if kv_dtype is None:
         kv_dtype = _compute_dtype(dtype)
-    flops = step_flops(spec, batch)
+    flops = step_flops(spec, batch, logits)
     total = step_bytes(spec, batch, dtype, kv_dtype, whole_input_embedding)
     weights = weight_bytes_read(spec, dtype, sum(new for new, _ in batch),
                                 whole_input_embedding=whole_input_embedding)
@@ -183,7 +185,7 @@ def step_time_s(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch,
                 dtype: str = "bf16", kv_dtype: str | None = None, tensor_parallel: int = 1,
                 overhead_s: float = 0.0, interconnect: str | Interconnect | None = None,
                 latency_s: float = 0.0,
-                whole_input_embedding: bool = True) -> float:
+                whole_input_embedding: bool = True, logits: str = "every") -> float:
     """Seconds of one step: ``max(FLOPs / peak, bytes / bandwidth) + overhead_s`` (+ the
     tensor-parallel all-reduces); see :func:`step_breakdown`.
 
@@ -193,7 +195,7 @@ def step_time_s(model: str | ModelSpec, device: str | GPUSpec | Roofline, batch,
     return step_breakdown(model, device, batch, dtype=dtype, kv_dtype=kv_dtype,
                           tensor_parallel=tensor_parallel, overhead_s=overhead_s,
                           interconnect=interconnect, latency_s=latency_s,
-                          whole_input_embedding=whole_input_embedding)["time_s"]
+                          whole_input_embedding=whole_input_embedding, logits=logits)["time_s"]
 
 
 def decode_batch(batch: int = 1, context: int = 2048) -> list[tuple[int, int]]:

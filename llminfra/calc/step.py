@@ -44,9 +44,20 @@ def _step_pairs(spec: ModelSpec, batch) -> list[tuple[int, int]]:
     return out
 
 
-def step_flops(model: str | ModelSpec, batch) -> int:
+#: how many new tokens of a sequence go through the output layer (:func:`step_flops`)
+LOGITS = ("every", "last")
+
+
+def step_flops(model: str | ModelSpec, batch, logits: str = "every") -> int:
     """FLOPs of one forward step over ``batch``, a sequence of ``(new_tokens, context_tokens)``
     pairs, one per sequence (``context_tokens`` includes the new tokens).
+
+    ``logits``: ``"every"`` (default) puts every new token through every weight, the output
+    layer too (a training forward pass; chapter 01's model); ``"last"`` puts only each
+    sequence's last new token through the output layer (``V × h``), as a serving engine does:
+    a prefill needs the last position's logits only, so a prompt of ``n`` tokens charges the
+    output layer once, not ``n`` times — ``2 · V · h · (n − 1)`` FLOPs fewer per sequence
+    (decode, ``n = 1``, is the same either way).
 
     Per sequence with ``n`` new tokens at context ``c``: ``2 · active_params · n`` (a multiply
     and an add per weight, Kaplan et al., 2020, arXiv:2001.08361, Table 1, C_forward ≈ 2N) plus
@@ -60,11 +71,16 @@ def step_flops(model: str | ModelSpec, batch) -> int:
     = 13,477,355,520. Taught in chapters 01 (decode) and 08 (roofline).
     """
     spec = get_model(model)
+    if logits not in LOGITS:
+        raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
     per_pair = 2 * spec.num_layers * spec.num_heads * (spec.head_dim + spec.value_head_dim)
     per_token = 2 * active_param_count(spec)
+    output_layer = 2 * spec.vocab_size * spec.hidden_size
     total = 0
     for n, c in _step_pairs(spec, batch):
         total += per_token * n + per_pair * (n * c - n * (n - 1) // 2)
+        if logits == "last":
+            total -= output_layer * (n - 1)
     return total
 
 

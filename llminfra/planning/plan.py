@@ -129,8 +129,9 @@ class Plan:
         return {**asdict(self), "within_budget": self.within_budget}
 
 
-#: share of the roofline bound a serving engine is assumed to reach (an assumption to replace
-#: with a measurement: chapter 05 measures it for the course's engine, a load test for yours)
+#: share of the roofline bound a serving engine is assumed to reach, for TTFT and TPOT alike (an
+#: assumption to replace with a measurement: chapter 10 measures both for three engines on a CPU,
+#: ``llminfra.bench.compare_report``, and finds them far apart; a load test measures yours)
 DEFAULT_EFFICIENCY = 0.5
 
 
@@ -147,7 +148,8 @@ def _replica(req: ServiceRequirements, gpu: str, tp: int, reserve_fraction: floa
     if budget.max_sequences < 1:
         return None
     kw = {"dtype": req.dtype, "tensor_parallel": tp}
-    ttft = ttft_s(req.model, gpu, req.input_tokens, **kw) / efficiency
+    # a prefill needs the last position's logits only: the output layer counts once
+    ttft = ttft_s(req.model, gpu, req.input_tokens, logits="last", **kw) / efficiency
     batch, seen = 1, set()
     while batch not in seen:
         seen.add(batch)
@@ -197,8 +199,9 @@ def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
 
     For each tensor-parallel size in :data:`TP_SIZES`: the requests in flight at the peak
     (Little's law with the layout's own TTFT and TPOT) give the batch, capped by what the
-    replica's KV budget holds; the roofline gives its TTFT and time per output token at that
-    batch, divided by ``efficiency`` (the share of the bound an engine reaches,
+    replica's KV budget holds; the roofline gives its TTFT (the prompt's prefill, the output
+    layer once: ``logits="last"``) and time per output token at that batch, divided by
+    ``efficiency`` (the share of the bound an engine reaches,
     :data:`DEFAULT_EFFICIENCY` unless measured); replicas = max(ceil(in flight / batch),
     ceil(peak output tokens/s / replica tokens/s)). Layouts whose TTFT or TPOT miss the
     targets are dropped; the one with the fewest GPUs wins (ties: the smaller tensor-parallel

@@ -20,10 +20,12 @@ not fit the kernel); each ``*_mm`` runs the kernel on ``x (M, K)`` of dtype bf16
 
 The kernels are fast only where PyTorch vectorizes them: on x86 its AVX2 and AVX-512 code
 takes bf16 activations; fp32 and fp16 activations run a plain loop
-(``aten/src/ATen/native/cpu/int4mm_kernel.cpp``). :func:`vectorized` says which case a call is.
-Measured on an AVX2-only AMD EPYC (2026-12-02, one thread, one token through a 2048 × 2048
-weight): int4 1.2–2.0 ms with bf16 activations, 26 ms with fp32 ones, against 1.6 ms for the fp32
-matmul and 14–22 ms for dequantize-then-matmul; with 64 tokens the plain loop took 1.7 s.
+(``aten/src/ATen/native/cpu/int4mm_kernel.cpp``). :func:`vectorized` says which case a call is:
+with fp32 activations the plain loop is many times slower than the fp32 matmul it replaces, so
+:class:`~llminfra.quant.QuantLinear` takes the kernels by default only where they vectorize.
+Chapter 08 (section 8) measures one layer on the machine that runs it, and the recorded ``bench
+roofline`` run (``llminfra/data/bench_roofline_cpu.json``, ``quantized_decode``) a whole
+model's decode step with each.
 Checked against the dequantize-then-matmul reference in ``tests/test_roofline_quant.py``.
 Chapters 03 and 08.
 """
@@ -106,7 +108,7 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, group: int,
 
 
 def int4_linear(group: int = 32, activations: torch.dtype = torch.bfloat16):
-    """A ``linear`` for :class:`llminfra.model.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
+    """A ``linear`` for :class:`llminfra.runner.FastDecoder`: ``linear(W) -> f`` quantizes ``W``
     to int4 once (round to nearest, groups of ``group`` along the input, a zero point: the
     scheme ``int4-g{group}``) and ``f(x)`` multiplies from the packed codes with
     :func:`int4_mm`, ``x`` cast to ``activations`` (bf16: the vectorized path, see

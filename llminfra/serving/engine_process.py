@@ -3,9 +3,11 @@
 :class:`~llminfra.serving.async_engine.AsyncEngine` runs the engine in a thread of the server's
 process. Python lets one thread run Python code at a time, and the tiny model's steps are
 mostly Python (hundreds of small torch calls, the scheduler, the sampler), so every token the
-web layer turns into a server-sent event is time the engine waits: measured on a 2-core CPU,
-the whole server used one core (96 %) and served about 0.7× the tokens/s of the same engine
-called in process. vLLM made the same move for the same reason: its V1 engine runs the
+web layer turns into a server-sent event is time the engine waits: the whole server then runs
+on about one core and serves fewer tokens/s than the same engine called in process (the
+recorded ``bench serving`` run, ``llminfra/data/bench_serving_cpu.json``, has the server over
+the engine called in process with the engine in a thread, ``http_vs_engine_thread``, and in a
+process of its own, ``http_vs_engine``). vLLM made the same move for the same reason: its V1 engine runs the
 scheduler and the model in an *engine-core* process, and the API server (HTTP, detokenising,
 streaming) in another, talking over ZeroMQ (vLLM blog, "vLLM V1: A Major Upgrade to vLLM's Core
 Architecture", 27 January 2025, "Optimized execution loop & API server").

@@ -15,9 +15,9 @@ defaults, and what enforces each:
 A body over the limit is refused by its ``Content-Length`` before a byte of it is read, and a
 chunked one as soon as it passes the limit, so parsing (on the event loop, where every stream
 is written) is bounded by the limit: the largest useful body is a prompt as long as the context,
-far below 1 MiB. Measured on a shared 2-core CPU: a 1 MiB list of token ids parses and
-validates in about 50 ms; a 1 MiB text prompt tokenizes in 13 ms (the byte tokenizer) or about
-1 s (SmolLM2's BPE), which is why the server tokenizes long prompts in a worker thread
+far below 1 MiB. Parsing a body of that size takes the event loop tens of milliseconds, and a
+BPE tokenizer takes far longer over a long text prompt than the byte tokenizer does, which is
+why the server tokenizes long prompts in a worker thread
 (:data:`~llminfra.serving.relay.THREAD_TOKENIZE_CHARS`).
 
 What this stack cannot bound: a client that sends its request *head* byte by byte holds a

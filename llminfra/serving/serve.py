@@ -134,19 +134,14 @@ def engine_env(quantization: str | None, matmul: str = "auto") -> dict[str, str]
     ``matmul`` ``"skinny"``) two thread pools share the cores: torch's OpenMP workers (norms,
     rotary, the rest) and the C kernels' (matmuls, decode attention). Each spins after its
     work for the next job, and by default libgomp's spin (``GOMP_SPINCOUNT``, 300,000 polls)
-    outlasts a C call, so its idle workers hold the core the kernel's worker needs. Measured
-    on the 2-core EPYC, ``serve --quantization w4a8 --threads 2``, SmolLM2-135M, 64 tokens a
-    request: 41 / 85 output tokens/s at 1 / 16 clients by default, no faster than one thread
-    (45 / 82); 58 / 143 with ``GOMP_SPINCOUNT=10000`` (57 / 145 with
-    ``OMP_WAIT_POLICY=PASSIVE``). The engine's decode step at one sequence, 2 threads
-    (2026-12-05): skinny 23.0 ms by default, 20.2 ms with the short spin (16 sequences: 47.3,
-    48.7); w4a8 9.2 and 7.1 ms. On the 2-core Xeon (2026-12-05, median decode step, two runs
-    each) 10,000 polls were too short for the fp32 engine at 16 sequences, whose products of
-    more than two rows were then oneDNN's (OpenMP) between the C attention calls: 59–61 ms
-    against 54–55 with 30,000 (the same with 100,000 and 300,000), while one sequence took
-    24.4–24.7 ms with either and 25.6 with 300,000; w4a8 was the same with 10,000 and 30,000
-    (6.0–6.8 ms at one sequence, 32–33 at 16). Hence 30,000. The fp32 engine on oneDNN alone
-    (one pool) is left as it is (33.2 / 34.2 ms on the EPYC), and passive waiting lost it 17 %
+    outlasts a C call, so its idle workers hold the core the kernel's worker needs: on the
+    course's 2-core machines two threads then served no faster than one. A shorter spin gives
+    the core back; too short a one (10,000 polls) let the fp32 engine's workers sleep between
+    the C attention calls of a many-sequence step on a Xeon, while 30,000 served both kernels
+    on both machines measured (the commit that set it, ``git log -S
+    C_KERNELS_GOMP_SPINCOUNT``, has the timings; ``make compare-engines`` records the servers
+    as they run, ``llminfra/data/compare_engines_cpu.json``). Hence 30,000. The fp32 engine
+    on oneDNN alone (one pool) is left as it is: passive waiting made it slower
     at one client. A value the caller set (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``) is kept."""
     c_kernels = quantization == "w4a8" or (quantization is None and matmul == "skinny")
     if not c_kernels or {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
