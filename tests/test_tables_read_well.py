@@ -1,7 +1,7 @@
 """The tables a learner reads, checked as they are stored in the chapters (what JupyterLab
 shows when a chapter is opened; nbval keeps the stored HTML equal to what a run produces).
 
-Every table of chapters 02, 03, 04, 05, 06, 07, 08, 09 and 10 is made by
+Every table of chapters 02 to 12 is made by
 :func:`llminfra.plots.table.show_table`
 and reads well in a 1440-px-wide JupyterLab: no ``NaN`` / ``nan`` / ``None`` shown, no header
 written as code (``tpot_ms``), no text cut ("systems fro…"), no number as ``4.302e+04``, text
@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ["02_gpu_memory", "03_precision_and_quantization", "04_kv_cache_and_paged_attention",
             "05_serving_and_continuous_batching", "06_flash_attention",
             "07_tensor_and_pipeline_parallelism", "08_gpu_hardware_and_roofline",
-            "09_deployment_and_cost", "10_capstone_plan_a_deployment", "11_beyond_one_engine"]
+            "09_deployment_and_cost", "10_capstone_plan_a_deployment", "11_beyond_one_engine",
+            "12_making_it_fast"]
 #: JupyterLab at 1440 px with its file browser open leaves ~1,000 px for an output (994 px
 #: measured in Chromium on nbconvert's lab page at that width); a table's text is estimated at
 #: 7 px per character of JupyterLab's 13-px table font, plus 2 × 0.6 em of padding per column
