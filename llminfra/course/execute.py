@@ -39,8 +39,8 @@ MAP_NOTEBOOK = "00_start_here.ipynb"
 def machine_description() -> str:
     """One line naming where a run time was measured, e.g.
     ``"AMD EPYC, x86_64, 2 CPU cores, CPU only"``; the CPU is named because two 2-core
-    machines of the course differed ~3× in fp32 matmul speed and copy bandwidth (chapter 08's
-    measurement: 90 vs 33 GFLOP/s, 30 vs 12 GB/s)."""
+    machines of the course differed severalfold in fp32 matmul speed and copy bandwidth (chapter
+    08 measures both on the machine that runs it)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         import torch

@@ -6,16 +6,14 @@ A request with ``SamplingParams.json_schema`` (the OpenAI API's ``response_forma
 may come next (a boolean mask over the logits; the others become -inf), and advances by the token
 drawn. Tokens are pieces of bytes — a BPE token can hold ``", "`` or half of a UTF-8 character —
 so the grammar must be compiled against the tokenizer's own vocabulary; that is the work of
-`llguidance <https://github.com/guidance-ai/llguidance>`_ (Microsoft, MIT licence), chosen by
-measurement against xgrammar and outlines-core on SmolLM2's 49,152-token vocabulary, one CPU
-thread (a prototype comparison of 2026-12-03, library calls only): all three gave valid,
-schema-true JSON on the byte-level BPE; llguidance compiled a schema in about 1 ms and masked a
-token in about 15 µs, has no dependencies and reads our ``tokenizers`` JSON as it is; xgrammar
-was faster per token (about 9 µs) but imports ``transformers`` at run time and its JSON grammar
-also admits arrays; outlines-core took seconds to compile a generic JSON object and 60–70 µs a
-token. In the engine, with the mask turned into a tensor and applied to the logits, a token costs
-0.2–0.4 ms (``python -m llminfra bench structured``, llminfra/data/bench_structured_cpu.json)
-beside a 60 ms decode step.
+`llguidance <https://github.com/guidance-ai/llguidance>`_ (Microsoft, MIT licence), chosen
+over xgrammar and outlines-core on SmolLM2's 49,152-token vocabulary (a prototype comparison of
+library calls, 2026-12-03): all three gave valid, schema-true JSON on the byte-level BPE;
+llguidance has no dependencies and reads our ``tokenizers`` JSON as it is, xgrammar imports
+``transformers`` at run time and its JSON grammar also admits arrays, and outlines-core compiled
+a generic JSON object slowly. What a masked token costs in the engine, beside a decode step, is
+the recorded ``python -m llminfra bench structured`` run
+(``llminfra/data/bench_structured_cpu.json``).
 
 The JSON is written compactly, as ``json.dumps`` does (``", "`` and ``": "``, no other
 whitespace): a small model left free to choose whitespace can spend its whole budget on it.
