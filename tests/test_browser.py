@@ -297,7 +297,9 @@ REWRITE_WAIT_S = 5
 
 
 @pytest.mark.parametrize("path", ["notebooks/01_training_vs_inference.ipynb",
-                                  "exercises/02_gpu_memory.ipynb"])
+                                  "exercises/02_gpu_memory.ipynb",
+                                  "notebooks/12_making_it_fast.ipynb",
+                                  "exercises/12_making_it_fast.ipynb"])
 def test_opening_a_chapter_does_not_rewrite_it(lab, page, path):
     """The installed kernel is the one the notebooks name, so JupyterLab leaves the file alone:
     no change on opening (a change marks the tab dirty; the test's JupyterLab does not
