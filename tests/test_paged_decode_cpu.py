@@ -16,7 +16,7 @@ import torch
 
 from llminfra.runner.fast_step import decode_attention, decode_step, kv_rows, layer_pools
 from llminfra.kernels import w4a8
-from llminfra.kernels.paged_decode import kernel, paged_attention_c
+from llminfra.kernels.paged_decode import c_attend, kernel, paged_attention_c
 
 pytestmark = pytest.mark.skipif(not w4a8.available(), reason="no C compiler for the w4a8 library")
 
@@ -282,3 +282,20 @@ def test_serve_s_linears_bring_the_kernel_on_their_own_threads():
         m = kernels.matmul(torch.randn(8, 64))
         owner = m._kernel.owner if kernels.name == "skinny" else m.f.pool
         assert kernels.attention.owner is owner             # one pool, not two
+
+
+def test_a_kernel_reads_its_pool_from_the_pool_at_each_call():
+    """``pool`` and ``threads`` are the pool's own, not copies: once the pool is closed the
+    kernel hands C no handle (C then starts threads of its own), and attention still runs."""
+    from llminfra.kernels import f32_skinny
+    for k in (kernel(threads=2), f32_skinny.kernel(threads=2)):
+        assert k.threads == 2 and k.pool == k.owner.handle and k.pool is not None
+        k.owner.close()
+        assert k.pool is None and k.threads == 2
+    k = kernel(threads=2)
+    q, pool = torch.randn(2, 4, 16), torch.randn(3, 8, 2, 16)
+    tables, lens = torch.tensor([[0, 1], [2, 0]]), torch.tensor([9, 5])
+    want = c_attend(k, tables, lens, pool, (4, 2, 16), 4 * 16)(q, (None, None, pool, pool)).clone()
+    k.owner.close()
+    got = c_attend(k, tables, lens, pool, (4, 2, 16), 4 * 16)(q, (None, None, pool, pool))
+    assert torch.equal(got, want)

@@ -33,7 +33,8 @@ import torch
 
 from llminfra.kernels.abi import refusal
 from llminfra.kernels.huge_pages import Arena
-from llminfra.kernels.library import ThreadPool, _check_threads, check_cpu, library
+from llminfra.kernels.library import (PooledKernel, ThreadPool, _check_threads, check_cpu,
+                                     library)
 
 #: products of at most this many rows go to ``f32_skinny.c`` (see the module)
 MAX_ROWS = 2
@@ -43,15 +44,11 @@ PANEL_MAX_ROWS = 2 ** 31 - 1
 
 
 @dataclass(frozen=True)
-class SkinnyKernel:
-    """The library's ``f32_skinny_gemm`` (``fn``), the thread pool it runs on (its handle), its
-    thread count and the most rows a product may have to be sent to it."""
+class SkinnyKernel(PooledKernel):
+    """The library's ``f32_skinny_gemm`` (``fn``) on its thread pool (``owner``; ``pool`` and
+    ``threads`` are read from it) and the most rows a product may have to be sent to it."""
 
-    fn: ctypes._CFuncPtr
-    pool: int | None
-    threads: int
-    max_rows: int
-    owner: ThreadPool           # keeps the pool's workers alive while the kernel is in use
+    max_rows: int = MAX_ROWS
     #: the library's ``f32_panel_gemm`` and ``f32_panel_pack``: products of more
     #: than ``max_rows`` and at most ``panel_max_rows`` rows on W packed in panels of 16 columns
     panel: ctypes._CFuncPtr | None = None
@@ -76,8 +73,8 @@ def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
     _check_rows("panel_max_rows", panel_max_rows)
     lib = library()
     pool = ThreadPool(_check_threads(threads), lib)
-    return SkinnyKernel(lib.f32_skinny_gemm, pool.handle, pool.threads, max_rows, pool,
-                        lib.f32_panel_gemm, lib.f32_panel_pack, panel_max_rows, Arena())
+    return SkinnyKernel(lib.f32_skinny_gemm, pool, max_rows, lib.f32_panel_gemm,
+                        lib.f32_panel_pack, panel_max_rows, Arena())
 
 
 def f32_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,

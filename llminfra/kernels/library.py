@@ -11,9 +11,11 @@ Chapter 12.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -116,3 +118,24 @@ class ThreadPool:
         """Stop and join the worker threads now (later products start threads per call)."""
         self._free()
         self.handle = None
+
+
+@dataclass(frozen=True)
+class PooledKernel:
+    """A C function of the library (``fn``) and the :class:`ThreadPool` it runs on
+    (``owner``; None: one thread, no pool). ``pool`` (the handle C is given) and ``threads``
+    are read from the pool at each call, never copied: a pool closed since holds no handle, and
+    C then starts threads of its own instead of using freed ones."""
+
+    fn: ctypes._CFuncPtr
+    owner: ThreadPool | None
+
+    @property
+    def pool(self) -> int | None:
+        """The pool's handle, or None (no pool, or a closed one)."""
+        return None if self.owner is None else self.owner.handle
+
+    @property
+    def threads(self) -> int:
+        """The pool's thread count (1 without one)."""
+        return 1 if self.owner is None else self.owner.threads

@@ -23,33 +23,29 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from llminfra.kernels.abi import ERRORS, Library
-from llminfra.kernels.library import ThreadPool, _check_threads, check_cpu, library
+from llminfra.kernels.library import (PooledKernel, ThreadPool, _check_threads, check_cpu,
+                                     library)
 
 
 @dataclass(frozen=True)
-class PagedDecodeKernel:
-    """The library's ``paged_decode_f32`` (``fn``), the thread pool it runs on (its handle and
-    thread count) and the meaning of its error codes (:data:`llminfra.kernels.abi.ERRORS`)."""
+class PagedDecodeKernel(PooledKernel):
+    """The library's ``paged_decode_f32`` (``fn``) on its thread pool (``owner``; ``pool`` and
+    ``threads`` are read from it); ``errors``: the meaning of its codes
+    (:data:`llminfra.kernels.abi.ERRORS`)."""
 
-    fn: ctypes._CFuncPtr
-    pool: int | None
-    threads: int
-    errors: dict
-    owner: ThreadPool              # keeps the pool's workers alive while the kernel is in use
     #: the library's ``rope_write_f32``: a decode step's RoPE and K/V write in one call
     rope_write: ctypes._CFuncPtr | None = None
+    errors: dict = field(default_factory=lambda: ERRORS["paged_decode_f32"])
 
 
 def on(lib: Library, pool: ThreadPool | None = None) -> PagedDecodeKernel:
     """The attention of the loaded library ``lib`` on ``pool`` (None: one thread, no pool)."""
-    return PagedDecodeKernel(lib.paged_decode_f32, None if pool is None else pool.handle,
-                             1 if pool is None else pool.threads, ERRORS["paged_decode_f32"],
-                             pool, lib.rope_write_f32)
+    return PagedDecodeKernel(lib.paged_decode_f32, pool, lib.rope_write_f32)
 
 
 def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedDecodeKernel:
