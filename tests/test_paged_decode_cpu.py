@@ -111,7 +111,8 @@ def test_padding_lanes_and_unused_table_entries_change_nothing():
 
 
 def test_a_portable_build_gives_the_native_result(tmp_path):
-    """The library compiled without -march (the fallback build) runs the same kernel."""
+    """The library compiled without -march (the fallback build) runs the same kernel, NaN
+    in, NaN out as well."""
     q, pool, tables, lens, P = make_case(n=3, **SMOL, B=16, lens=[17, 100, 3])
     fn = w4a8.load(w4a8.build(arch="portable", directory=tmp_path)).paged_decode_f32
     out = torch.empty(3, 9 * 64)
@@ -122,6 +123,13 @@ def test_a_portable_build_gives_the_native_result(tmp_path):
     assert rc == 0
     torch.testing.assert_close(out.view(3, 9, 64), plain_reference(q, pool[2], pool[3], tables,
                                                                    lens), rtol=1e-5, atol=1e-5)
+    q = q.clone()
+    q[1, 4, 0] = float("nan")                                   # NaN in, NaN out: head 4 only
+    rc = fn(q.data_ptr(), q.stride(0), pool[2].data_ptr(), pool[3].data_ptr(), t32.data_ptr(),
+            l32.data_ptr(), out.data_ptr(), 3, 9, 3, 64, 16, tables.shape[1], P + 1, 0.125, 1,
+            None)
+    nan = out.view(3, 9, 64).isnan()
+    assert rc == 0 and nan[1, 4].all() and nan.sum() == 64
 
 
 def test_bad_input_is_a_value_error():
@@ -286,16 +294,21 @@ def test_serve_s_linears_bring_the_kernel_on_their_own_threads():
 
 def test_a_kernel_reads_its_pool_from_the_pool_at_each_call():
     """``pool`` and ``threads`` are the pool's own, not copies: once the pool is closed the
-    kernel hands C no handle (C then starts threads of its own), and attention still runs."""
+    kernel hands C no freed handle — asking for it, or attending, is a ``RuntimeError`` naming
+    the closed pool (it used to hand C the freed pool, or start threads behind the caller's
+    back)."""
     from llminfra.kernels import f32_skinny
     for k in (kernel(threads=2), f32_skinny.kernel(threads=2)):
         assert k.threads == 2 and k.pool == k.owner.handle and k.pool is not None
         k.owner.close()
-        assert k.pool is None and k.threads == 2
+        with pytest.raises(RuntimeError, match="ThreadPool of 2 threads was closed"):
+            k.pool
+        assert k.threads == 2
     k = kernel(threads=2)
     q, pool = torch.randn(2, 4, 16), torch.randn(3, 8, 2, 16)
     tables, lens = torch.tensor([[0, 1], [2, 0]]), torch.tensor([9, 5])
-    want = c_attend(k, tables, lens, pool, (4, 2, 16), 4 * 16)(q, (None, None, pool, pool)).clone()
+    c_attend(k, tables, lens, pool, (4, 2, 16), 4 * 16)(q, (None, None, pool, pool))
     k.owner.close()
-    got = c_attend(k, tables, lens, pool, (4, 2, 16), 4 * 16)(q, (None, None, pool, pool))
-    assert torch.equal(got, want)
+    k.owner.close()                                         # twice: nothing more
+    with pytest.raises(RuntimeError, match="closed"):
+        c_attend(k, tables, lens, pool, (4, 2, 16), 4 * 16)

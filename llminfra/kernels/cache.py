@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import stat
+import struct
 import tempfile
 from pathlib import Path
 
@@ -78,24 +79,67 @@ def sha256(path: Path) -> str:
 
 
 def file_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a build of the library (too small, not a library), or None."""
+    """Why ``path`` cannot be a build of the library (too small, not a library, an ELF file
+    cut short: :func:`elf_problem`), or None."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
-            head = f.read(4)
+            head = f.read(_ELF64_HEADER_BYTES)
+            problem = elf_problem(f, size) if head[:4] == _MAGIC[0] else None
     except OSError as e:
         return f"{path} cannot be read: {e}"
     if size < MIN_LIBRARY_BYTES:
         return f"{path} is {size} bytes, smaller than any build of the library " \
                f"({MIN_LIBRARY_BYTES})"
-    if head not in _MAGIC:
-        return f"{path} is not a shared library (it starts {head!r})"
+    if head[:4] not in _MAGIC:
+        return f"{path} is not a shared library (it starts {head[:4]!r})"
+    return None if problem is None else f"{path} is cut short or damaged: {problem}"
+
+
+#: bytes of a 64-bit ELF header (a 32-bit one is shorter)
+_ELF64_HEADER_BYTES = 64
+#: a program header's type ``PT_LOAD``: a segment the loader maps from the file
+_PT_LOAD = 1
+
+
+def elf_problem(f, size: int) -> str | None:
+    """Why the ELF file open as ``f`` (``size`` bytes) cannot be mapped whole, or None: its
+    program headers, a loaded segment (``PT_LOAD``: offset + size in the file) or its section
+    headers reach past its end. The loader maps each segment from the file, and touching a
+    page past the end of a file is SIGBUS, which kills the interpreter where no check could
+    catch it: a truncated build whose checksum was written to match (the checksum only says
+    that a file is the one written, not that it is whole). Reads the headers only (System V
+    ABI, "ELF header" and "Program header")."""
+    f.seek(0)
+    head = f.read(_ELF64_HEADER_BYTES)
+    if len(head) < 52:
+        return f"{len(head)} bytes, shorter than an ELF header"
+    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    fields = "QQ6xHHHH" if wide else "II6xHHHH"      # e_phoff, e_shoff, …, e_shnum
+    phoff, shoff, phentsize, phnum, shentsize, shnum = struct.unpack_from(
+        order + fields, head, 0x20 if wide else 0x1C)
+    if phnum and phentsize < (56 if wide else 32):
+        return f"its program headers are {phentsize} bytes each, shorter than ELF's"
+    if phoff + phnum * phentsize > size:
+        return f"its program headers end at byte {phoff + phnum * phentsize}, past its {size}"
+    f.seek(phoff)
+    table = f.read(phnum * phentsize)
+    for i in range(phnum):
+        at = i * phentsize
+        kind = struct.unpack_from(order + "I", table, at)[0]
+        offset, filesz = struct.unpack_from(order + ("8xQ16xQ" if wide else "I8xI"), table,
+                                            at + (0 if wide else 4))
+        if kind == _PT_LOAD and offset + filesz > size:
+            return f"segment {i} ends at byte {offset + filesz}, past its {size}"
+    if shoff and shoff + shnum * shentsize > size:
+        return f"its section headers end at byte {shoff + shnum * shentsize}, past its {size}"
     return None
 
 
 def cached_build_problem(path: Path) -> str | None:
-    """Why the cached build at ``path`` must not be loaded, or None: it is too small or not a
-    shared library, its checksum file (``<name>.sha256``, written when it was built) is
+    """Why the cached build at ``path`` must not be loaded, or None: it is too small, not a
+    shared library or cut short (:func:`elf_problem`: what a checksum written to match would
+    pass, and loading it is SIGBUS), its checksum file (``<name>.sha256``, written when it was built) is
     missing, or the file's SHA-256 is not the one written (truncated, overwritten, another
     library put there)."""
     path = Path(path)

@@ -33,8 +33,8 @@ import torch
 
 from llminfra.kernels.abi import refusal
 from llminfra.kernels.huge_pages import Arena
-from llminfra.kernels.library import (PooledKernel, ThreadPool, _check_threads, check_cpu,
-                                     library)
+from llminfra.kernels.library import (INT32, PooledKernel, ThreadPool, _check_threads,
+                                     check_cpu, check_range, library)
 
 #: products of at most this many rows go to ``f32_skinny.c`` (see the module)
 MAX_ROWS = 2
@@ -77,6 +77,45 @@ def kernel(threads: int | None = None, max_rows: int = MAX_ROWS,
                         lib.f32_panel_pack, panel_max_rows, Arena())
 
 
+def check_weight(weight: torch.Tensor) -> tuple[int, int]:
+    """``(N, K)`` of a weight the fp32 kernels can read: a 2-D float32 CPU tensor with
+    ``1 <= K`` and ``0 <= N``, both below 2**31 (C ``int``); ``ValueError`` naming the dtype
+    (and what is allowed), the device or the size otherwise (K = 0 was a ZeroDivisionError). A bf16 or fp16 weight is refused, not converted: the kernels'
+    activations, residuals and K/V pools are fp32 too, and a copy in fp32 would double the
+    memory of a model kept in 16 bits to halve it (run such a model on ``F.linear``)."""
+    if isinstance(weight, torch.Tensor) and weight.dtype != torch.float32 and \
+            weight.is_floating_point():
+        raise ValueError(f"the fp32 C kernels take float32 weights, got {weight.dtype}: load "
+                         f"the model in float32 (model.float()), or run it on matmul='plain' "
+                         f"or 'onednn'")
+    check_cpu("weight", weight, torch.float32)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+    N, K = weight.shape
+    check_range("K (the weight's input width)", K, 1, INT32[1])
+    check_range("N (the weight's output rows)", N, 0, INT32[1])
+    return N, K
+
+
+def pack_panels(kernel: SkinnyKernel, weight: torch.Tensor,
+                panels: torch.Tensor | None = None) -> torch.Tensor:
+    """``weight`` ``(N, K)`` packed by ``f32_panel_pack`` into ``panels`` (``ceil(N/16)·16·K``
+    float32, made where None) for ``f32_panel_gemm``: the checked entry of the packing, which
+    reads ``weight`` raw (:func:`check_weight`; contiguous)."""
+    N, K = check_weight(weight)
+    check_cpu("weight", weight, torch.float32, contiguous=True)
+    numel = -(-N // 16) * 16 * K
+    panels = torch.empty(numel) if panels is None else panels
+    check_cpu("panels", panels, torch.float32, contiguous=True)
+    if panels.numel() != numel:
+        raise ValueError(f"panels must hold {numel} floats (ceil(N/16)·16·K for W "
+                         f"{(N, K)}), got {panels.numel()}")
+    status = kernel.panel_pack(weight.data_ptr(), panels.data_ptr(), N, K)
+    if status:
+        raise ValueError(f"{refusal('f32_panel_pack', status)}: W {(N, K)}")
+    return panels
+
+
 def f32_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None,
            threads: int | None = None) -> torch.Tensor:
     """``residual + x · Wᵀ`` (``x`` ``(M, K)``, ``W`` ``(N, K)``, ``residual`` ``(M, N)`` or None)
@@ -87,10 +126,11 @@ def f32_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None 
     for name, t in (("x", x), ("weight", weight), ("residual", residual)):
         if t is not None:
             check_cpu(name, t, torch.float32)
-    if x.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
-    (M, K), (N, K2) = x.shape, weight.shape
+    N, K2 = check_weight(weight)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    M, K = x.shape
+    check_range("M (x's rows)", M, 0, INT32[1])
     if K != K2:
         raise ValueError(f"x has {K} features, the weight {K2}: x (M, K) · W (N, K)ᵀ")
     if residual is not None and tuple(residual.shape) != (M, N):

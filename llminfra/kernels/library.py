@@ -86,53 +86,101 @@ def _check_threads(threads) -> int:
     return threads
 
 
-def check_cpu(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-    """``ValueError`` naming ``name`` where ``t`` is not a tensor on the CPU (or not of
-    ``dtype``): the C kernels read its memory as raw CPU memory of that type."""
+def check_cpu(name: str, t: torch.Tensor, dtype: torch.dtype | tuple | None = None, *,
+              contiguous: bool = False) -> None:
+    """``ValueError`` naming ``name`` where ``t`` is not a tensor on the CPU, not of ``dtype``
+    (one dtype, or a tuple of those allowed) or, with ``contiguous``, not contiguous: the C
+    kernels read its memory as raw CPU memory of that type, row after row. The one check of a
+    tensor at every kernel's Python entry."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{name} is on {t.device}: the C kernels read CPU memory only "
                          f"(move it with .cpu())")
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    allowed = (dtype,) if isinstance(dtype, torch.dtype) else dtype
+    if allowed is not None and t.dtype not in allowed:
+        want = allowed[0] if len(allowed) == 1 else " or ".join(map(str, allowed))
+        raise ValueError(f"{name} must be {want}, got {t.dtype}: the C kernels read its "
+                         f"memory as {want} (convert it with .to())")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (the C kernels read its rows back to "
+                         f"back), got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+#: the values a C ``int`` holds: sizes, block ids and lengths the kernels take as ``int``
+INT32 = (-2 ** 31, 2 ** 31 - 1)
+
+
+def check_range(name: str, value, low: int, high: int) -> None:
+    """``ValueError`` naming ``name``, the value outside ``low .. high`` and the limit, for an
+    int or every element of an integer tensor (its smallest and largest are looked at): what a
+    kernel takes as a C ``int`` must fit one before it is converted, never be truncated."""
+    if isinstance(value, torch.Tensor):
+        if not value.numel():
+            return
+        lo, hi = int(value.min()), int(value.max())
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int in {low} .. {high}, got {value!r}")
+    else:
+        lo = hi = value
+    if lo < low or hi > high:
+        bad = lo if lo < low else hi
+        raise ValueError(f"{name} holds {bad}, outside {low} .. {high} (the C kernels take it "
+                         f"as {'a 32-bit int' if (low, high) == INT32 else 'this range'})")
 
 
 class ThreadPool:
     """``threads − 1`` worker threads of the kernels (``thread_pool.c``), kept between products
     so that a call of tens of microseconds does not pay for starting them: after each
-    product they spin for 50 µs, then sleep. Freed when the pool is collected (or by
-    :meth:`close`). ``threads=1`` holds no threads. One caller at a time: a product asked from a
-    second thread while one runs, or in a forked child, starts threads of its own instead."""
+    product they spin for 50 µs, then sleep. Freed when the pool is collected, or by
+    :meth:`close`: after that :attr:`handle` raises ``RuntimeError``, so no kernel on the pool
+    hands C the freed threads. ``threads=1`` holds no threads. One caller at a time: a product
+    asked from a second thread while one runs, or in a forked child, starts threads of its own
+    instead."""
 
     def __init__(self, threads: int | None = None, lib: Library | None = None):
         lib = library() if lib is None else lib
         self.threads = _check_threads(threads)
-        self.handle = lib.w4a8_pool_new(self.threads) if self.threads > 1 else None
-        if self.threads > 1 and not self.handle:
+        self._handle = lib.w4a8_pool_new(self.threads) if self.threads > 1 else None
+        if self.threads > 1 and not self._handle:
             raise RuntimeError(f"llminfra kernels: could not start {self.threads - 1} worker "
                                f"threads")
-        self._free = weakref.finalize(self, lib.w4a8_pool_free, self.handle)
+        #: whether :meth:`close` was called
+        self.closed = False
+        self._free = weakref.finalize(self, lib.w4a8_pool_free, self._handle)
+
+    @property
+    def handle(self) -> int | None:
+        """What C is given: the pool's address (None for one thread). ``RuntimeError`` naming
+        the pool once it is closed: its threads are freed, and a kernel still holding it
+        must not run (make a new kernel, or kernel set, on a new pool)."""
+        if self.closed:
+            raise RuntimeError(f"llminfra kernels: this ThreadPool of {self.threads} threads "
+                               f"was closed (ThreadPool.close()): a kernel on it cannot run; "
+                               f"build the kernels again on a new pool")
+        return self._handle
 
     def close(self) -> None:
-        """Stop and join the worker threads now (later products start threads per call)."""
+        """Stop and join the worker threads now; every later call of a kernel on the pool
+        raises ``RuntimeError`` (:attr:`handle`). Closing twice does nothing more."""
         self._free()
-        self.handle = None
+        self._handle, self.closed = None, True
 
 
 @dataclass(frozen=True)
 class PooledKernel:
     """A C function of the library (``fn``) and the :class:`ThreadPool` it runs on
     (``owner``; None: one thread, no pool). ``pool`` (the handle C is given) and ``threads``
-    are read from the pool at each call, never copied: a pool closed since holds no handle, and
-    C then starts threads of its own instead of using freed ones."""
+    are read from the pool at each call, never copied: a pool closed since raises
+    ``RuntimeError`` instead of handing C its freed threads."""
 
     fn: ctypes._CFuncPtr
     owner: ThreadPool | None
 
     @property
     def pool(self) -> int | None:
-        """The pool's handle, or None (no pool, or a closed one)."""
+        """The pool's handle, or None (no pool, or one thread); ``RuntimeError`` for a closed
+        pool (:attr:`ThreadPool.handle`)."""
         return None if self.owner is None else self.owner.handle
 
     @property

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from llminfra.kernels.abi import ERRORS, Library
-from llminfra.kernels.library import (PooledKernel, ThreadPool, _check_threads, check_cpu,
-                                     library)
+from llminfra.kernels.library import (INT32, PooledKernel, ThreadPool, _check_threads,
+                                     check_cpu, check_range, library)
 
 
 @dataclass(frozen=True)
@@ -56,24 +56,48 @@ def kernel(threads: int | None = None, pool: ThreadPool | None = None) -> PagedD
     return on(lib, ThreadPool(_check_threads(threads), lib) if pool is None else pool)
 
 
+def check_tables(block_tables: torch.Tensor, lens: torch.Tensor) -> tuple[int, int]:
+    """``(n, W)`` of block tables ``(n, W)`` and lengths ``(n,)`` the kernel can take: integer
+    CPU tensors whose every value fits the C ``int`` it reads them as (a block id or length of
+    2**32 or more would otherwise be cut to its low 32 bits: another block, silently);
+    ``ValueError`` naming the tensor and the value otherwise. Which blocks lie in the pool
+    and which lengths its tables reach, C checks."""
+    for name, t in (("block_tables", block_tables), ("context_lens", lens)):
+        check_cpu(name, t)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+        check_range(name, t, *INT32)
+    if block_tables.dim() != 2 or lens.shape != block_tables.shape[:1]:
+        raise ValueError(f"need block_tables (n, W) and context_lens (n,), got "
+                         f"{tuple(block_tables.shape)} and {tuple(lens.shape)}")
+    return tuple(block_tables.shape)
+
+
 def c_attend(kernel, block_tables: torch.Tensor, lens: torch.Tensor, K: torch.Tensor,
              heads: tuple[int, int, int], q_row: int):
     """``attend(q, pool)`` on the C paged decode kernel ``kernel``
     (:class:`llminfra.kernels.paged_decode.PagedDecodeKernel`): each sequence's blocks read in
     place up to its length (``lens`` ``(n,)``), one ctypes call a layer, into one ``(n, H·d)``
     buffer. ``K`` a K pool (its shape), ``heads`` ``(H, H_kv, d)``; q ``(n, H, d)`` with unit
-    strides in a row of heads, its rows ``q_row`` floats apart."""
-    n, W = block_tables.shape
+    strides in a row of heads, its rows ``q_row`` floats apart. ``ValueError`` for tables or
+    lengths :func:`check_tables` refuses, a head dim below 1, and (at each call) a q or pool
+    that is not float32 on the CPU; ``RuntimeError`` for a kernel whose pool was closed."""
+    n, W = check_tables(block_tables, lens)
     P, B = K.shape[:2]
     H, H_kv, d = heads
+    check_range("d (the head dim)", d, 1, INT32[1])
     tables = block_tables.to(torch.int32).contiguous()
     lens = lens.to(torch.int32).contiguous()
     out = torch.empty(n, H * d, dtype=torch.float32)      # every layer's: wo.add reads it first
     fn = kernel.fn
     rest = (tables.data_ptr(), lens.data_ptr(), out.data_ptr(), n, H, H_kv, d, B, W, P,
-            d ** -0.5, kernel.threads, kernel.pool)
+            d ** -0.5, kernel.threads, kernel.pool)     # a step's: a closed pool raises here
 
     def attend(q, p, _alive=(tables, lens)):     # the closure holds what rest points into
+        if not q.dtype == p[2].dtype == p[3].dtype == torch.float32 or not (
+                q.is_cpu and p[2].is_cpu and p[3].is_cpu):
+            raise ValueError(f"paged_decode_f32 reads float32 CPU q and pools, got q "
+                             f"{q.dtype} on {q.device}, pools {p[2].dtype} on {p[2].device}")
         rc = fn(q.data_ptr(), q_row, p[2].data_ptr(), p[3].data_ptr(), *rest)
         if rc:
             raise ValueError(f"paged_decode_f32 refused its input: "
@@ -102,9 +126,7 @@ def paged_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         check_cpu(name, t, torch.float32)
     for name, t in (("block_tables", block_tables), ("context_lens", context_lens)):
         check_cpu(name, t)
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
-    k = _kernel_on(_check_threads(threads))
+    threads = _check_threads(threads)
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or \
             k_cache.shape[3] != q.shape[2] or q.shape[1] % k_cache.shape[2] or \
             block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0] or \
@@ -116,5 +138,8 @@ def paged_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                          f"{tuple(context_lens.shape)}")
     (N, H, d), H_kv = q.shape, k_cache.shape[2]
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    attend = c_attend(k, block_tables, context_lens, k_cache, (H, H_kv, d), H * d)
+    check_tables(block_tables, context_lens)           # before a kernel (and its pool) is made
+    check_range("d (the head dim)", d, 1, INT32[1])
+    attend = c_attend(_kernel_on(threads), block_tables, context_lens, k_cache, (H, H_kv, d),
+                      H * d)
     return attend(q, (None, None, k_cache, v_cache)).view(N, H, d)

@@ -180,6 +180,7 @@ def _multiply(lib: Library, w: dict, x: torch.Tensor, passes: int,
                          f"got shape {tuple(x.shape)}")
     x32 = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
     if norm is not None:
+        check_cpu("norm", norm)                         # a meta norm's NULL would mean "none"
         if tuple(norm.shape) != (K,):
             raise ValueError(f"norm must have shape ({K},), got {tuple(norm.shape)}")
         norm = norm.to(torch.float32).contiguous()      # no copy when it is so already

@@ -26,6 +26,7 @@ import ctypes
 import torch
 
 from llminfra.kernels.abi import Library, StackLayer, StackModel, StackWeight, refusal
+from llminfra.kernels.library import INT32, check_cpu, check_range
 from llminfra.kernels.w4a8 import W4A8Weight
 from llminfra.runner.matmul import BaseMatmul, FunctionMatmul, SkinnyMatmul
 
@@ -73,14 +74,29 @@ class DecodeStack:
                             K.shape[1], 0, K.shape[0], c.norm_eps, d ** -0.5,
                             len(weights.rotation_pairs), K.shape[0] * K.shape[1],
                             weights.rotation_pairs.data_ptr(), weights.embedding.data_ptr(),
-                            weights.norm.data_ptr(), pool.handle)
+                            weights.norm.data_ptr(), None)    # the pool: set at each call
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  block_tables: torch.Tensor,
                  logits_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(n, V)``, or of ``logits_rows`` (int64) only: a row is a query with its own
-        row of ``block_tables`` (a prompt chunk's rows too, as ``decode_step`` takes them)."""
+        row of ``block_tables`` (a prompt chunk's rows too, as ``decode_step`` takes them).
+        ``ValueError`` naming an input that is not an int64 CPU tensor of its shape (C reads
+        them raw; the values C checks itself), ``RuntimeError`` once the pool is closed."""
+        for name, t in (("tokens", tokens), ("positions", positions), ("slots", slots),
+                        ("block_tables", block_tables)):
+            check_cpu(name, t, torch.int64, contiguous=True)
+        if logits_rows is not None:
+            check_cpu("logits_rows", logits_rows)
+        if block_tables.dim() != 2 or not (
+                tokens.shape == positions.shape == slots.shape == block_tables.shape[:1]):
+            raise ValueError(f"need tokens, positions, slots (n,) and block_tables (n, W), got "
+                             f"{tuple(tokens.shape)}, {tuple(positions.shape)}, "
+                             f"{tuple(slots.shape)}, {tuple(block_tables.shape)}")
         n, W = block_tables.shape
+        check_range("the step's sequences", n, 0, INT32[1])
+        check_range("the block tables' width", W, 0, INT32[1])
+        self.model.pool = self.owner.handle   # the pool's own, at each call: closed, it raises
         work = torch.empty(n * (self.dim + self.width))
         rows = None if logits_rows is None else logits_rows.to(torch.int64).contiguous()
         logits = torch.empty(n if rows is None else len(rows), self.vocab)

@@ -61,6 +61,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from llminfra.kernels.library import check_cpu
 from llminfra.kernels.paged_decode import PagedDecodeKernel, c_attend
 from llminfra.runner import fast_layer
 from llminfra.runner.fused import FusedWeights
@@ -115,14 +116,26 @@ def c_place(fn, w: FusedWeights, positions: torch.Tensor, slots: torch.Tensor, S
     """``place(qkv, pool) -> q`` on the C function ``rope_write_f32`` (``fn``,
     :mod:`llminfra.kernels.paged_decode`): each row's q and k heads turned by RoPE in place and
     its k and v copied to its slot (``S`` slots in a pool), one ctypes call a layer where the
-    torch path makes ten. q stays in ``qkv`` (what :func:`c_attend` reads, a row apart)."""
+    torch path makes ten. q stays in ``qkv`` (what :func:`c_attend` reads, a row apart).
+    ``ValueError`` naming positions or slots that are not int64 CPU vectors of one length, or
+    (at each call) a ``qkv`` or pool C cannot read as fp32 rows."""
     c = w.config
     H, H_kv, d = c.n_heads, c.n_kv_heads, c.head_dim
+    for name, t in (("positions", positions), ("slots", slots)):
+        check_cpu(name, t, torch.int64, contiguous=True)
+    if positions.dim() != 1 or positions.shape != slots.shape:
+        raise ValueError(f"positions and slots must be (N,) each, got {tuple(positions.shape)} "
+                         f"and {tuple(slots.shape)}")
     table = w.rotation_pairs
     rest = (positions.data_ptr(), table.data_ptr(), len(table), H, H_kv, d, slots.data_ptr(), S)
     N, row = len(positions), (H + 2 * H_kv) * d
 
     def place(qkv, p, _alive=(positions, slots)):
+        if not qkv.dtype == p[2].dtype == p[3].dtype == torch.float32 or \
+                qkv.stride(-1) != 1 or qkv.numel() < N * row or not qkv.is_cpu:
+            raise ValueError(f"rope_write_f32 reads {N} float32 CPU rows of {row} in qkv and "
+                             f"float32 pools, got qkv {qkv.dtype} {tuple(qkv.shape)} on "
+                             f"{qkv.device}, pools {p[2].dtype}")
         rc = fn(qkv.data_ptr(), N, row, *rest, p[2].data_ptr(), p[3].data_ptr())
         if rc:
             raise ValueError(f"rope_write_f32 refused its input (code {rc}: a position outside "

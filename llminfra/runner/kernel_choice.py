@@ -12,6 +12,8 @@ is a torch path, never an error. Chapter 12.
 
 from __future__ import annotations
 
+import torch
+
 from llminfra.kernels import w4a8
 from llminfra.runner import prepacked
 from llminfra.runner.fast_runner import fast_runner
@@ -52,6 +54,8 @@ def engine_runner(net, model: str, matmul: str = "auto", runner: str = "auto",
     ``ValueError`` for a choice the model or the runner cannot take."""
     check_choices(matmul, runner, quantization)
     kind = resolve_matmul(matmul, model) if quantization is None else None
+    if matmul == "auto" and kind in ("skinny", "onednn") and not _float32(net):
+        kind = "plain"             # both read fp32 weights only: a 16-bit model on F.linear
     if kind == "skinny" and resolve_runner(runner, net) == "readable":
         if matmul == "skinny":
             raise ValueError("matmul='skinny' runs on the fast runner; runner='readable' (or a "
@@ -67,6 +71,12 @@ def engine_runner(net, model: str, matmul: str = "auto", runner: str = "auto",
                              "eagerly")
         return net, "readable"
     return net, fast_runner(kernels=kernels, cuda_graphs=cuda_graphs)
+
+
+def _float32(net) -> bool:
+    """Whether every floating parameter of ``net`` is float32 (what the C kernels and oneDNN's
+    prepacking read; ``matmul='skinny'`` refuses any other by name)."""
+    return all(p.dtype == torch.float32 for p in net.parameters() if p.is_floating_point())
 
 
 def quantized_kernels(quantization: str | None, threads: int | None = None) -> KernelSet | None:

@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from llminfra.kernels.f32_skinny import SkinnyKernel
+from llminfra.kernels.f32_skinny import SkinnyKernel, check_weight, pack_panels
 from llminfra.runner.prepacked import pack_weight
 
 
@@ -131,14 +131,17 @@ class SkinnyMatmul(Matmul):
     a bias every row goes to oneDNN's prepacked weight (:class:`PrepackedMatmul`) and it does
     not fuse. Without one it ``fuses``: ``fused(x, norm=g, eps=ε)`` is ``f(RMSNorm(x)·g)`` and
     ``fused(x, gated=True)`` ``f(silu(gate)·up)`` of ``x = [gate | up]``, formed inside the
-    kernels' call where they take the rows (SiLU's exp the w4a8 kernel's own)."""
+    kernels' call where they take the rows (SiLU's exp the w4a8 kernel's own). ``ValueError``
+    for a weight the fp32 kernels cannot read, bias or not
+    (:func:`~llminfra.kernels.f32_skinny.check_weight`: a bf16 or fp16 one names its dtype)."""
 
     adds_in_fused = True
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  kernel: SkinnyKernel):
+        check_weight(weight)
         arena = kernel.arena                          # huge pages (kernels.huge_pages), or None
-        if bias is None and weight.dtype == torch.float32 and arena is not None:
+        if bias is None and arena is not None:
             weight = arena.copy(weight.detach())           # a copy there: W streams
         super().__init__(weight.contiguous(), bias)
         self._kernel = kernel
@@ -148,10 +151,8 @@ class SkinnyMatmul(Matmul):
         self.panels = None
         if bias is None and kernel.panel is not None and kernel.panel_max_rows > kernel.max_rows:
             numel = -(-self._n // 16) * 16 * self._k
-            self.panels = torch.empty(numel) if arena is None else arena.empty(numel)
-            if kernel.panel_pack(self.weight.data_ptr(), self.panels.data_ptr(), self._n,
-                                 self._k):
-                raise ValueError(f"f32_panel_pack refused W {tuple(self.weight.shape)}")
+            self.panels = pack_panels(kernel, self.weight,
+                                      None if arena is None else arena.empty(numel))
         #: the most rows a product sends to ``f32_skinny.c``; to the C kernels (0: none: a bias)
         self.skinny_rows = kernel.max_rows
         self.c_rows = (0 if bias is not None else
@@ -178,7 +179,14 @@ class SkinnyMatmul(Matmul):
         wide), else 0."""
         M = x.numel() // width
         return (M if 0 < M <= self.c_rows and x.shape[-1] == width and x.is_contiguous()
-                and x.dtype == torch.float32 else 0)
+                and x.dtype == torch.float32 and x.device.type == "cpu" else 0)
+
+    @staticmethod
+    def _fits(t: torch.Tensor, numel: int) -> bool:
+        """Whether C can read ``t`` as ``numel`` floats (a residual, a norm's gains): contiguous
+        float32 on the CPU, of that size."""
+        return (t.is_contiguous() and t.dtype == torch.float32 and t.device.type == "cpu"
+                and t.numel() == numel)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         M = self._rows_of(x, self._k)
@@ -188,7 +196,7 @@ class SkinnyMatmul(Matmul):
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         M = self._rows_of(x, self._k)
-        if M and residual.is_contiguous() and residual.dtype == torch.float32:
+        if M and self._fits(residual, M * self._n):
             return self._product(x, residual, M)
         return self._blas.add(x, residual) if self._blas is not None else super().add(x, residual)
 
@@ -198,8 +206,8 @@ class SkinnyMatmul(Matmul):
         if not self.fuses:
             return super().fused(x, norm, eps, gated, residual)
         M = self._rows_of(x, 2 * self._k if gated else self._k)
-        if M and (norm is None or (norm.is_contiguous() and norm.dtype == torch.float32)) and \
-                (residual is None or residual.is_contiguous()):
+        if M and (norm is None or self._fits(norm, self._k)) and \
+                (residual is None or self._fits(residual, M * self._n)):
             return self._product(x, residual, M, norm, float(eps), bool(gated))
         if gated:
             gate, up = x.chunk(2, dim=-1)

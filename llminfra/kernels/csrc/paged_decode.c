@@ -42,13 +42,14 @@
 #define PD_MAX_HEAD_DIM 4096 /* a bound on d (and on the state a unit allocates) */
 
 /* Where the compiler has __builtin_shufflevector (simd.h's SV), lanes move between registers;
-   elsewhere through memory and scalars (slower). */
+   elsewhere through memory and scalars (slower). A NaN lane is passed over (never the max):
+   the softmax's exponentials carry it, NaN in, NaN out. */
 #ifdef LLMINFRA_SHUFFLE
 LLMINFRA_INLINE float max16(const v16 *lanes) {
     v16 v = *lanes;
     v8 a = SV(v, v, 0, 1, 2, 3, 4, 5, 6, 7), a2 = SV(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    float m = a[0] > a2[0] ? a[0] : a2[0];
-    for (int i = 1; i < 8; i++) {
+    float m = -INFINITY;
+    for (int i = 0; i < 8; i++) {
         float x = a[i] > a2[i] ? a[i] : a2[i];
         m = x > m ? x : m;
     }
@@ -78,8 +79,8 @@ LLMINFRA_INLINE v16 sum16x16(const v16 *x) {
 }
 #else
 LLMINFRA_INLINE float max16(const v16 *v) {
-    float m = (*v)[0];
-    for (int i = 1; i < 16; i++) m = (*v)[i] > m ? (*v)[i] : m;
+    float m = -INFINITY;
+    for (int i = 0; i < 16; i++) m = (*v)[i] > m ? (*v)[i] : m;
     return m;
 }
 
@@ -110,7 +111,7 @@ LLMINFRA_INLINE vi16 first_lanes(int nt) {
 /* e^x for x <= 0 (a score minus the running max), lane by lane: x = n ln 2 + r with n an integer
    and |r| <= ln 2 / 2, e^r a degree-7 polynomial (Cephes' expf), 2^n built in the exponent bits.
    Below -87.3 (e^x under 2^-126) it gives about 1e-38: the caller zeroes the lanes past a
-   sequence's end itself. */
+   sequence's end itself. NaN in a lane is NaN out (the clamp alone made it 1e-38). */
 LLMINFRA_INLINE v16 exp16(const v16 *at) {
     vi16 above = *at >= -87.3365447504f;                          /* lanes -1 where true */
     v16 x = select16(&above, at, -87.3365447504f);
@@ -127,7 +128,9 @@ LLMINFRA_INLINE v16 exp16(const v16 *at) {
     vi16 e = (__builtin_convertvector(t, vi16) + 127) << 23;
     v16 scale;
     memcpy(&scale, &e, sizeof scale);
-    return p * scale;
+    v16 out = p * scale;
+    vi16 number = *at == *at;                                     /* -1 but where NaN */
+    return select16(&number, &out, NAN);
 }
 
 typedef struct {
