@@ -166,6 +166,94 @@ def test_bad_input(tiny64):
     _all_free(pe, de)
 
 
+# ------------------------------------------------------------------ the wire format (data only)
+def _handoff(tiny64, sp):
+    pe, _ = _engines(tiny64)
+    rid = pe.add_request(PROMPTS[0], sp)
+    while not pe.requests[rid].seqs[0].output_token_ids:
+        pe.step()
+    return hand_off(pe, rid)
+
+
+def _meta_bytes(h) -> bytes:
+    import json
+    from llminfra.cluster.kv_transfer import handoff_meta
+    return json.dumps(handoff_meta(h)).encode()
+
+
+def test_handoff_metadata_is_json_and_reads_back_equal(tiny64):
+    """Every field but the K/V values round-trips through JSON: the sampling parameters
+    (logit_bias with int keys, stop strings, a schema), the generator state, log-probs."""
+    from llminfra.cluster.kv_link import read_meta
+    sp = SamplingParams(max_tokens=6, temperature=0.8, seed=7, stop=["\n\n", "END"],
+                        logit_bias={3: -1.5, 17: 2.0}, logprobs=2)
+    h = _handoff(tiny64, sp)
+    got, shape, dtype = read_meta(_meta_bytes(h))
+    assert shape == tuple(h.kv.shape) and dtype == str(h.kv.dtype)
+    assert got.params == h.params and got.params.logit_bias == {3: -1.5, 17: 2.0}
+    assert torch.equal(got.generator_state, h.generator_state)
+    for name in ("request_id", "prompt", "prompt_token_ids", "output_token_ids",
+                 "arrival_time", "first_scheduled_time", "token_times", "output_logprobs"):
+        assert getattr(got, name) == getattr(h, name), name
+
+
+def test_a_pickled_payload_is_never_run(tiny64, tmp_path):
+    """The payload is live (pickle.loads runs os.system and creates the marker); the link's
+    reader refuses the same bytes as data and the marker never appears."""
+    import pickle
+    from llminfra.cluster.kv_link import pickled_system_call, read_meta
+    live, marker = tmp_path / "live", tmp_path / "marker"
+    pickle.loads(pickled_system_call(f"touch '{live}'"))
+    assert live.exists()
+    with pytest.raises(ValueError, match="not UTF-8 JSON"):
+        read_meta(pickled_system_call(f"touch '{marker}'"))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("request_id", 5, "request_id"), ("request_id", "x" * 300, "request_id"),
+    ("prompt_token_ids", [1, -2], "prompt_token_ids"),
+    ("prompt_token_ids", [1, True], "prompt_token_ids"),
+    ("output_token_ids", "12", "output_token_ids"),
+    ("params", {"max_tokens": 4, "__class__": "os.system"}, "params"),
+    ("params", {"temperature": -1.0}, "temperature"),
+    ("arrival_time", float("nan"), "arrival_time"),
+    ("token_times", [0.1, "now"], "token_times"),
+    ("generator_state", "not base64!", "generator_state"),
+    ("output_logprobs", [[1, 0.0]], "output_logprobs"),
+    ("kv", {"shape": [2, 1, 3, 1], "dtype": "torch.float32"}, "kv.shape"),
+    ("kv", {"shape": [2, 1, -3, 1, 4], "dtype": "torch.float32"}, "kv.shape"),
+    ("kv", {"shape": [2, 1, 3, 1, 4], "dtype": "torch.int64"}, "kv.dtype"),
+    ("kv", {"shape": [2, 1, 3, 1, 4], "dtype": "numpy.object_"}, "kv.dtype"),
+])
+def test_every_metadata_field_is_checked(tiny64, field, value, match):
+    import json
+    from llminfra.cluster.kv_link import read_meta
+    from llminfra.cluster.kv_transfer import handoff_meta
+    meta = handoff_meta(_handoff(tiny64, SamplingParams(max_tokens=4, temperature=1.0, seed=1)))
+    meta[field] = value
+    with pytest.raises(ValueError, match=match):
+        read_meta(json.dumps(meta).encode())
+    meta.pop(field)
+    with pytest.raises(ValueError, match="exactly the keys"):
+        read_meta(json.dumps(meta).encode())
+
+
+def test_a_header_out_of_step_or_past_the_limits_is_refused():
+    from llminfra.cluster import kv_link as kl
+
+    def header(*fields):
+        raw = torch.zeros(kl.HEADER_BUFFER_BYTES, dtype=torch.uint8)
+        raw[:8 * len(fields)] = torch.tensor(fields, dtype=torch.int64).view(torch.uint8)
+        return raw
+    assert kl.read_header(header(kl.MAGIC, 1, 10, 6, 0)) == (1, 10, 6, 0)   # read, then refused
+    for bad in [(7, 1, 10, 6, 4), (kl.MAGIC, 1, -1, 6, 4), (kl.MAGIC, 1, 10, -6, 4),
+                (kl.MAGIC, 1, kl.MAX_META_BYTES + 1, 6, 4), (kl.MAGIC, 1, 10, 6, 17),
+                (kl.MAGIC, 1, 10, kl.MAX_KV_BYTES, 2)]:
+        with pytest.raises(ConnectionError, match="out of step"):
+            kl.read_header(header(*bad))
+
+
 # ------------------------------------------------------------------ processes (gloo)
 @pytest.fixture(scope="module")
 def tiny_run():

@@ -114,7 +114,7 @@ def _decode(engine, cfg: WorkerConfig, out: mp.Queue) -> dict:
     dw = DecodeWorker(engine, cfg.max_import_retries, dict(cfg.fail_on))
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=recv_loop, args=(0, inbox), daemon=True).start()
-    ended, lost, delays, refused = False, None, [], []
+    ended, lost, delays, refused, refused_ids = False, None, [], [], {}
     while True:
         for item in _drain(inbox, block=not dw.has_work() and not ended):
             if isinstance(item, int) and item == DONE:
@@ -123,6 +123,8 @@ def _decode(engine, cfg: WorkerConfig, out: mp.Queue) -> dict:
                 ended, lost = True, f"{type(item).__name__}: {item}"
             elif isinstance(item, Refused):
                 refused.append(item.reason)
+                if item.request_id is not None:
+                    refused_ids[item.request_id] = item.reason
                 if item.handoff is not None:
                     out.put(("output", failed_output(item.handoff, item.reason,
                                                      engine.clock())))
@@ -135,7 +137,7 @@ def _decode(engine, cfg: WorkerConfig, out: mp.Queue) -> dict:
         elif ended and inbox.empty():
             break
     return {"link_lost": lost, "num_retries": dw.num_retries,
-            "handoff_delay_s": delays, "refused": refused}
+            "handoff_delay_s": delays, "refused": refused, "refused_ids": refused_ids}
 
 
 def _worker(rank: int, port: int, cfg: WorkerConfig, requests, out: mp.Queue) -> None:
@@ -203,13 +205,14 @@ def serve_disaggregated(requests: list[TimedRequest], *, model: str = "tiny",
     "decode": {...}}`` — each worker's report (transfers, link MB/s, free / total blocks,
     retries) or ``{"died": reason}``. Every request has an output: one a dead worker held ends
     with ``"error"`` and says so, as does one refused (too long for the context, a bad
-    parameter) or whose handoff the decode worker refused (``report["decode"]["refused"]``).
+    parameter) or whose handoff the decode worker refused (``report["decode"]["refused"]``;
+    the request's own reason where its id could be read, ``report["decode"]["refused_ids"]``).
     ``fail_on`` / ``prefill_exit_after`` / ``corrupt_handoffs`` ({request id: one of
-    :data:`CORRUPTIONS`}) inject faults."""
+    :data:`CORRUPTIONS` or ``"pickle:PATH"``}) inject faults."""
     for rid, how in (corrupt_handoffs or {}).items():
-        if how not in CORRUPTIONS:
-            raise ValueError(f"corrupt_handoffs[{rid!r}] must be one of {CORRUPTIONS}, "
-                             f"got {how!r}")
+        if how not in CORRUPTIONS and not (isinstance(how, str) and how.startswith("pickle:")):
+            raise ValueError(f"corrupt_handoffs[{rid!r}] must be one of {CORRUPTIONS} or "
+                             f"'pickle:PATH', got {how!r}")
     if not requests:
         raise ValueError("requests is empty; give at least one TimedRequest")
     if sorted(r.arrival_s for r in requests) != [r.arrival_s for r in requests]:
@@ -240,6 +243,10 @@ def serve_disaggregated(requests: list[TimedRequest], *, model: str = "tiny",
         dead.append(f"the link to the decode worker was lost ({reports[1]['link_lost']})")
     if reports[1].get("refused"):
         dead.append("the decode worker refused: " + "; ".join(reports[1]["refused"]))
-    final = [outputs.get(str(i)) or _lost(str(i), r, t0, "lost: " + "; ".join(
-        dead or ["no output"])) for i, r in enumerate(requests)]
+    by_id = reports[1].get("refused_ids", {})
+    final = [outputs.get(str(i)) or (
+        _lost(str(i), r, t0, "refused by the decode worker: " + by_id[str(i)])
+        if str(i) in by_id else
+        _lost(str(i), r, t0, "lost: " + "; ".join(dead or ["no output"])))
+        for i, r in enumerate(requests)]
     return {"outputs": final, "prefill": reports[0], "decode": reports[1]}

@@ -21,17 +21,26 @@ Splitwise (Patel et al. 2024, arXiv:2311.18677, §4.2), in our engine's accounti
 is just tokens plus a count of computed tokens (:mod:`~llminfra.engine.scheduler`), so
 "adopting" one whose K/V came from elsewhere is setting that count. The sampler's generator
 state travels too, so seeded sampling continues exactly as one engine would have gone on. One
-completion per request (``n = 1``) and no speculative decoding. Taught in chapter 11.
+completion per request (``n = 1``) and no speculative decoding.
+
+A handoff that crosses a process boundary travels as data only: :func:`handoff_meta` is its
+metadata as a JSON object (no code, no class names), :func:`handoff_from_meta` reads one back
+and checks every field (types, ranges, lengths, the K/V dtype against :data:`KV_DTYPES`, a
+five-dimensional K/V shape), raising ``ValueError`` naming the field at fault. Taught in
+chapter 11.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from llminfra.engine.sampling_params import SamplingParams
+from llminfra.engine.sampling_params import SamplingParams, clip_repr
 from llminfra.engine.sequence import SequenceStatus
 from llminfra.kvcache.blocks import BlockPoolExhausted, blocks_needed
 
@@ -64,6 +73,149 @@ class KVHandoff:
     def nbytes(self) -> int:
         """Bytes of K/V moved: ``2 · L · T · H_kv · d · bytes(dtype)``."""
         return self.kv.numel() * self.kv.element_size()
+
+
+#: K/V dtypes a handoff may carry, by name (an integer K/V would be cast silently into wrong
+#: values); the largest element is 8 bytes
+KV_DTYPES = {str(t): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
+#: the most tokens (prompt or generated), token times and characters a handoff's metadata holds
+MAX_META_ITEMS = 2**20
+#: the fields of the metadata object (:func:`handoff_meta`)
+META_FIELDS = ("request_id", "prompt", "prompt_token_ids", "output_token_ids", "params",
+               "arrival_time", "first_scheduled_time", "token_times", "generator_state",
+               "output_logprobs", "kv")
+_PARAM_FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
+def handoff_meta(h: KVHandoff) -> dict:
+    """The JSON-ready metadata of ``h``: every field but the K/V values, which travel apart;
+    ``"kv"`` gives their ``shape`` and ``dtype`` name. The generator state is base64 text,
+    ``logit_bias`` a list of ``[token id, bias]`` pairs (JSON keys are strings)."""
+    params = {name: getattr(h.params, name) for name in _PARAM_FIELDS}
+    if params["logit_bias"] is not None:
+        params["logit_bias"] = [[int(k), float(v)] for k, v in params["logit_bias"].items()]
+    if params["stop"] is not None:
+        params["stop"] = list(params["stop"])
+    state = h.generator_state
+    return {"request_id": h.request_id, "prompt": h.prompt,
+            "prompt_token_ids": [int(t) for t in h.prompt_token_ids],
+            "output_token_ids": [int(t) for t in h.output_token_ids], "params": params,
+            "arrival_time": float(h.arrival_time),
+            "first_scheduled_time": (None if h.first_scheduled_time is None
+                                     else float(h.first_scheduled_time)),
+            "token_times": [float(t) for t in h.token_times],
+            "generator_state": (None if state is None else base64.b64encode(
+                state.to(torch.uint8).numpy().tobytes()).decode("ascii")),
+            "output_logprobs": (None if h.output_logprobs is None else
+                                [[int(t), float(lp), [[int(i), float(v)] for i, v in top]]
+                                 for t, lp, top in h.output_logprobs]),
+            "kv": {"shape": [int(n) for n in h.kv.shape], "dtype": str(h.kv.dtype)}}
+
+
+def _bad(name: str, value, allowed: str) -> ValueError:
+    return ValueError(f"handoff metadata: {name} must be {allowed}, got {clip_repr(value)}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _token_ids(name: str, v) -> list[int]:
+    if not isinstance(v, list) or len(v) > MAX_META_ITEMS \
+            or not all(_is_int(t) and 0 <= t < 2**31 for t in v):
+        raise _bad(name, v, f"a list of at most {MAX_META_ITEMS} token ids (ints in [0, 2**31))")
+    return v
+
+
+def _time(name: str, v, optional: bool = False) -> float | None:
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _bad(name, v, "a finite number" + (" or null" if optional else ""))
+    return float(v)
+
+
+def _params(v) -> SamplingParams:
+    if not isinstance(v, dict) or not set(v) <= set(_PARAM_FIELDS):
+        raise _bad("params", v, f"an object with keys among {', '.join(_PARAM_FIELDS)}")
+    v = dict(v)
+    bias = v.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, list) or not all(isinstance(p, list) and len(p) == 2
+                                                 and _is_int(p[0]) for p in bias):
+            raise _bad("params.logit_bias", bias, "null or a list of [token id, bias] pairs")
+        v["logit_bias"] = {k: b for k, b in bias}
+    if isinstance(v.get("stop"), list):
+        v["stop"] = tuple(v["stop"])
+    try:
+        return SamplingParams(**v)                 # validates every value
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"handoff metadata: params: {err}") from None
+
+
+def _generator_state(v) -> torch.Tensor | None:
+    if v is None:
+        return None
+    try:
+        if not isinstance(v, str) or len(v) > MAX_META_ITEMS:
+            raise ValueError
+        raw = base64.b64decode(v, validate=True)
+    except (ValueError, binascii.Error):
+        raise _bad("generator_state", v, "null or base64 text") from None
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(
+        0, dtype=torch.uint8)
+
+
+def _logprobs(v) -> list | None:
+    if v is None:
+        return None
+
+    def pair(p) -> bool:
+        return isinstance(p, list) and len(p) == 2 and _is_int(p[0]) \
+            and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)
+    if not isinstance(v, list) or len(v) > MAX_META_ITEMS or not all(
+            isinstance(e, list) and len(e) == 3 and pair(e[:2]) and isinstance(e[2], list)
+            and all(pair(p) for p in e[2]) for e in v):
+        raise _bad("output_logprobs", v, "null or a list of [token, logprob, [[id, logprob], "
+                                         "...]] entries")
+    return [(t, float(lp), [(i, float(x)) for i, x in top]) for t, lp, top in v]
+
+
+def _kv_spec(v) -> tuple[tuple[int, ...], str]:
+    shape = v.get("shape") if isinstance(v, dict) else None
+    if not isinstance(shape, list) or len(shape) != 5 \
+            or not all(_is_int(n) and 0 <= n < 2**31 for n in shape):
+        raise _bad("kv.shape", shape, "a list of five ints in [0, 2**31): (2, L, T, H_kv, d)")
+    dtype = v.get("dtype")
+    if dtype not in KV_DTYPES:
+        raise _bad("kv.dtype", dtype, "one of " + ", ".join(KV_DTYPES))
+    return tuple(shape), dtype
+
+
+def handoff_from_meta(meta) -> tuple[KVHandoff, tuple[int, ...], str]:
+    """The handoff :func:`handoff_meta` described (its ``kv`` an empty placeholder), the K/V
+    shape and dtype name; ``ValueError`` naming the first field that is missing, of the wrong
+    type or out of range (no field is trusted: it came from another process)."""
+    if not isinstance(meta, dict) or set(meta) != set(META_FIELDS):
+        got = sorted(meta) if isinstance(meta, dict) else meta
+        raise _bad("the metadata", got, "an object with exactly the keys "
+                                        + ", ".join(META_FIELDS))
+    rid, prompt = meta["request_id"], meta["prompt"]
+    if not isinstance(rid, str) or not 0 < len(rid) <= 256:
+        raise _bad("request_id", rid, "a string of 1 to 256 characters")
+    if prompt is not None and (not isinstance(prompt, str) or len(prompt) > MAX_META_ITEMS):
+        raise _bad("prompt", prompt, f"null or a string of at most {MAX_META_ITEMS} characters")
+    times = meta["token_times"]
+    if not isinstance(times, list) or len(times) > MAX_META_ITEMS:
+        raise _bad("token_times", times, f"a list of at most {MAX_META_ITEMS} numbers")
+    h = KVHandoff(rid, prompt, _token_ids("prompt_token_ids", meta["prompt_token_ids"]),
+                  _token_ids("output_token_ids", meta["output_token_ids"]),
+                  _params(meta["params"]), torch.empty(0),
+                  _time("arrival_time", meta["arrival_time"]),
+                  _time("first_scheduled_time", meta["first_scheduled_time"], optional=True),
+                  [_time("token_times[]", t) for t in times],
+                  _generator_state(meta["generator_state"]), _logprobs(meta["output_logprobs"]))
+    return (h, *_kv_spec(meta["kv"]))
 
 
 def _request(engine, request_id: str):

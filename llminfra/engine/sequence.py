@@ -37,7 +37,14 @@ tokens arrive::
     if after is longer and does not end in U+FFFD:       # every new character is complete
         emit after[len(before):]; prefix_offset, read_offset = read_offset, len(ids)
 
-otherwise the new tokens wait for the next one. :attr:`IncrementalDetokenizer.text` is the
+otherwise the new tokens wait — but not for ever: bytes that never form a character (a lone
+UTF-8 byte token, repeated) end in U+FFFD after every token, and a window that only grew would
+decode ``1 + … + n`` tokens again. So a wait emits ``settled = decode(ids[prefix_offset:-1])``
+(all but the newest token) when ``after`` starts with it and it does not end in U+FFFD or
+``after`` is longer: a U+FFFD some character follows can no longer change (UTF-8 is decoded
+left to right), one at the very end may be an unfinished character. Each token is then decoded
+a bounded number of times, linear in the tokens (a test counts them).
+:attr:`IncrementalDetokenizer.text` is the
 emitted text plus the pending tail as it decodes now (U+FFFD where a character is unfinished),
 so it always equals ``decode(ids)`` — a test checks it on random ids with Korean and emoji.
 
@@ -94,14 +101,22 @@ class IncrementalDetokenizer:
         after = self._decode(self.ids[self.prefix_offset:])
         if len(after) > len(before) and not after.endswith(REPLACEMENT) \
                 and after.startswith(before):
-            delta = after[len(before):]
-            self.emitted += delta
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            self._tail = ""
-            return delta
+            return self._emit(after[len(before):], len(self.ids), "")
+        if after.startswith(before) and len(self.ids) - 1 > self.read_offset:
+            settled = self._decode(self.ids[self.prefix_offset:-1])    # all but the newest
+            if len(settled) > len(before) and settled.startswith(before) and after.startswith(
+                    settled) and (len(after) > len(settled) or not settled.endswith(REPLACEMENT)):
+                return self._emit(settled[len(before):], len(self.ids) - 1, after[len(settled):])
         self._tail = after[len(before):] if after.startswith(before) else \
             self._decode(self.ids)[len(self.emitted):]
         return ""
+
+    def _emit(self, delta: str, read_offset: int, tail: str) -> str:
+        """Make ``delta`` final: the window moves on to ``ids[read_offset:]``."""
+        self.emitted += delta
+        self.prefix_offset, self.read_offset = self.read_offset, read_offset
+        self._tail = tail
+        return delta
 
     @property
     def text(self) -> str:

@@ -47,6 +47,11 @@ MAX_SCHEMA_DEPTH = 32
 #: the largest number of repeats a ``pattern``'s counted repetitions may multiply to:
 #: ``a{1000}`` is 1,000, ``(a{1000}){1000}`` is 1,000,000 (refused: a lexer state per repeat)
 MAX_PATTERN_REPEATS = 10_000
+#: the largest a ``pattern`` may expand to, its counted repetitions written out
+#: (:func:`pattern_size`): ``a{9999}`` a hundred times in a row is 999,900 (refused: llguidance
+#: then fails the request mid-answer with "too many expressions constructed"; 5 × ``a{9999}``
+#: still compiles, 10 × does not, with llguidance 1.9.1)
+MAX_PATTERN_SIZE = 20_000
 #: llguidance's resource limits (``LLParserLimits``; its defaults in brackets, measured on
 #: SmolLM2's vocabulary): lexer states cost about 1-2 kB each (250,000 → 20,000, so at most
 #: ~40 MB), fuel is time (about 50 units a µs to build a lexer, 1,000,000 → 200,000; 14 a µs for
@@ -112,7 +117,9 @@ def _limits():
 def check_schema_shape(schema) -> str:
     """The schema as compact JSON text, after the checks that need no compiler: a JSON object,
     nested at most :data:`MAX_SCHEMA_DEPTH` deep, at most :data:`MAX_SCHEMA_CHARS` long, each
-    ``pattern`` repeating at most :data:`MAX_PATTERN_REPEATS` times. ``ValueError`` with the
+    ``pattern`` repeating at most :data:`MAX_PATTERN_REPEATS` times (:func:`pattern_repeats`)
+    and expanding to at most :data:`MAX_PATTERN_SIZE` items (:func:`pattern_size`).
+    ``ValueError`` with the
     reason otherwise. The walk is iterative: a schema nested thousands deep (or a Python dict
     that contains itself) is refused, never a ``RecursionError``."""
     if not isinstance(schema, dict):
@@ -149,7 +156,65 @@ def check_schema_shape(schema) -> str:
             raise ValueError(f"the pattern {pattern[:60]!r} repeats {repeats:,} times "
                              f"(counted repetitions multiplied); at most "
                              f"{MAX_PATTERN_REPEATS:,} are accepted")
+        size = pattern_size(pattern)
+        if size > MAX_PATTERN_SIZE:
+            raise ValueError(f"the pattern {pattern[:60]!r} ({len(pattern):,} characters) "
+                             f"expands to {size:,} items (counted repetitions written out: "
+                             f"added in sequence and over alternatives, multiplied when "
+                             f"nested); at most {MAX_PATTERN_SIZE:,} are accepted")
     return text
+
+
+#: the largest size :func:`pattern_size` reports (a count past it is refused all the same)
+_SIZE_CAP = 10 ** 18
+
+
+def pattern_size(pattern: str) -> int:
+    """How large a regular expression is with its counted repetitions written out — what the
+    grammar library's lexer builds: a character, class or escape is 1, an anchor (``^``,
+    ``$``) 0; a sequence adds its items, an alternation adds its branches, ``X{n}`` /
+    ``X{n,m}`` / ``X{n,}`` is ``size(X)`` times the larger count, and ``*`` / ``+`` / ``?``
+    leave ``X`` as it is (the lexer loops). ``a{3}b`` → 4, ``(ab|c){10}`` → 30,
+    ``"a{9999}" * 100`` → 999,900 (the nested product alone, :func:`pattern_repeats`, is
+    9,999). Capped at 10¹⁸."""
+    # one frame per open group: [size of closed branches, current branch, its last item]
+    stack, i = [[0, 0, 0]], 0
+    while i < len(pattern):
+        c, frame = pattern[i], stack[-1]
+        if c == "\\":
+            item, i = 1, i + 2
+        elif c == "[":
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            item, i = 1, j + 1
+        elif c == "(":
+            stack.append([0, 0, 0])
+            i += 3 if pattern.startswith("?:", i + 1) else 1       # (?:…) flags count 0
+            continue
+        elif c == ")" and len(stack) > 1:
+            closed = stack.pop()
+            item, frame, i = closed[0] + closed[1], stack[-1], i + 1
+        elif c == "|":
+            frame[0], frame[1], frame[2] = frame[0] + frame[1], 0, 0
+            i += 1
+            continue
+        elif c == "{" and (m := _COUNT.match(pattern, i)):
+            n = max(_count(m.group(1)), _count(m.group(2) or "0"), 1)
+            grown = min(frame[2] * n, _SIZE_CAP)
+            frame[1], frame[2], i = min(frame[1] - frame[2] + grown, _SIZE_CAP), grown, m.end()
+            continue
+        elif c in "*+?":
+            i += 1
+            continue
+        else:
+            item, i = (0 if c in "^$" else 1), i + 1
+        frame[1], frame[2] = min(frame[1] + item, _SIZE_CAP), item
+    while len(stack) > 1:                          # an unclosed group: counted as if closed
+        closed = stack.pop()
+        stack[-1][1] += closed[0] + closed[1]
+    return min(stack[0][0] + stack[0][1], _SIZE_CAP)
 
 
 def pattern_repeats(pattern: str) -> int:
