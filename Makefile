@@ -22,7 +22,7 @@ KERNEL_DISPLAY_NAME := Python 3
 COURSE_LAB_ARGS := --ServerApp.root_dir=. --ServerApp.contents_manager_class=llminfra.course.lab_contents.CourseContentsManager --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb notebooks/00_start_here.ipynb
 
 .PHONY: install course test test-fast check-stable notebooks exercises screenshots grade \
-	check-machines reset-exercises compare-engines check-vllm-commands clean
+	check-machines reset-exercises compare-engines check-vllm-commands compare-routers compare-planner clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress).
 # pip byte-compiles what it installs: where PYTHONDONTWRITEBYTECODE is set (these machines) a
@@ -114,10 +114,12 @@ screenshots: $(BIN)/.test-installed
 	LLMINFRA_SCREENSHOT_DIR=docs/screenshots LLMINFRA_REQUIRE_BROWSER=1 \
 		$(BIN)/python -m pytest -p no:xdist tests/test_browser.py
 
-# teachers: grade a folder of learners' notebooks (one folder per student, or flat)
-#   make grade DIR=submissions [CSV=report.csv] [JOBS=2]
+# teachers: grade a folder of learners' notebooks (one folder per student, or flat); each
+# student's results.json (Gradescope's format) and feedback.md go to HANDBACK (default DIR-handback)
+#   make grade DIR=submissions [CSV=report.csv] [JOBS=2] [HANDBACK=handback]
 grade: $(BIN)/.course-installed
-	$(BIN)/python -m llminfra.course.grade $(DIR) $(if $(CSV),--csv $(CSV)) --summary --jobs $(or $(JOBS),1)
+	$(BIN)/python -m llminfra.course.grade $(DIR) $(if $(CSV),--csv $(CSV)) --summary --jobs $(or $(JOBS),1) \
+		--handback $(or $(HANDBACK),$(patsubst %/,%,$(DIR))-handback)
 
 # teachers, the day before a workshop: every notebook once, time and pass / fail per chapter
 check-machines: $(BIN)/.course-installed
@@ -166,5 +168,31 @@ compare-engines: $(BIN)/.course-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/b
 	$(BIN)/python -m llminfra.bench.compare_engines --vllm-python $(VLLM_VENV)/bin/python \
 		--llama-cpp $(LLAMA_CPP)/build/bin --json llminfra/data/compare_engines_cpu.json
 
+# maintainers (not CI): chapter 11's routers (prefix_aware, round_robin) beside vllm-router and
+# sglang-router (--policy cache_aware, wheels of the test extra) over the same llminfra serve
+# replicas, two workloads, 3 rounds (a few minutes); SHARED=1 says in the record that other work
+# shared the machine
+compare-routers: $(BIN)/.test-installed
+	$(BIN)/python -m llminfra.bench.compare_routers $(if $(SHARED),--shared) \
+		--json llminfra/data/compare_routers_cpu.json
+
+# maintainers, once (never in CI): the planner's roofline bounds beside NVIDIA AIConfigurator's
+# estimates for vLLM (its offline database of kernels measured per GPU; no GPU needed) on chapter
+# 10's scenarios and a grid of models / GPUs / tensor parallel / batches / lengths, written to
+# llminfra/data/compare_planner.json, and the efficiencies fitted to it to
+# llminfra/data/planner_efficiency.json (llminfra.planning.predict reads them; about 10 min on
+# 2 cores). AIConfigurator gets its own venv: the course's never imports it.
+AIC_VENV := .venv-aic
+AIC := aiconfigurator==0.12.0
+$(AIC_VENV)/.installed:
+	$(PYTHON) -m venv $(AIC_VENV)
+	$(AIC_VENV)/bin/python -m pip install --upgrade --quiet pip
+	$(AIC_VENV)/bin/python -m pip install $(AIC)
+	touch $@
+
+compare-planner: $(BIN)/.course-installed $(AIC_VENV)/.installed
+	$(BIN)/python -m llminfra.planning.compare_planner --aic-python $(AIC_VENV)/bin/python \
+		--json llminfra/data/compare_planner.json --fit llminfra/data/planner_efficiency.json
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_CPP) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(AIC_VENV) $(LLAMA_CPP) .pytest_cache .hypothesis

@@ -23,6 +23,7 @@ MAX_CHARS_PER_TOKEN = 100.0             # llminfra.serving.loadtest.MAX_CHARS_PE
 MAX_PREFIXES = 10_000                   # llminfra.serving.loadtest_workload.MAX_PREFIXES
 MATMULS = ("auto", "plain", "onednn", "skinny")   # llminfra.serving.serve.MATMULS
 RAMP_UP_STRATEGIES = ("linear", "exponential")  # llminfra.serving.loadtest_workload
+MAX_PREFILL_CHUNK_TOKENS = 128          # llminfra.serving.serve.MAX_PREFILL_CHUNK_TOKENS
 
 
 def serve(args) -> int:
@@ -33,6 +34,7 @@ def serve(args) -> int:
                num_threads=args.threads, engine_process=not args.engine_in_thread,
                speculative=args.speculative,
                num_speculative_tokens=args.num_speculative_tokens, matmul=args.matmul,
+               max_prefill_chunk_tokens=args.max_prefill_chunk_tokens,
                runner=args.runner, cuda_graphs=args.cuda_graphs,
                quantization=args.quantization,
                limit_concurrency=args.max_connections,
@@ -106,6 +108,12 @@ def _add_serve_parser(sub) -> None:
                    help="KV blocks in the pool")
     s.add_argument("--max-num-seqs", type=integer(1, MAX_NUM_SEQS, unit="sequences"),
                    default=64, help="largest running batch")
+    s.add_argument("--max-prefill-chunk-tokens", type=integer(1, 2**20, unit="tokens"),
+                   default=MAX_PREFILL_CHUNK_TOKENS,
+                   help="most prompt tokens one request brings to a step (chunked prefill): a "
+                        "long prompt is read this many tokens a step, beside the decodes and "
+                        f"the new prompts (default: {MAX_PREFILL_CHUNK_TOKENS}, a quarter of "
+                        "the step's 512-token budget)")
     s.add_argument("--threads", type=integer(1, MAX_THREADS, unit="threads"), default=None,
                    help="threads of torch and of the w4a8 kernel (default: torch's own count, "
                         "every core unless OMP_NUM_THREADS says otherwise)")
@@ -139,6 +147,11 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (they then share one GIL)")
+    _add_serve_limits(s)
+
+
+def _add_serve_limits(s) -> None:
+    """``serve``'s bounds on what one client can make the server hold."""
     # defaults: llminfra.serving.http_limits (not imported here: a command loads what it runs)
     s.add_argument("--max-body-bytes", type=integer(1, 2**31, unit="bytes"), default=None,
                    help="largest request body; larger gets 413 (default 1 MiB)")

@@ -60,7 +60,9 @@ async def _invalid(request, exc: RequestValidationError):
 async def _http(request, exc: StarletteHTTPException):
     if exc.status_code in (408, 413):            # the body limits: said as they are
         code = "request_too_large" if exc.status_code == 413 else "request_timeout"
-        return APIError(exc.status_code, exc.detail, code=code).response()
+        response = APIError(exc.status_code, exc.detail, code=code).response()
+        response.headers.update(exc.headers or {})   # ``Connection: close`` if it must
+        return response
     code = "not_found" if exc.status_code == 404 else None
     return APIError(exc.status_code, f"{request.method} {clip(request.url.path)}: "
                                      f"{exc.detail}", code=code).response()

@@ -15,7 +15,7 @@ is kept in its simplest form:
 * every turn of the loop (a step, or an idle wait of at most ``idle_wait_s``) is a sign of
   progress: :attr:`EngineLoop.seconds_since_progress` grows only while a step does not end or
   the engine's process is stopped — what ``/health`` reads to tell a wedged engine from an idle
-  one.
+  one, beside :attr:`EngineLoop.step_expected_s`, how long the step in progress should take.
 
 :class:`EngineLoop` is the caller side; the engine side is one function,
 :func:`~llminfra.serving.engine_core.run_engine_loop`, with one message format (commands and
@@ -77,6 +77,9 @@ class EngineLoop:
         self._pending: dict[str, _Add] = {}
         self._error: BaseException | None = None
         self._last_progress = time.monotonic()
+        #: how long the step in progress should take (seconds; its ``begin`` event), None
+        #: between steps or before one has been timed
+        self.step_expected_s: float | None = None
 
     # ----------------------------------------------------------- to implement
     def start(self) -> "EngineLoop":
@@ -181,6 +184,7 @@ class EngineLoop:
         order: every event is a sign of progress."""
         self._progressed()
         kind = msg[0]
+        self.step_expected_s = msg[1] if kind == "begin" else None
         if kind == "step":
             self.stats = msg[2]
             self._deliver(msg[1])

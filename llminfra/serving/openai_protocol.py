@@ -16,6 +16,8 @@ OpenAI API reference (platform.openai.com/docs/api-reference: *Completions*, *Ch
 "code"}}``, their message cut at :data:`MAX_ERROR_MESSAGE_CHARS`. ``top_k``, ``seed`` and
 ``ignore_eos`` are the extensions vLLM also accepts.
 
+Fields routers add (``no_stop_trim`` and others): :mod:`llminfra.serving.router_fields`.
+
 Text must be valid Unicode: JSON can carry a lone surrogate (``"\\ud800"``), which no UTF-8
 tokenizer can encode; ``prompt``, chat ``content`` and ``stop`` holding one are refused here
 (400 naming the field) instead of failing later.
@@ -34,6 +36,8 @@ import uuid
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+from llminfra.serving.router_fields import CHAT_ENGINE_FIELDS, ENGINE_FIELDS, honoured_value
 
 #: OpenAI allows at most 4 stop sequences
 MAX_STOP_SEQUENCES = 4
@@ -77,6 +81,17 @@ class _Request(BaseModel):
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[StrictInt] = None
     ignore_eos: StrictBool = False
+    # engine fields routers forward (ENGINE_FIELDS): accepted, ignored or refused by value
+    no_stop_trim: StrictBool = False
+    include_stop_str_in_output: StrictBool = False
+    return_hidden_states: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+
+    @field_validator(*ENGINE_FIELDS)
+    @classmethod
+    def _engine_field(cls, v, info):
+        return honoured_value(ENGINE_FIELDS, info.field_name, v)
 
     @field_validator("stop")
     @classmethod
@@ -195,6 +210,16 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: Optional[StrictInt] = Field(default=None, ge=1)
     logprobs: Optional[StrictBool] = None
     top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
+    # chat-only engine fields routers forward (CHAT_ENGINE_FIELDS)
+    continue_final_message: StrictBool = False
+    separate_reasoning: StrictBool = True
+    stream_reasoning: StrictBool = True
+    include_reasoning: StrictBool = True
+
+    @field_validator(*CHAT_ENGINE_FIELDS)
+    @classmethod
+    def _chat_engine_field(cls, v, info):
+        return honoured_value(CHAT_ENGINE_FIELDS, info.field_name, v)
 
     @property
     def num_logprobs(self) -> int | None:

@@ -30,7 +30,7 @@ from llminfra.engine.sampling_params import (InvalidParameter, SamplingParams, c
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import CLIENT_CLOSED_REQUEST, APIError
 from llminfra.serving.async_engine import AsyncEngine, EngineLoop
-from llminfra.serving.engine_core import EngineDeadError, StallWatch, stall_message
+from llminfra.serving.engine_core import EngineDeadError, StallWatch
 
 #: a text prompt longer than this (characters) is tokenized in a worker thread: tokenizing 1 MiB
 #: takes the real model's BPE about a second, which on the event loop would stall every stream
@@ -72,7 +72,7 @@ class Relay:
         """A 503 while the engine is stalled (:class:`~llminfra.serving.engine_core.StallWatch`:
         ``/health`` and every new request alike)."""
         if self.stall.stalled:
-            raise APIError(503, stall_message(self.stall.idle_s), type_="server_error")
+            raise APIError(503, self.stall.message, type_="server_error")
 
     def check_model(self, req) -> None:
         if req.model != self.model_name:

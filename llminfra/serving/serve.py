@@ -29,11 +29,21 @@ log = logging.getLogger(__name__)
 SPECULATIVE = (None, "ngram", "draft-int4")
 #: seconds uvicorn lets open responses finish after SIGINT / SIGTERM
 GRACEFUL_SHUTDOWN_S = 5
+#: ``--max-prefill-chunk-tokens``: most prompt tokens one sequence brings to a step, a quarter
+#: of the step's budget (``max_num_batched_tokens``, 512), so a long prompt leaves room in every
+#: step for the decodes and the new prompts beside it (a short request then has its first token
+#: one step after it arrives). Chosen by the run recorded in
+#: ``llminfra/data/serve_prefill_chunk_cpu.json`` (a short request's TTFT behind a long prompt,
+#: and the long prompt's own, by chunk size, on the real model): the smallest chunk at which
+#: the long prompt was read no slower than with bigger ones; a short request's wait is then
+#: one step of that chunk, where the whole budget made it wait for the whole long prompt
+MAX_PREFILL_CHUNK_TOKENS = 128
 
 
 def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  policy: str = "continuous", enable_chunked_prefill: bool = True,
+                 max_prefill_chunk_tokens: int | None = MAX_PREFILL_CHUNK_TOKENS,
                  enable_prefix_caching: bool = False, num_threads: int | None = None,
                  speculative: str | None = None, num_speculative_tokens: int = 4,
                  matmul: str = "auto", runner: str = "auto",
@@ -41,7 +51,9 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     """A fresh ``LLMEngine`` on ``model`` (:func:`llminfra.model.load_model`: ``"tiny"``,
     ``"smollm2-135m"``, a ``.gguf`` file or a Hugging Face folder); ``num_threads`` sets torch's
     threads in the process that calls it (the engine's), and the w4a8 kernel takes as many
-    (:func:`llminfra.kernels.w4a8.default_threads`). ``speculative``: None, ``"ngram"``
+    (:func:`llminfra.kernels.w4a8.default_threads`). ``max_prefill_chunk_tokens``: most prompt
+    tokens of one sequence in a step (chunked prefill, :mod:`llminfra.engine.scheduler`;
+    None: the whole budget). ``speculative``: None, ``"ngram"``
     (prompt lookup) or ``"draft-int4"`` (an int4 copy of the model drafts), with the adaptive
     rule and at most ``num_speculative_tokens`` drafts a step. ``matmul``: ``"plain"``
     (``F.linear``), ``"onednn"`` (the weights prepacked once, :mod:`llminfra.runner.prepacked`),
@@ -74,6 +86,7 @@ def build_engine(model: str = "tiny", *, num_blocks: int | None = None, block_si
     return LLMEngine(net, tokenizer, num_blocks=num_blocks, block_size=block_size,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      policy=policy, enable_chunked_prefill=enable_chunked_prefill,
+                     max_prefill_chunk_tokens=max_prefill_chunk_tokens,
                      enable_prefix_caching=enable_prefix_caching, speculative=spec,
                      runner=chosen)
 

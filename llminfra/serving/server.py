@@ -3,7 +3,11 @@
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
 ``"stream": true`` as server-sent events ending in ``data: [DONE]``, written by Starlette's
 ``StreamingResponse``, which also notices a client that went away), ``GET /health`` and
-``GET /metrics`` (Prometheus text, :class:`ServerMetrics`, below). The official
+``GET /metrics`` (Prometheus text, :class:`~llminfra.serving.server_metrics.ServerMetrics`); for the routers in front of
+a fleet (``vllm-router``, ``sglang-router``: :mod:`llminfra.bench.router_fleet`) also vLLM's
+``POST /v1/completions/render`` and ``/v1/chat/completions/render`` (a prompt's token ids) and
+SGLang's ``GET /model_info``, ``/server_info`` (and their ``/get_…`` names), ``/get_load`` and
+``GET /version``. The official
 ``openai`` client works against it unchanged — the point of vLLM's OpenAI-compatible server
 (vLLM docs, "OpenAI-Compatible Server"): an application written for a hosted API moves to a
 self-hosted engine by changing ``base_url``.
@@ -27,14 +31,8 @@ The routes are the methods of :class:`OpenAIService`, registered onto the app by
 UTF-8 character until the next byte arrives (:func:`~llminfra.serving.relay.stable_delta`);
 refusals are :class:`~llminfra.serving.api_errors.APIError`.
 
-``GET /metrics`` is :class:`ServerMetrics`, one Prometheus registry per server (no process-global
-registry): gauges and counters read from the engine loop's latest ``stats()`` at each scrape
-(``llminfra_num_requests_running`` counts sequences, as ``max_num_seqs`` does: a request with
-n > 1 counts n), histograms observed in the engine thread when a request finishes — TTFT (first
-token − arrival), TPOT ((finish − first token) / (tokens − 1)) and arrival to finish — with
-``llminfra_request_success_total{finish_reason}``, and ``llminfra_client_disconnects_total``.
-Names follow Prometheus' conventions (base units, ``_total`` for counters; prometheus.io/docs/
-practices/naming) and mirror vLLM's (``vllm:time_to_first_token_seconds`` …).
+``GET /metrics`` is :class:`~llminfra.serving.server_metrics.ServerMetrics`, one Prometheus
+registry per server.
 
 Taught in chapter 05.
 """
@@ -43,21 +41,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+import llminfra
 from llminfra.engine.sampling_params import clip_repr
 from llminfra.serving import openai_protocol as api
 from llminfra.serving.api_errors import APIError, add_error_handlers
 from llminfra.serving.async_engine import EngineLoop
+from llminfra.serving.body_limits import RequestBodyLimits
 from llminfra.serving.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from llminfra.serving.relay import Relay
-from llminfra.validate import non_negative_int
+from llminfra.serving.server_metrics import CONTENT_TYPE, ServerMetrics, parse_metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,101 +62,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "llminfra-tiny"
 #: ``/health`` says 503 once the engine loop has made no progress for this long (seconds)
 STALL_TIMEOUT_S = 30.0
-
-#: exposition format content type (Prometheus text format 0.0.4)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-#: histogram buckets in seconds: from a fast CPU token (1 ms) to a slow long request (60 s)
-TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                  10.0, 30.0, 60.0)
-TPOT_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-
-_GAUGES = {
-    "num_requests_running": ("num_running", "sequences in the running batch (a request with "
-                                            "n > 1 counts n; at most max_num_seqs)"),
-    "num_requests_waiting": ("num_waiting", "requests queued, not yet admitted"),
-    "num_requests_swapped": ("num_swapped", "requests preempted to CPU memory"),
-    "kv_blocks_used": ("kv_blocks_used", "KV-cache blocks held by requests"),
-    "kv_blocks_total": ("kv_blocks_total", "KV-cache blocks in the pool"),
-    "spec_decode_acceptance_rate": ("spec_acceptance_rate", "speculative drafts kept / "
-                                                            "proposed (0 without speculation)"),
-}
-_COUNTERS = {
-    "num_preemptions": ("num_preemptions", "requests preempted so far"),
-    "prompt_tokens": ("prompt_tokens_total", "prompt tokens processed (prefill)"),
-    "generation_tokens": ("generation_tokens_total", "tokens generated (decode)"),
-    "spec_decode_num_draft_tokens": ("spec_draft_tokens_total", "speculative draft tokens "
-                                                                "proposed"),
-    "spec_decode_num_accepted_tokens": ("spec_accepted_tokens_total", "speculative draft "
-                                                                      "tokens kept"),
-}
-
-
-class _EngineStatsCollector:
-    """Reads ``get_stats()`` (a dict) at every scrape."""
-
-    def __init__(self, get_stats: Callable[[], dict]):
-        self.get_stats = get_stats
-
-    def collect(self):
-        stats = self.get_stats()
-        for name, (key, text) in _GAUGES.items():
-            g = GaugeMetricFamily(f"llminfra_{name}", text)
-            g.add_metric([], float(stats.get(key, 0)))
-            yield g
-        for name, (key, text) in _COUNTERS.items():
-            c = CounterMetricFamily(f"llminfra_{name}", text)
-            c.add_metric([], float(stats.get(key, 0)))
-            yield c
-
-
-class ServerMetrics:
-    """The registry of one server; :meth:`observe_finished` is the engine loop's hook and
-    :meth:`render` the body of ``GET /metrics``."""
-
-    def __init__(self, get_stats: Callable[[], dict]):
-        self.registry = CollectorRegistry()
-        self.registry.register(_EngineStatsCollector(get_stats))
-        self.ttft = Histogram("llminfra_time_to_first_token_seconds",
-                              "time to first token (arrival to first token)",
-                              buckets=TTFT_BUCKETS_S, registry=self.registry)
-        self.tpot = Histogram("llminfra_time_per_output_token_seconds",
-                              "time per output token after the first",
-                              buckets=TPOT_BUCKETS_S, registry=self.registry)
-        self.e2e = Histogram("llminfra_e2e_request_latency_seconds",
-                             "arrival to last token", buckets=TTFT_BUCKETS_S,
-                             registry=self.registry)
-        self.success = Counter("llminfra_request_success", "finished requests",
-                               ["finish_reason"], registry=self.registry)
-        self.client_disconnects = Counter("llminfra_client_disconnects",
-                                          "requests aborted because their client left before "
-                                          "the answer", registry=self.registry)
-
-    def observe_finished(self, output) -> None:
-        """Record one finished ``RequestOutput`` (its ``metrics``; missing values skipped)."""
-        m = output.metrics
-        for hist, value in ((self.ttft, getattr(m, "ttft_s", None)),
-                            (self.tpot, getattr(m, "tpot_s", None)),
-                            (self.e2e, getattr(m, "e2e_s", None))):
-            if value is not None:
-                hist.observe(value)
-        for c in output.outputs:
-            self.success.labels(finish_reason=str(c.finish_reason)).inc()
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """``/metrics`` text -> ``{sample name with labels: value}`` (comments skipped), e.g.
-    ``{"llminfra_kv_blocks_used": 0.0, …}``; what the tests and the notebook read."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        out[name] = float(value)
-    return out
-
 
 class OpenAIService(Relay):
     """The OpenAI routes of one app, one method each (:meth:`add_routes` registers them);
@@ -178,6 +80,15 @@ class OpenAIService(Relay):
         app.add_api_route("/v1/models/{name}", self.model, methods=["GET"])
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
+        # what the routers in front of a fleet ask a worker beyond the OpenAI API
+        app.add_api_route("/v1/completions/render", self.render_completion, methods=["POST"])
+        app.add_api_route("/v1/chat/completions/render", self.render_chat, methods=["POST"])
+        for path in ("/model_info", "/get_model_info"):
+            app.add_api_route(path, self.model_info, methods=["GET"])
+        for path in ("/server_info", "/get_server_info"):
+            app.add_api_route(path, self.server_info, methods=["GET"])
+        app.add_api_route("/get_load", self.load, methods=["GET"])
+        app.add_api_route("/version", self.version, methods=["GET"])
 
     @asynccontextmanager
     async def lifespan(self, app):
@@ -217,6 +128,59 @@ class OpenAIService(Relay):
                            code="model_not_found")
         return self.model_card()
 
+    # ------------------------------------------------------------ what routers ask
+    # vllm-router (--policy cache_aware) renders every request on each worker to match its
+    # prefix tree on token ids; sglang-router reads the model and server info when it
+    # registers a worker and /get_load for --policy power_of_two. Only what this server
+    # knows is reported; nothing is made up to fill a field.
+    async def render_completion(self, req: api.CompletionRequest):
+        """``POST /v1/completions/render`` (vLLM's): the prompt's token ids as the engine
+        would see them, without generating — ``[{"request_id", "token_ids", "model"}]``."""
+        self.check_model(req)
+        ids = await self.encode(req.prompt, "prompt")
+        return [{"request_id": api.new_id("cmpl"), "token_ids": ids, "model": self.model_name}]
+
+    async def render_chat(self, req: api.ChatCompletionRequest):
+        """``POST /v1/chat/completions/render`` (vLLM's): the chat prompt's token ids, through
+        the chat template — ``{"request_id", "token_ids", "model"}``."""
+        self.check_model(req)
+        ids = await self.encode_chat(self.chat_messages(req))
+        return {"request_id": api.new_id("chatcmpl"), "token_ids": ids, "model": self.model_name}
+
+    async def model_info(self):
+        """``GET /model_info`` and ``/get_model_info`` (SGLang's): the served model. No
+        ``model_path``: sglang-router would fetch a tokenizer by that name from the Hugging
+        Face hub (it routes on text without one)."""
+        return {"model_path": None, "tokenizer_path": None, "is_generation": True,
+                "served_model_name": self.model_name, "max_context_length": self.max_model_len,
+                "vocab_size": self.tokenizer.vocab_size}
+
+    async def server_info(self):
+        """``GET /server_info`` and ``/get_server_info`` (SGLang's): one replica of one model,
+        no tensor or data parallelism inside it."""
+        return {"model_path": None, "served_model_name": self.model_name, "tp_size": 1,
+                "dp_size": 1, "context_length": self.max_model_len,
+                "version": llminfra.__version__}
+
+    async def load(self):
+        """``GET /get_load`` (SGLang's shape, one data-parallel rank): requests in the
+        engine (running sequences + waiting) and waiting, from the engine loop's latest stats."""
+        stats = self.loop.stats
+        running, waiting = int(stats.get("num_running", 0)), int(stats.get("num_waiting", 0))
+        return [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting}]
+
+    async def version(self):
+        """``GET /version``."""
+        return {"version": llminfra.__version__}
+
+    def chat_messages(self, req: api.ChatCompletionRequest) -> list[dict]:
+        """``[{"role", "content"}]`` of the request's messages (text parts joined); a
+        non-text part is a 400 naming ``messages``."""
+        try:
+            return [{"role": m.role, "content": m.text()} for m in req.messages]
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from None
+
     async def completions(self, req: api.CompletionRequest, request: Request):
         """``POST /v1/completions``: whole, or streamed as server-sent events."""
         self.check_model(req)
@@ -239,11 +203,7 @@ class OpenAIService(Relay):
         """``POST /v1/chat/completions``: the messages through the chat template, then as
         :meth:`completions`."""
         self.check_model(req)
-        try:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        except ValueError as e:
-            raise APIError(400, str(e), param="messages") from None
-        ids = await self.encode_chat(messages)
+        ids = await self.encode_chat(self.chat_messages(req))
         params = self.sampling(req, len(ids), req.max_completion_tokens or req.max_tokens,
                                "messages")
         rid = api.new_id("chatcmpl")
@@ -254,63 +214,6 @@ class OpenAIService(Relay):
         for c in choices:
             c["logprobs"] = self.logprobs_object(c["logprobs"], True)
         return api.chat_response(rid, self.model_name, choices, use)
-
-
-def content_length(scope) -> int | None:
-    """The request's ``Content-Length`` header as an int (None if absent or malformed)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-class RequestBodyLimits:
-    """ASGI middleware bounding what reading a request body can cost: more than
-    ``max_bytes`` is refused with 413 — by its ``Content-Length`` before a byte is read, or as
-    soon as a chunked body passes the limit — and a body whose next part does not arrive within
-    ``timeout_s`` seconds gets 408. Both are raised as ``HTTPException`` from ``receive``, so
-    the app's own handler writes the error body. Once the body is complete, ``receive`` is
-    passed through untouched: waiting for ``http.disconnect`` (how a handler notices a client
-    that left) is no body read."""
-
-    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S):
-        non_negative_int("max_bytes", max_bytes)
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 (seconds), got {timeout_s!r}")
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
-
-    def too_large(self) -> HTTPException:
-        return HTTPException(413, f"the request body is larger than this server's limit of "
-                                  f"{self.max_bytes} bytes")
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = content_length(scope)
-        read, body_done = 0, False
-
-        async def limited_receive():
-            nonlocal read, body_done
-            if body_done:
-                return await receive()
-            if declared is not None and declared > self.max_bytes:
-                raise self.too_large()
-            try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
-            except asyncio.TimeoutError:
-                raise HTTPException(408, f"the request body did not arrive within "
-                                         f"{self.timeout_s:g} s") from None
-            if message["type"] == "http.request":
-                read += len(message.get("body", b""))
-                if read > self.max_bytes:
-                    raise self.too_large()
-            body_done = message["type"] != "http.request" or not message.get("more_body")
-            return message
-
-        await self.app(scope, limited_receive, send)
 
 
 def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
@@ -346,3 +249,7 @@ def create_app(engine, tokenizer, *, model_name: str = DEFAULT_MODEL_NAME,
     add_error_handlers(app)
     svc.add_routes(app)
     return app
+
+
+__all__ = ["CONTENT_TYPE", "DEFAULT_MODEL_NAME", "OpenAIService", "STALL_TIMEOUT_S",
+           "ServerMetrics", "create_app", "parse_metrics"]
