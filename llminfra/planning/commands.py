@@ -8,7 +8,8 @@ replica of several GPUs its tensor- and pipeline-parallel sizes (chapter 07). Th
 (``--num-blocks``) is sized to hold ``max_num_seqs`` requests of ``max_model_len`` tokens
 instead, and it serves one device, so a multi-GPU plan has no ``llminfra serve`` line.
 :func:`parse_vllm_command` checks a line with vLLM's own argument parser where vLLM is
-installed. Taught in chapter 10.
+installed. The same limits as a fleet's Helm values (vLLM's production stack, llm-d):
+:mod:`llminfra.planning.fleet`. Taught in chapter 10.
 """
 
 from __future__ import annotations

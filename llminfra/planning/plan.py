@@ -4,7 +4,9 @@
    (:func:`llminfra.calc.memory.kv_budget`, :func:`~llminfra.planning.sizing.gpus_for_memory`);
 2. **engine and batching** — the batch the KV cache allows at the peak, and the per-replica
    decode throughput and time per output token at that batch (roofline bounds,
-   :mod:`llminfra.calc.roofline`; chapter 05's simulator and load test refine them);
+   :mod:`llminfra.calc.roofline`, turned into vLLM's latency by efficiencies fitted to NVIDIA
+   AIConfigurator's estimates, :func:`llminfra.planning.predict.predict_latency`; chapter 05's
+   simulator and load test refine them);
 3. **hardware** — GPUs per replica (tensor parallelism 1, 2, 4, 8) and replicas for the peak;
 4. **cost** — rented GPUs around the clock vs the hosted API at the same volume
    (:mod:`llminfra.calc.cost`), utilisation, and whether the recommendation fits the budget
@@ -12,8 +14,8 @@
 5. **load test** — left to a real run (chapter 05's ``loadtest``); the plan says what to measure.
 
 PlanPrices are inputs (:class:`PlanPrices`); the course's examples are labelled with their date.
-Roofline figures are upper bounds on speed: a real engine reaches a fraction of them (chapter 05
-measures how much on the CPU). Taught in chapter 10.
+Roofline figures are upper bounds on speed: a real engine reaches a fraction of them (chapter 10
+shows the fitted fractions on GPUs and the ones measured on the CPU). Taught in chapter 10.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from types import MappingProxyType
 from llminfra.calc import cost as cost_model
 from llminfra.calc.memory import DEFAULT_RESERVE_FRACTION, kv_budget
 from llminfra.calc.roofline import decode_time_per_token_s, ttft_s
+from llminfra.planning.predict import predict_latency
 from llminfra.planning.requirements import ServiceRequirements, traffic
 from llminfra.specs import get_gpu
 
@@ -129,14 +132,32 @@ class Plan:
         return {**asdict(self), "within_budget": self.within_budget}
 
 
-#: share of the roofline bound a serving engine is assumed to reach, for TTFT and TPOT alike (an
-#: assumption to replace with a measurement: chapter 10 measures both for three engines on a CPU,
-#: ``llminfra.bench.compare_report``, and finds them far apart; a load test measures yours)
+#: one share of the roofline bound for TTFT and TPOT alike: what the planner assumed before its
+#: fitted efficiencies (:func:`~llminfra.planning.predict.predict_latency`), and what the serving
+#: simulator (:func:`~llminfra.planning.simulate.simulate_peak`) still divides a step by. An
+#: assumption: chapter 10 puts it beside AIConfigurator's estimates and the CPU engines' measured
+#: shares (``compare_engines_cpu.json``), far from both; pass ``efficiency=`` to plan with it.
 DEFAULT_EFFICIENCY = 0.5
 
 
+def _latency(req: ServiceRequirements, gpu: str, tp: int, batch: int,
+             efficiency: float | None) -> tuple[float, float]:
+    """``(TTFT, TPOT)`` of a replica: one prompt's prefill when idle, a decode step of ``batch``
+    sequences. Fitted (``efficiency=None``: :func:`predict_latency`, decode at the output's
+    mean context) or the bounds divided by ``efficiency`` (the output layer once in the
+    prefill, ``logits="last"``; decode at the full context)."""
+    if efficiency is None:
+        kw = {"tensor_parallel": tp, "input_tokens": req.input_tokens,
+              "output_tokens": req.output_tokens, "dtype": req.dtype}
+        return (predict_latency(req.model, gpu, batch=1, **kw)["ttft_s"],
+                predict_latency(req.model, gpu, batch=batch, **kw)["tpot_s"])
+    kw = {"dtype": req.dtype, "tensor_parallel": tp}
+    return (ttft_s(req.model, gpu, req.input_tokens, logits="last", **kw) / efficiency,
+            decode_time_per_token_s(req.model, gpu, batch, req.context_tokens, **kw) / efficiency)
+
+
 def _replica(req: ServiceRequirements, gpu: str, tp: int, reserve_fraction: float,
-             efficiency: float) -> dict | None:
+             efficiency: float | None) -> dict | None:
     """One replica of ``tp`` GPUs: what fits and how fast (None if the weights do not fit).
 
     The batch it runs at the peak and its speed depend on each other: requests stay
@@ -147,34 +168,34 @@ def _replica(req: ServiceRequirements, gpu: str, tp: int, reserve_fraction: floa
                        reserve_fraction=reserve_fraction, num_gpus=tp)
     if budget.max_sequences < 1:
         return None
-    kw = {"dtype": req.dtype, "tensor_parallel": tp}
-    # a prefill needs the last position's logits only: the output layer counts once
-    ttft = ttft_s(req.model, gpu, req.input_tokens, logits="last", **kw) / efficiency
     batch, seen = 1, set()
     while batch not in seen:
         seen.add(batch)
-        tpot = decode_time_per_token_s(req.model, gpu, batch, req.context_tokens, **kw) / efficiency
+        ttft, tpot = _latency(req, gpu, tp, batch, efficiency)
         in_flight = traffic(req, ttft_s=ttft, tpot_s=tpot).peak_concurrency
         batch = min(budget.max_sequences, in_flight)
-    tpot = decode_time_per_token_s(req.model, gpu, batch, req.context_tokens, **kw) / efficiency
+    ttft, tpot = _latency(req, gpu, tp, batch, efficiency)
     return {"tp": tp, "budget": budget, "batch": batch, "tpot": tpot, "ttft": ttft,
             "in_flight": traffic(req, ttft_s=ttft, tpot_s=tpot).peak_concurrency,
             "tokens_per_s": batch / tpot}
 
 
 def _check_inputs(req, prices, efficiency) -> None:
-    """``ValueError`` naming the argument that is not a requirement, a price list or a share."""
+    """``ValueError`` naming the argument that is not a requirement, a price list or a share
+    (``None``: the fitted efficiencies)."""
     if not isinstance(req, ServiceRequirements):
         raise ValueError(f"req must be a ServiceRequirements, got {type(req).__name__}")
     if not isinstance(prices, PlanPrices):
         raise ValueError(f"prices must be a PlanPrices, got {type(prices).__name__}")
-    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) \
-            or not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    if efficiency is not None and (isinstance(efficiency, bool)
+                                   or not isinstance(efficiency, (int, float))
+                                   or not 0 < efficiency <= 1):
+        raise ValueError(f"efficiency must be None (the fitted efficiencies) or in (0, 1], "
+                         f"got {efficiency!r}")
 
 
 def _layouts(req: ServiceRequirements, gpu: str, t, reserve_fraction: float,
-             efficiency: float) -> list[dict]:
+             efficiency: float | None) -> list[dict]:
     """Every tensor-parallel size of :data:`TP_SIZES` whose replica holds the model, with its
     replicas (enough for the requests in flight and the peak tokens/s), GPUs and whether its
     TTFT and TPOT meet the targets; ``ValueError`` where none holds it."""
@@ -193,16 +214,18 @@ def _layouts(req: ServiceRequirements, gpu: str, t, reserve_fraction: float,
 
 def plan_deployment(req: ServiceRequirements, gpu: str, prices: PlanPrices,
                     reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-                    efficiency: float = DEFAULT_EFFICIENCY) -> Plan:
+                    efficiency: float | None = None) -> Plan:
     """The cheapest layout on ``gpu`` that meets ``req`` at its peak, and how it compares with
     the API.
 
     For each tensor-parallel size in :data:`TP_SIZES`: the requests in flight at the peak
     (Little's law with the layout's own TTFT and TPOT) give the batch, capped by what the
-    replica's KV budget holds; the roofline gives its TTFT (the prompt's prefill, the output
-    layer once: ``logits="last"``) and time per output token at that batch, divided by
-    ``efficiency`` (the share of the bound an engine reaches,
-    :data:`DEFAULT_EFFICIENCY` unless measured); replicas = max(ceil(in flight / batch),
+    replica's KV budget holds; :func:`~llminfra.planning.predict.predict_latency` gives its TTFT
+    (one prompt's prefill on an idle replica) and time per output token at that batch: the
+    roofline bounds through efficiencies fitted to AIConfigurator's estimates for vLLM. An
+    explicit ``efficiency`` (a share in (0, 1], e.g. one you measured) divides the bounds
+    instead (TTFT: the output layer once, ``logits="last"``; TPOT at the full context), as the
+    planner did before the fit; replicas = max(ceil(in flight / batch),
     ceil(peak output tokens/s / replica tokens/s)). Layouts whose TTFT or TPOT miss the
     targets are dropped; the one with the fewest GPUs wins (ties: the smaller tensor-parallel
     size). Raises ``ValueError`` if no layout of up to 8 GPUs per replica holds the model.
@@ -305,7 +328,7 @@ def _row(p: Plan) -> dict:
 
 
 def compare_gpus(req: ServiceRequirements, gpus, prices: PlanPrices,
-                 efficiency: float = DEFAULT_EFFICIENCY) -> list[dict]:
+                 efficiency: float | None = None) -> list[dict]:
     """:func:`plan_deployment` on each GPU of ``gpus``: one row per GPU with the layout, the
     estimates, the GPU-hour price and the monthly cost; GPUs the model does not fit on get
     ``fits=False``, GPUs without a price a NaN cost and a ``note`` saying so."""
