@@ -136,58 +136,77 @@ def test_a_deleted_checker_cell_is_reported():
     assert grade.missing_checkers(nb, reference) == [ex] == ["07-bubble"]
 
 
-def test_status_of_a_checker_cell():
+def _reply(status="ok", ename=None, evalue=None):
+    return {"status": status, "ename": ename, "evalue": evalue}
+
+
+def test_status_of_a_check_cell_is_read_from_the_kernels_reply():
+    """A check cell (its checker call alone) passes when the kernel's reply says ``ok`` and the
+    checker printed its ✓ line; the reply's exception decides a failure (even with no error
+    output shown); an error in the tail (the follow-up lines) is a note on a pass."""
     cell = nbformat.v4.new_code_cell("check(f)")
     cell.execution_count = 3
 
     def err(ename):
         return [nbformat.v4.new_output("error", ename=ename, evalue="why", traceback=[])]
-    assert grade.status_of(cell)[0] == "errored"            # no error, but no ✓ line either
-    assert grade.status_of(cell, checker=False) == ("passed", "")
-    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="✓ f: 5 random cases "
-                                           "passed\n")]
-    assert grade.status_of(cell) == ("passed", "")
-    cell.outputs = err("CheckFailed")
-    assert grade.status_of(cell) == ("failed", "why")
-    cell.outputs = err("NotAttempted")
-    assert grade.status_of(cell) == ("not attempted", "why")
-    cell.outputs = err("NameError")
-    assert grade.status_of(cell) == ("errored", "NameError: why")
-    cell.outputs, cell.execution_count = [], None
-    assert grade.status_of(cell)[0] == "errored"
 
-
-def test_status_of_a_checker_cell_with_the_graders_marker():
-    """With the marker, a pass needs the grader's "returned" line: a ✓ printed by the answer
-    itself passes nothing; an error after "returned" (a follow-up line) is a pass with a note;
-    the guard's "changed" line becomes a note."""
-    marker = "grader-0123"
-    cell = nbformat.v4.new_code_cell("check(f)")
-    cell.execution_count = 3
-
-    def out(*lines, error=None):
-        outs = [nbformat.v4.new_output("stream", name="stdout", text="".join(
+    def out(*lines):
+        return [nbformat.v4.new_output("stream", name="stdout", text="".join(
             line + "\n" for line in lines))]
-        if error:
-            outs.append(nbformat.v4.new_output("error", ename=error, evalue="why", traceback=[]))
-        return outs
-    cell.outputs = out("✓ f: 5 random cases passed", f"{marker} returned", "example: 3")
-    assert grade.status_of(cell, marker=marker) == ("passed", "")
-    cell.outputs = out("✓ f: 5 random cases passed")                  # no "returned" line
-    assert grade.status_of(cell, marker=marker)[0] == "errored"
-    cell.outputs = out("✓ f: 5 random cases passed", f"{marker} returned", error="ValueError")
-    status, message = grade.status_of(cell, marker=marker)
+    assert grade.status_of(cell, _reply())[0] == "errored"           # ok, but no ✓ line
+    assert grade.status_of(cell, checker=False) == ("passed", "")
+    cell.outputs = out("✓ f: 5 random cases passed")
+    assert grade.status_of(cell, _reply()) == ("passed", "")
+    assert grade.status_of(cell, None)[0] == "errored"               # no reply: did not run
+    assert grade.status_of(cell, _reply("error", "CheckFailed", "wrong"))[0] == "failed"
+    cell.outputs = err("CheckFailed")
+    assert grade.status_of(cell, _reply("error", "CheckFailed", "why")) == ("failed", "why")
+    assert grade.status_of(cell, _reply("error", "NotAttempted", "why")) == ("not attempted",
+                                                                             "why")
+    assert grade.status_of(cell, _reply("error", "NameError", "why")) == ("errored",
+                                                                          "NameError: why")
+    cell.outputs = out("✓ forged by the answer")                     # then the checker raised
+    assert grade.status_of(cell, _reply("error", "CheckFailed", "no"))[0] == "failed"
+    cell.outputs = out("✓ f")
+    assert grade.status_of(cell, _reply("error", "KeyboardInterrupt", ""))[0] == "errored"
+    tail = nbformat.v4.new_code_cell("print(f'{x:,d}')")
+    tail.outputs = err("ValueError")
+    status, message = grade.status_of(cell, _reply(), tail, tail_reply=_reply("error",
+                                                                              "ValueError", "why"))
     assert status == "passed" and "a later line of its cell then raised ValueError: why" in message
-    cell.outputs = out("✓ forged by the answer", error="Boom")          # raised inside the check
-    assert grade.status_of(cell, marker=marker) == ("errored", "Boom: why")
-    cell.outputs = out(f"{marker} returned", "✓ printed after the check", error="ValueError")
-    assert grade.status_of(cell, marker=marker)[0] == "errored"
-    cell.outputs = out("✓ f", f"{marker} returned", error="KeyboardInterrupt")
-    assert grade.status_of(cell, marker=marker)[0] == "errored"        # interrupted: never a pass
-    cell.outputs = out(f"{marker} changed llminfra.x.f", "✓ f", f"{marker} returned")
-    assert grade.status_of(cell, marker=marker) == ("passed", "")
-    assert "the answer cells had changed llminfra.x.f" in grade.changes_note(cell, marker)
-    assert grade.changes_note(cell, "grader-other") == ""
+    cell.outputs, cell.execution_count = [], None
+    assert grade.status_of(cell, None)[0] == "errored"
+
+
+def test_a_package_change_is_noted_once_per_notebook():
+    """The guard's "changed" line names what the answers had changed; a later check cell of the
+    same notebook that finds the same change does not report it again, a new one it does."""
+    def cell(*changes):
+        c = nbformat.v4.new_code_cell("check(f)")
+        c.outputs = [nbformat.v4.new_output("stream", name="stdout", text="".join(
+            f"llminfra-grader changed {x}\n" for x in changes) + "✓ f\n")]
+        return c
+    reported = set()
+    note = grade.changes_note(cell("llminfra.x.f"), reported)
+    assert "the answer cells had changed llminfra.x.f —" in note
+    assert grade.changes_note(cell("llminfra.x.f"), reported) == ""
+    note = grade.changes_note(cell("llminfra.x.f; llminfra.y.g"), reported)
+    assert "llminfra.y.g" in note and "llminfra.x.f" not in note
+    assert grade.changes_note(cell(), reported) == ""
+
+
+def test_not_attempted_needs_the_exercises_own_stub():
+    """A checker's NotAttempted counts as "not attempted" only while the checked function still
+    holds its ``raise NotImplementedError``; a written answer (torch raised it) is failed."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('def f(x):\n    raise NotImplementedError("your code '
+                                          'here")'),
+                nbformat.v4.new_code_cell("ch03.check_f(f)")]
+    assert grade.still_stub(nb, 1)
+    nb.cells[0].source = "def f(x):\n    return torch.tensor([1], dtype=torch.int8).matmul(x)"
+    assert not grade.still_stub(nb, 1)
+    nb.cells[1].source = "ch03.check_f(other_name)"           # no def to read: the checker's word
+    assert grade.still_stub(nb, 1)
 
 
 def test_flat_folder_is_one_student(tmp_path):
@@ -333,7 +352,7 @@ def test_a_patched_reference_function_does_not_pass(tmp_path):
     """Answer cells that make the package functions the checkers compute their expected values
     with agree with their wrong answers: the module attribute ``bubble_fraction`` replaced, the
     code of ``shard_cols`` swapped. The grader puts the package back before each check, so both
-    wrong answers fail, and the message names the change (before: graded passed, since only
+    wrong answers fail, and the message names the change once (before: graded passed, since only
     ``llminfra.course`` was re-imported and it bound the patched functions again)."""
     nb = _solution_07_with()
     _edit(nb, "k = A.shape[0] // size\n    return A[rank * k:(rank + 1) * k, :]",
@@ -351,8 +370,10 @@ def test_a_patched_reference_function_does_not_pass(tmp_path):
     row, bub, col = (results[f"07-{ex}"] for ex in ("row_shard", "bubble", "column_shard"))
     assert (row.status, bub.status, col.status) == ("failed", "failed", "passed"), results
     assert "row_shard" in row.message and "bubble" in bub.message
-    for r in (row, col):
-        assert "changed llminfra.parallel.tensor_parallel.shard_cols (its code" in r.message
+    # reported once, under the first check that found it (issue 53), not again under the next
+    noted = [r for r in (row, col)
+             if "changed llminfra.parallel.tensor_parallel.shard_cols (its code" in r.message]
+    assert len(noted) == 1 and "shard_cols" in noted[0].tampered, (row, col)
     assert "llminfra.parallel.pipeline.bubble_fraction —" in bub.message
 
 

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from llminfra.course import grade_guard
-from llminfra.course.grade_kernel import checker_cell, guard_name
+from llminfra.course.grade_kernel import GUARD, checker_cells
 
 PKG = "graderprobe"
 FILES = {
@@ -165,34 +165,36 @@ def test_a_replaced_module_and_library_functions_are_put_back(probe, monkeypatch
     assert f"sys.modules['{PKG}.check']" in changed and "math.isclose" in changed
 
 
-def test_before_check_prints_one_marked_line(probe, capsys):
+def test_before_check_prints_one_line_after_its_prefix(probe, capsys):
+    """Nothing changed: the guard prints nothing; a change: one line, after the prefix. The
+    guard holds no secret (the grader reads a pass from the kernel's reply, not a line)."""
     ref = importlib.import_module(f"{PKG}.ref")
     probe.before_check()
     probe.after_check()
-    probe.passed()
-    assert capsys.readouterr().out == "MARK returned\n"
+    assert capsys.readouterr().out == ""
     ref.reference = None
     probe.before_check()
     assert capsys.readouterr().out == f"MARK changed {PKG}.ref.reference\n"
+    assert not hasattr(probe, "marker") and not hasattr(probe, "passed")
 
 
 def test_a_checker_cell_is_split_at_its_checker_call():
-    """The checker call alone sits between the guard's calls; the follow-up lines come after
-    the marked "returned" line; a cell that cannot be split is wrapped whole."""
-    g = guard_name("grader-ab12")
+    """The checker call alone sits between the guard's calls in the check cell; the follow-up
+    lines are the tail cell; a cell that cannot be split is wrapped whole, with no tail."""
+    g = GUARD
     src = "_ = ch01.check_param_count(count_params)\nprint(f\"{count_params(1):,d}\")"
-    assert checker_cell(src, "01", "grader-ab12").splitlines() == [
+    check, tail = checker_cells(src, "01")
+    assert check.splitlines() == [
         f"{g}.before_check()",
         f"ch01 = {g}.module('llminfra.course.checks.ch01')",
         "try:", "    _ = ch01.check_param_count(count_params)",
-        "finally:", f"    {g}.after_check()", f"{g}.passed()",
-        "print(f\"{count_params(1):,d}\")"]
-    bare = checker_cell("check_bubble(bubble)", "07", "grader-ab12")
+        "finally:", f"    {g}.after_check()"]
+    assert tail == "print(f\"{count_params(1):,d}\")"
+    bare, _ = checker_cells("check_bubble(bubble)", "07")
     assert (f"if {g}.has('llminfra.course.checks.ch07', 'check_bubble'):\n    check_bubble = "
             f"{g}.module('llminfra.course.checks.ch07').check_bubble\ntry:\n"
             "    check_bubble(bubble)\n") in bare
     for whole in ("x = 1; check_bubble(bubble)\nprint(x)", "check_bubble(bubble\nprint(1)"):
-        lines = checker_cell(whole, "07", "grader-ab12").splitlines()
-        assert lines[-1] == f"{g}.passed()"                  # "returned" only after all of it
-        assert "    print(x)" in lines or "    print(1)" in lines
-
+        check, tail = checker_cells(whole, "07")
+        assert tail == "" and check.splitlines()[-1] == f"    {g}.after_check()"
+        assert "    print(x)" in check.splitlines() or "    print(1)" in check.splitlines()

@@ -117,8 +117,8 @@ def _shadows(value) -> bool:
 class Guard:
     """Remembers the package as imported; puts it back around each checker (see the module)."""
 
-    def __init__(self, marker: str = ""):
-        self.marker = marker          # the grader's per-run token that prefixes its lines
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix          # what starts the guard's own lines (no secret)
         self.snapshots: dict[str, Snapshot] = {}
         self.libraries: dict[str, tuple[types.ModuleType, dict]] = {}
         self._undo: list[tuple] = []
@@ -218,18 +218,15 @@ class Guard:
 
     # ------------------------------------------------------------------ around a checker
     def before_check(self) -> None:
-        """Restore the package and print one marked line naming what had been changed."""
+        """Restore the package and print one line (after the prefix) naming what had been
+        changed."""
         changed = self.restore()
         if changed:
-            print(f"{self.marker} changed {'; '.join(changed)}")
+            print(f"{self.prefix} changed {'; '.join(changed)}")
 
     def after_check(self) -> None:
         """Re-apply the learner's changes (the rest of the notebook runs as they wrote it)."""
         self.reapply()
-
-    def passed(self) -> None:
-        """Print the marked line that says the checker call returned (it did not raise)."""
-        print(f"{self.marker} returned")
 
 
 class _Changes:

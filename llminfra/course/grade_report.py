@@ -1,6 +1,8 @@
 """What the grader hands a teacher: one :class:`Result` per student and exercise, as a plain
-report, a class summary that fits a ~100-column terminal, and CSV (used by
-:mod:`llminfra.course.grade`).
+report, a class summary that fits a ~100-column terminal, and CSV — long (a row per exercise)
+and wide (a row per student) — (used by :mod:`llminfra.course.grade`; each student's
+``results.json`` and feedback: :mod:`llminfra.course.grade_handback`). Every message and tamper
+note is cut at :data:`MESSAGE_LIMIT` characters.
 
 The summary has one line per student and one column per chapter; each chapter's column is a
 string of marks, one per exercise in notebook order (``✓✓✗·``), under the chapter's number::
@@ -37,6 +39,16 @@ TAMPER_MARK = "†"
 NAME_WIDTH = 20
 #: the legend's lines are wrapped at this width
 LINE_WIDTH = 100
+#: the most characters of a message or tamper note a report keeps (a 20 MB exception message
+#: from an answer must not become a 20 MB CSV cell); the rest is cut, saying how much
+MESSAGE_LIMIT = 2000
+
+
+def capped(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` cut to about ``limit`` characters, ending in ``… (N more characters cut)``."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"… ({len(text) - limit:,} more characters cut)"
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,8 @@ class Result:
     def __post_init__(self):
         if self.status not in POINTS:
             raise ValueError(f"unknown status {self.status!r}; the statuses are {STATUSES}")
+        object.__setattr__(self, "message", capped(self.message))      # frozen: set once here
+        object.__setattr__(self, "tampered", capped(self.tampered))
 
     @property
     def points(self) -> int:
@@ -147,9 +161,42 @@ def summary(results: list[Result]) -> str:
 
 
 def write_csv(results: list[Result], path: Path) -> None:
-    """The report as CSV with the columns :data:`COLUMNS`."""
+    """The report as CSV with the columns :data:`COLUMNS` (the long form: a row per exercise)."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         for r in results:
             writer.writerow({**asdict(r), "points": r.points})
+
+
+def exercise_order(results: list[Result]) -> list[tuple[str, str]]:
+    """Every ``(notebook, exercise)``, by notebook name and then in the notebook's order."""
+    order: dict[str, list[str]] = {}
+    for r in results:
+        exercises = order.setdefault(r.notebook, [])
+        if r.exercise not in exercises:
+            exercises.append(r.exercise)
+    return [(nb, ex) for nb in sorted(order) for ex in order[nb]]
+
+
+def exercise_label(notebook: str, exercise: str) -> str:
+    """A column's title: the exercise id (``07-bubble``), the notebook's name for a notebook
+    that could not be graded at all (exercise ``*``)."""
+    return notebook if exercise == "*" else exercise
+
+
+def write_csv_by_student(results: list[Result], path: Path) -> None:
+    """The wide form: one row per student — ``student``, a column per exercise holding its
+    points (``1`` / ``0``, empty where not graded), then ``points``, ``max_points`` and
+    ``tampered`` (the student's tamper notes, ``; ``-joined) — for a spreadsheet or an LMS
+    grade import."""
+    keys = exercise_order(results)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", *(exercise_label(*k) for k in keys), "points",
+                         "max_points", "tampered"])
+        for student in sorted({r.student for r in results}):
+            mine = {(r.notebook, r.exercise): r for r in results if r.student == student}
+            notes = [f"{r.exercise}: {r.tampered}" for r in mine.values() if r.tampered]
+            writer.writerow([student, *(mine[k].points if k in mine else "" for k in keys),
+                             sum(r.points for r in mine.values()), len(keys), "; ".join(notes)])
