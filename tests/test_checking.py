@@ -175,7 +175,7 @@ def test_pure_detects_in_place_changes():
     def in_place(t):
         t.add_(1)
         return t
-    with pytest.raises(CheckFailed, match="modified its input `t` in place"):
+    with pytest.raises(CheckFailed, match="your function changed its input `t` in place"):
         run_checks("inc", in_place, lambda t: t + 1, [Case("c", (torch.zeros(3),))], pure=True)
     assert run_checks("inc", lambda t: t + 1, lambda t: t + 1, [Case("c", (torch.zeros(3),))],
                       pure=True) == 1

@@ -160,7 +160,7 @@ def test_gptq_in_place_fails():
     def in_place(W, H, i, q):
         W[:, i:] -= ((W[:, i] - q) / H[i, i])[:, None] * H[i, i:][None, :]
         return W
-    with pytest.raises(CheckFailed, match="modified its input `W` in place"):
+    with pytest.raises(CheckFailed, match="changed its input `W` in place"):
         ch03.check_gptq_column_step(in_place)
 
 

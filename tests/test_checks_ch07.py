@@ -72,7 +72,8 @@ def test_other_value_types_are_accepted():
     assert ch07.check_bubble(lambda p, m: np.float64((p - 1) / (m + p - 1))) == 9
     assert ch07.check_bubble(lambda p, m: torch.tensor((p - 1) / (m + p - 1), dtype=torch.float64)) == 9
     assert ch07.check_column_shard(lambda A, r, n: column_right(A, r, n).double()) == 6
-    assert ch07.check_row_shard(lambda A, r, n: row_right(A, r, n).numpy()) == 6
+    with pytest.raises(CheckFailed, match="expected a torch.Tensor .* got ndarray"):
+        ch07.check_row_shard(lambda A, r, n: row_right(A, r, n).numpy())
 
 
 def test_a_lower_precision_shard_is_diagnosed_not_crashed():

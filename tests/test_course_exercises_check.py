@@ -128,3 +128,20 @@ def test_a_teachers_reset_writes_every_notebook_pristine(course):
     _do_the_exercises(ex, sol)
     assert generate(sol, ex, keep_work=False) == []
     assert (ex / NB02).read_bytes() == pristine and not (ex / "backup").exists()
+
+
+def test_success_says_what_was_checked_or_written(course, capsys):
+    """Both commands said nothing when they succeeded (issue 53, learner's path 4)."""
+    sol, ex = course
+    assert exercises.main(["--check", "--solutions", str(sol), "--exercises", str(ex)]) == 0
+    assert "all 1 exercise notebooks match" in capsys.readouterr().out
+    assert exercises.main(["--solutions", str(sol), "--exercises", str(ex)]) == 0
+    assert "already up to date; nothing written" in capsys.readouterr().out
+    (ex / NB02).unlink()
+    assert exercises.main(["--solutions", str(sol), "--exercises", str(ex)]) == 0
+    assert f"wrote 1 notebook(s) from {sol}/ ({ex / NB02})" in capsys.readouterr().out
+
+
+def test_the_stub_is_what_the_checkers_read_as_not_attempted():
+    from llminfra.course.checking import STUB_MESSAGE
+    assert STUB == f'raise NotImplementedError("{STUB_MESSAGE}")'

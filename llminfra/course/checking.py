@@ -9,9 +9,37 @@ tensor of the right numbers; an int, float, ``Fraction``, ``Decimal``, NumPy or 
 scalar; a float32 answer at float32's precision, a count exactly) and, on a mismatch, says where
 the first difference is and how large the largest one is — never a full tensor
 (:mod:`llminfra.course.compare`). The first failing case raises :class:`CheckFailed` naming the
-case, the seed, the mismatch and a hint; a stub that still raises ``NotImplementedError`` raises
-:class:`NotAttempted`. Whatever goes wrong inside a checker itself is reported as
-:class:`CheckFailed` too, never as a traceback from inside torch.
+case, the seed, the mismatch and a hint. Whatever goes wrong inside a checker itself is reported
+as :class:`CheckFailed` too, never as a traceback from inside torch.
+
+The rules :func:`run_checks` holds every checker to (issue 53):
+
+1. the answer gets copies of the inputs, and changing one in place fails ("your function
+   changed its input `x` in place"), unless a checker passes ``pure=False``;
+2. a right answer is not judged by how it allocates: the NaN watch of ``Case.nonfinite_hint``
+   ignores ``torch.empty``'s uninitialised memory;
+3. where the reference returns a tensor (the exercise asks for one) the answer must be a tensor:
+   a NumPy array or a list of the right numbers is told the type expected;
+4. / 5. the cases that separate right from wrong are fixed and in every run, and random cases
+   drawn fresh from the seed decide too (``tests/test_checks_rules.py`` gives every checker one
+   verdict over 50 seeds, and fails an answer that remembers earlier runs);
+6. where speed is the lesson, :class:`Speed` times a right answer against the reference and
+   notes "right, but N× slower than …";
+7. ``mistakes``: the usual wrong formulas are tried on every case, and the one the answer's
+   values match is named;
+8. only the exercise's own stub, ``raise NotImplementedError("your code here")``, is
+   :class:`NotAttempted` (``status == "not attempted"``, ``ename`` ``NotAttempted`` in a
+   notebook's output); torch's ``NotImplementedError`` (an op without a kernel for a dtype) is
+   an attempt that failed, a :class:`CheckFailed` (``status == "failed"``);
+9. every message is at most :data:`MAX_LINES` lines; a tensor in the learner's own exception is
+   summarised by shape and dtype (:func:`error_text`).
+
+The machinery sits beside this module, one concept each: :mod:`~llminfra.course.check_failures`
+(the exceptions and the rules of a message), :mod:`~llminfra.course.check_inputs` (cases, the
+copies handed to the answer, inputs changed in place), :mod:`~llminfra.course.check_calls` (one
+call of the answer: the stub, the NaN watch), :mod:`~llminfra.course.check_diagnosis` (the type
+expected, the named mistake, the hint) and :mod:`~llminfra.course.check_speed` (:class:`Speed`).
+This module holds the seeds and :func:`run_checks`, and every name a checker imports.
 
 On success one line is printed that does not depend on the seed, so solution notebooks stay
 deterministic under nbval. Taught in chapter 00 (how exercises are checked).
@@ -19,93 +47,28 @@ deterministic under nbval. Taught in chapter 00 (how exercises are checked).
 
 from __future__ import annotations
 
-import copy
 import functools
-import inspect
 import logging
-import os
 import random
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from llminfra.course.answer_kinds import as_like, kind_mismatch
-from llminfra.course.code_origin import in_package_file, is_learners_stub, library_roots, stub_frame
+from llminfra.course.answer_kinds import as_like
+from llminfra.course.check_calls import call_learner
+from llminfra.course.check_diagnosis import (matching_mistake, mismatch_hint, number_for_sequence,
+                                             type_problem)
+from llminfra.course.check_failures import (MAX_LINES, STUB_MESSAGE, CasesPassed, CheckFailed,
+                                            NotAttempted, error_text, fit_message,
+                                            render_check_failure)
+from llminfra.course.check_inputs import Case, as_case, copy_arg
+from llminfra.course.check_speed import Speed, speed_note
 from llminfra.course.compare import compare, describe, first_matching
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckFailed", "NotAttempted", "CasesPassed", "Case", "run_checks", "compare",
-           "first_matching", "as_like", "seeded", "fresh_rng", "torch_generator", "checker",
-           "describe"]
-
-
-class CheckFailed(AssertionError):
-    """The learner's answer is wrong; the message says for which case, seed and how.
-
-    In Jupyter it shows as that message alone (:meth:`_render_traceback_`), not as a traceback
-    through the checker; when the learner's own code raised, the frames of their code follow.
-    """
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython prints instead of the traceback (its hook for exceptions that format
-        themselves; a plain ``python`` run still shows the whole traceback)."""
-        return render_check_failure(self)
-
-
-class CasesPassed(int):
-    """The number of cases a checker passed: an ``int`` (``check_x(f) == 8``) that a notebook
-    does not display again under the checker's cell — its ``✓ name: 8 random cases passed``
-    line already says it, and a stray ``Out[n]: 8`` below it read as a second result."""
-
-    def _ipython_display_(self) -> None:
-        """Show nothing (IPython calls this instead of printing the value)."""
-
-
-class NotAttempted(CheckFailed):
-    """The learner's own function is still the stub (it raises ``NotImplementedError``)."""
-
-
-@dataclass(frozen=True)
-class Case:
-    """One input of a checker, shown in messages by ``name`` (shapes and options, no numbers).
-
-    ``nonfinite_hint``: when set, the learner's function runs under a watch that fails the case
-    (with this text) if any torch operation turns finite inputs into NaN or inf — a division by
-    zero that an undefined float-to-int cast would otherwise hide.
-    """
-
-    name: str
-    args: tuple
-    kwargs: dict = field(default_factory=dict)
-    nonfinite_hint: str | None = None
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-def _torch():
-    import torch
-    return torch
-
-
-_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
-
-
-def render_check_failure(exc: CheckFailed) -> list[str]:
-    """``CheckFailed: <diagnosis, case, replay call, hint>``, then — only when the learner's
-    code raised — the lines of *their* code that ran into it (frames outside the package)."""
-    lines = [f"{_RED}{type(exc).__name__}{_RESET}: {exc}"]
-    cause = exc.__cause__
-    if cause is not None and not isinstance(cause, CheckFailed):
-        import traceback
-        roots = library_roots()
-        frames = [f for f in traceback.extract_tb(cause.__traceback__)
-                  if not in_package_file(f.filename)
-                  and not os.path.abspath(f.filename).startswith(roots)]
-        if frames:
-            lines.append("where your code raised it:")
-            lines.extend(s.rstrip("\n") for s in traceback.format_list(frames))
-    return lines
+__all__ = ["CheckFailed", "NotAttempted", "CasesPassed", "Case", "Speed", "run_checks",
+           "compare", "first_matching", "as_like", "seeded", "fresh_rng", "torch_generator",
+           "checker", "describe", "fit_message", "error_text", "STUB_MESSAGE", "MAX_LINES",
+           "render_check_failure"]
 
 
 # ------------------------------------------------------------------------- seeds
@@ -130,165 +93,76 @@ def torch_generator(rng: random.Random):
     return torch.Generator().manual_seed(rng.randrange(2**31))
 
 
-# ------------------------------------------------------------------- calling the learner
-def _copy_args(value):
-    torch = _torch()
-    if torch.is_tensor(value):
-        return value.detach().clone()
-    try:
-        return copy.deepcopy(value)
-    except Exception:  # noqa: BLE001 - an uncopyable argument is passed as it is
-        return value
-
-
-def _nonfinite_watch():
-    """A torch function mode that records ops turning finite inputs into NaN / inf."""
-    torch = _torch()
-    from torch.overrides import TorchFunctionMode
-
-    class Watch(TorchFunctionMode):
-        seen = None
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if self.seen is None and torch.is_tensor(out) and out.is_floating_point():
-                inputs = [a for a in list(args) + list((kwargs or {}).values())
-                          if torch.is_tensor(a) and a.is_floating_point()]
-                finite_in = all(bool(torch.isfinite(a).all()) for a in inputs)
-                py_zero = any(isinstance(a, (int, float)) and a == 0 for a in args[1:])
-                if (finite_in or py_zero) and not bool(torch.isfinite(out).all()):
-                    self.seen = getattr(func, "__name__", str(func))
-            return out
-
-    return Watch()
-
-
-def _call(learner, case: Case, name: str, where: str, pure: bool, owner, on_error=None):
-    args = tuple(_copy_args(a) for a in case.args)
-    kwargs = {k: _copy_args(v) for k, v in case.kwargs.items()}
-    watch = _nonfinite_watch() if case.nonfinite_hint else None
-    try:
-        if watch is not None:
-            with watch:
-                got = learner(*args, **kwargs)
-        else:
-            got = learner(*args, **kwargs)
-    except NotImplementedError as e:
-        frame = stub_frame(e)
-        if frame is None or is_learners_stub(frame.f_code, owner):
-            raise NotAttempted(f"{name}: not implemented yet — replace the `raise "
-                               "NotImplementedError(...)` with your code, run that cell, then "
-                               "run this check again") from None
-        raise CheckFailed(f"{name}: `{frame.f_code.co_name}`, which your {name} calls, still "
-                          f"raises NotImplementedError — finish that exercise first "
-                          f"({where})") from None
-    except NotAttempted:
-        raise
-    except CheckFailed as e:  # raised by a checker's own driver around the learner's code
-        raise CheckFailed(f"{e}\n  {where}") from None
-    except Exception as e:
-        msg = f"{name} raised {type(e).__name__}: {e}\n  {where}"
-        extra = ""
-        if on_error is not None:
-            try:
-                extra = on_error(case.args, case.kwargs, e)
-            except Exception:  # noqa: BLE001
-                extra = ""
-        raise CheckFailed(msg + (f"\n  hint: {extra}" if extra else "")) from e
-    if watch is not None and watch.seen:
-        raise CheckFailed(f"{name}: {case.nonfinite_hint} (torch.{watch.seen} produced NaN or "
-                          f"inf from finite inputs)\n  {where}")
-    if pure:
-        torch = _torch()
-        names = _arg_names(owner, len(args))
-        for i, (before, after) in enumerate(zip(case.args, args)):
-            if torch.is_tensor(before) and (after.shape != before.shape
-                                            or not torch.equal(after, before)):
-                raise CheckFailed(f"{name} modified its input `{names[i]}` in place: the "
-                                  f"instructions say to leave it unchanged (work on a "
-                                  f"`.clone()`)\n  {where}")
-    return got
-
-
-def _arg_names(fn, n: int) -> list[str]:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
-    return (params + [f"argument {i}" for i in range(len(params), n)])[:max(n, len(params))]
-
-
-def _as_case(c) -> Case:
-    if isinstance(c, Case):
-        return c
-    args, kwargs = c
-    return Case(", ".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]),
-                tuple(args), dict(kwargs))
-
-
-def _mismatch_hint(hint, case: Case, expected, got) -> str:
-    """What the learner reads under a mismatch: the checker's ``hint`` names the bug; on an
-    answer of the wrong kind (a dict, "12 GB", an array for one number …) that its arithmetic
-    cannot take, or where it has nothing to say, what kind of value to return instead."""
-    if isinstance(got, bool) and not isinstance(expected, bool):
-        return kind_mismatch(expected, got) or ""  # True is not the number 1 here
-    extra = ""
-    if hint is not None:
-        try:
-            extra = hint(case.args, case.kwargs, expected, as_like(expected, got))
-        except Exception as e:  # noqa: BLE001 - a broken hint must not hide the mismatch
-            extra = kind_mismatch(expected, got) or (
-                f"(no hint: the checker's hint failed with {type(e).__name__}: {e})")
-    return extra or kind_mismatch(expected, got) or ""
-
-
+# ------------------------------------------------------------------------- the run
 def run_checks(name: str, learner: Callable, reference: Callable,
                cases: Iterable[Case | tuple[tuple, dict]], rel: float = 1e-9, abs_: float = 0.0,
                hint: Callable[[tuple, dict, Any, Any], str] | None = None,
-               seed: int | None = None, replay: str | None = None, pure: bool = False,
+               seed: int | None = None, replay: str | None = None, pure: bool = True,
                normalize: Callable[[Any, Any], Any] | None = None, owner: Any = None,
-               on_error: Callable[[tuple, dict, Exception], str] | None = None) -> int:
+               on_error: Callable[[tuple, dict, Exception], str] | None = None,
+               speed: Speed | None = None,
+               mistakes: dict[str, Callable] | Callable[..., dict] | None = None) -> int:
     """Call ``learner`` and ``reference`` on every case; raise :class:`CheckFailed` at the first
     disagreement, naming the case, the seed, where the values differ and ``hint(args, kwargs,
     expected, got)`` (a diagnosis; a hint that fails says so instead).
 
-    ``pure``: the learner must not modify tensor arguments. ``normalize(expected, got)`` may
-    convert or validate the answer first (raise :class:`CheckFailed` for a wrong type).
-    ``replay``: how to call this checker again (``"ch02.check_largest_batch"``), with ``seed``.
-    ``owner``: the learner's own function or class when ``learner`` wraps it (a
-    ``NotImplementedError`` raised there means "not attempted"; elsewhere it names the stub).
-    ``on_error(args, kwargs, exception)``: a hint when the learner's code raises.
-    Returns the number of cases checked, after printing ``✓ name: N random cases passed``.
+    The rules every checker follows (issue 53): the learner gets copies of the inputs and
+    fails when it changed one (``pure``, on unless an exercise's point is to change it); where
+    the reference returns a tensor the answer must be a tensor; a ``NotImplementedError`` is
+    "not attempted" only from the exercise's stub; every message is at most three lines;
+    ``speed`` times a right answer where speed is the lesson (:class:`Speed`);
+    ``mistakes`` (what to say → the usual wrong formula, called like the reference; or one
+    function of the case's arguments returning that dict of values) are tried on every case,
+    and the one the answer matches on all of them (or the most) is the hint.
+
+    ``normalize(expected, got)`` may convert or validate the answer first (raise
+    :class:`CheckFailed` for a wrong type). ``replay``: how to call this checker again
+    (``"ch02.check_largest_batch"``), with ``seed``. ``owner``: the learner's own function or
+    class when ``learner`` wraps it (a ``NotImplementedError`` raised there means "not
+    attempted"; elsewhere it names the stub). ``on_error(args, kwargs, exception)``: a hint
+    when the learner's code raises. Returns the number of cases checked, after printing
+    ``✓ name: N random cases passed``.
     """
     if not callable(learner):
         raise CheckFailed(f"{name}: expected a function, got {describe(learner)}")
-    cases = [_as_case(c) for c in cases]
+    cases = [as_case(c) for c in cases]
+    owner = learner if owner is None else owner
     n = 0
     for k, case in enumerate(cases, 1):
         where = f"case {k} of {len(cases)}: {case.name}"
         if seed is not None:
             where += f" (seed {seed}; replay: {replay or 'check'}(your_function, seed={seed}))"
-        try:
-            expected = reference(*case.args, **case.kwargs)
-        except Exception as e:  # noqa: BLE001
-            raise CheckFailed(f"{name}: the checker's reference failed on {where} "
-                              f"({type(e).__name__}: {e}); please report this") from None
-        got = _call(learner, case, name, where, pure, learner if owner is None else owner,
-                    on_error)
+        expected = _reference_value(reference, case, name, where)
+        got = call_learner(learner, case, name, where, pure, owner, on_error)
         try:
             if normalize is not None:
                 got = normalize(expected, got)
         except CheckFailed as e:
             raise CheckFailed(f"{e}\n  {where}") from None
-        problem = compare(expected, got, rel, abs_)
+        wrong_type = type_problem(expected, got) or number_for_sequence(expected, got)
+        problem = wrong_type or compare(expected, got, rel, abs_)
         if problem is None:
             n += 1
             continue
-        extra = _mismatch_hint(hint, case, expected, got)
+        extra = "" if wrong_type and type_problem(expected, got) else (
+            matching_mistake(mistakes, learner, cases, rel, abs_, normalize, reference)
+            if mistakes else "") or mismatch_hint(hint, case, expected, got)
         raise CheckFailed(f"{name}: {problem}\n  {where}"
                           + (f"\n  hint: {extra}" if extra else ""))
-    print(f"✓ {name}: {n} random cases passed")
+    note = speed_note(speed, name, learner, reference, owner) if speed is not None else ""
+    print(f"✓ {name}: {n} random cases passed" + (f"\n  note: {note}" if note else ""))
     return CasesPassed(n)
+
+
+def _reference_value(reference: Callable, case: Case, name: str, where: str):
+    """The reference's value on copies of the case's inputs; a reference that fails is the
+    checker's bug, reported as such."""
+    try:
+        return reference(*(copy_arg(a) for a in case.args),
+                         **{key: copy_arg(v) for key, v in case.kwargs.items()})
+    except Exception as e:  # noqa: BLE001
+        raise CheckFailed(f"{name}: the checker's reference failed on {where} "
+                          f"({type(e).__name__}: {e}); please report this") from None
 
 
 def checker(fn: Callable) -> Callable:

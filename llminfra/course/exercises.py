@@ -232,10 +232,12 @@ def _update(target: Path, current_text: str, wanted: nbformat.NotebookNode, text
 
 
 def generate(solutions: Path, exercises: Path, check: bool = False,
-             keep_work: bool = True) -> list[str]:
+             keep_work: bool = True, written: list[Path] | None = None) -> list[str]:
     """Write (or with ``check``, compare) every exercise; return the problems found. A
     learner's work in ``exercises/`` is kept (module docstring); ``keep_work=False`` writes
-    every notebook pristine, answers and all gone (a teacher's ``make reset-exercises``)."""
+    every notebook pristine, answers and all gone (a teacher's ``make reset-exercises``).
+    ``written`` (a list) is given every file written (notebooks of both folders)."""
+    written = [] if written is None else written
     problems = []
     wanted = {}
     for path in sorted(solutions.glob("*.ipynb")):
@@ -247,6 +249,7 @@ def generate(solutions: Path, exercises: Path, check: bool = False,
                 problems.append(f"{path} lacks its nbgrader metadata")
             else:
                 path.write_text(annotated)
+                written.append(path)
         wanted[path.name] = make_exercise(solution, chapter)
     for name, nb in wanted.items():
         target, text = exercises / name, _render(nb)
@@ -254,16 +257,32 @@ def generate(solutions: Path, exercises: Path, check: bool = False,
         if current == text:
             continue
         if current is not None and (check or keep_work):
-            problems += _update(target, current, nb, text, check)
+            found = _update(target, current, nb, text, check)
+            problems += found
+            if not check and not found and target.read_text() != current:
+                written.append(target)
         elif check:
             problems.append(f"{target} is missing")
         else:
             exercises.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+            written.append(target)
     for extra in sorted(exercises.glob("*.ipynb")):
         if extra.name not in wanted:
             problems.append(f"{extra} has no twin in {solutions}/")
     return problems
+
+
+def _summary(solutions: Path, exercises: Path, check: bool, written: list[Path]) -> str:
+    """One line on success: what was checked, or what was written."""
+    n = len(list(solutions.glob("*.ipynb")))
+    if check:
+        return (f"{exercises}/: all {n} exercise notebooks match {solutions}/ (stubs, prose, "
+                f"checker cells, nbgrader metadata); nothing written")
+    if not written:
+        return f"{exercises}/: all {n} exercise notebooks were already up to date; nothing written"
+    names = ", ".join(str(p) for p in written)
+    return f"wrote {len(written)} notebook(s) from {solutions}/ ({names}); the rest of {n} were up to date"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,9 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--solutions", type=Path, default=Path("solutions"))
     p.add_argument("--exercises", type=Path, default=Path("exercises"))
     args = p.parse_args(argv)
-    problems = generate(args.solutions, args.exercises, check=args.check)
+    written: list[Path] = []
+    problems = generate(args.solutions, args.exercises, check=args.check, written=written)
     for prob in problems:
         print(prob, file=sys.stderr)
+    if not problems:
+        print(_summary(args.solutions, args.exercises, args.check, written))
     if args.check and problems:
         print("run `python -m llminfra.course.exercises` to update exercises/ from solutions/: "
               "it keeps your answer cells, and first copies each notebook of yours it changes "

@@ -15,7 +15,12 @@ How a checker is written (every chapter the same way, see ``ch02.check_largest_b
 * tensors come from ``torch_generator(rng)``, never the global torch random state;
 * ``_hint(args, kwargs, expected, got)`` gets ``got`` converted to ``expected``'s kind and names
   the bug the answer actually has, e.g. ``first_matching(got, {"you forgot …": wrong}, expected)``;
-* ``pure=True`` when the instructions say the inputs stay unchanged; ``normalize=`` to check
-  the types the instructions require; ``owner=fn`` when the learner is wrapped (so the stub's
-  ``NotImplementedError`` reads as "not attempted"); ``on_error=`` for a hint on an exception.
+* the inputs are handed as copies and an answer that changes one fails (``pure=False`` only
+  where changing it is the exercise); ``normalize=`` to check the types the instructions
+  require; ``owner=fn`` when the learner is wrapped (so the stub's ``NotImplementedError`` reads
+  as "not attempted"); ``on_error=`` for a hint on an exception; ``mistakes=`` the usual wrong
+  formulas, tried on every case (``ch08``, ``ch10``); ``speed=Speed(...)`` where the
+  exercise's point is speed (``ch03.check_quantize_int4``, ``ch06.check_tiled_attention``);
+* every checker is in ``tests/test_checks_rules.py``: one verdict over 50 seeds, fresh cases
+  that a remembering answer fails, a changed input named.
 """

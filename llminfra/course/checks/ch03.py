@@ -11,7 +11,9 @@ the wrong answer matches: dividing by 128 (or 255) instead of 127, ``max`` inste
 ``max |x|``, one scale per row, truncating instead of rounding, the fp32 scale where the fp16
 one is stored, swapped nibbles, a missing offset of 8, a division by zero, the error not
 divided by ``[H⁻¹]_ii``, the update's sign, the last column left out, a column of ``H⁻¹`` used
-instead of a row, the input modified in place.
+instead of a row, the input modified in place. A right int4 quantizer more than 20× slower than
+the package's (a Python loop over groups or values) gets a note under its ✓ line; one that
+allocates with ``torch.empty`` and fills every element passes.
 
 Rounding ties: ``round`` means to nearest; a value exactly halfway between two integers (up to
 the float rounding of the division) may go either way, and both are accepted.
@@ -26,8 +28,8 @@ import random
 
 import torch
 
-from llminfra.course.checking import (Case, CheckFailed, as_like, checker, describe, run_checks,
-                                      seeded)
+from llminfra.course.checking import (Case, CheckFailed, Speed, as_like, checker, describe,
+                                      run_checks, seeded)
 from llminfra.course.checking import torch_generator as _gen
 from llminfra.quant import quantize
 from llminfra.quant.gptq import column_update, inverse_hessian_factor
@@ -268,9 +270,14 @@ def check_quantize_int4(fn, seed: int | None = None) -> int:
         current[0] = w
         return fn(w, group_size)
 
+    timing = torch.randn(256, 1024, generator=_gen(random.Random(0)))
+    speed = Speed(Case("w (256, 1024), group_size 128", (timing, 128)),
+                  against="the package's quantize (whole tensors at once)",
+                  point="quantizing a model's weights with a few whole-tensor operations, "
+                        "not a Python loop over groups or values", factor=20)
     return run_checks("quantize_int4", learner, _int4_reference, _int4_cases(rng), rel=0.0,
                       hint=_int4_hint, seed=seed, replay="ch03.check_quantize_int4",
-                      normalize=_int4_normalize_for(current), owner=fn)
+                      normalize=_int4_normalize_for(current), owner=fn, speed=speed)
 
 
 # ---- exercise 3: one GPTQ column update ------------------------------------------------------

@@ -5,9 +5,12 @@ Each checker builds named cases from one seed, compares the learner's answer wit
 (:func:`llminfra.attention.online_softmax`, :func:`llminfra.attention.flash_attention`) and,
 when the answer is wrong, names the usual mistake it matches. The cases that reach each branch
 come first in every run: for the softmax, rows thousands apart with the maximum last (a running
-max started at 0 or shared by all rows underflows to 0/0; a sum not rescaled is wrong); for the
+max started at 0 or shared by all rows underflows to 0/0; a sum not rescaled is wrong), then
+values ≈ -3000 that float32 cannot hold (a softmax computed in float32 fails every run); for the
 attention, grouped-query (8 over 2, 6 over 3), multi-query and multi-head layouts, causal and
 not, T = S, T < S and one decode query, a batch of two, T and S that no block size divides.
+NaN rows are traced to the mask's offset where they are the rows a wrong offset hides; a right
+attention more than 10× slower than the package's tiles gets a note (the chapter's point).
 
 Sources: Milakov & Gimelshein 2018 (arXiv:1805.02867, Algorithm 3); Dao et al. 2022
 (FlashAttention, arXiv:2205.14135, Algorithm 1).
@@ -21,7 +24,8 @@ import random
 import torch
 
 from llminfra.attention import flash_attention, online_softmax
-from llminfra.course.checking import Case, CheckFailed, checker, compare, run_checks, seeded
+from llminfra.course.checking import (Case, CheckFailed, Speed, checker, compare, run_checks,
+                                      seeded)
 from llminfra.course.checking import torch_generator as _gen
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "CheckFailed"]
@@ -43,11 +47,24 @@ def _rows_apart(rng: random.Random) -> torch.Tensor:
     return x
 
 
+def _float32_blind(rng: random.Random) -> torch.Tensor:
+    """Two rows of values ≈ -3000 (as in case 1) that float32 cannot hold: each is a float32
+    number moved by 0.45 of its spacing there (2⁻¹², about 2.4e-4), up or down, so a softmax
+    computed in float32 is off by about 5e-5, five times float32's own tolerance on the
+    result, while float64 holds them exactly."""
+    base = -3000 + torch.tensor([0.0, -0.5, 0.25, -1.0, 0.5, -0.25], dtype=torch.float64)
+    shift = 0.45 * 2.0**-12 * torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
+    x = (base + shift)[torch.randperm(6, generator=_gen(rng))]
+    return torch.stack([x, x.flip(0)])
+
+
 def _softmax_cases(rng: random.Random, n: int = 8) -> list[Case]:
     x = _rows_apart(rng)
     cases = [Case(f"x of shape {tuple(x.shape)}, rows thousands apart: ~N(0, 1000²) with its "
-                  "largest value last, ≈ -3000, ≈ +1000", (x,))]
-    for i in range(1, n):
+                  "largest value last, ≈ -3000, ≈ +1000", (x,)),
+             Case("x of shape (2, 6), values ≈ -3000 that float32 cannot hold (float64 in, "
+                  "float64 precision out)", (_float32_blind(rng),))]
+    for i in range(2, n):
         rows, cols = rng.randint(1, 4), rng.randint(1, 40)
         scale = [1000.0, 1.0, 10.0][i % 3]  # 1000: exp overflows without the running max
         x = torch.randn(rows, cols, generator=_gen(rng), dtype=torch.float64) * scale
@@ -73,6 +90,9 @@ def _softmax_hint(args, kwargs, expected, got) -> str:
                     "at -inf, not 0 (exp(x - 0) underflows to 0)")
         return ("the result has inf/nan: subtract the running max before exp, and rescale the "
                 "running sum by exp(m_old - m_new) when the max grows")
+    if torch.allclose(got, online_softmax(args[0].float()).double(), rtol=1e-6, atol=1e-9):
+        return ("you computed in float32: x is float64 and so is every statistic — create m "
+                "and l with dtype=x.dtype (torch.full's default is float32)")
     sums = got.sum(-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-6):
         worst = int((sums - 1).abs().argmax())
@@ -140,10 +160,11 @@ def _attention_variants(q, k, v, causal) -> dict[str, torch.Tensor]:
     H, H_kv, T, S, d = q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     G = H // H_kv
 
-    def attend(kk, vv, scale=1 / math.sqrt(d), top_left=False, mask=causal, diagonal=True):
+    def attend(kk, vv, scale=1 / math.sqrt(d), top_left=False, mask=causal, diagonal=True,
+               extra=0):
         s = q @ kk.transpose(-2, -1) * scale
         if mask:
-            offset = 0 if top_left else S - T
+            offset = (0 if top_left else S - T) + extra
             keep = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + offset - int(not diagonal)
             s = s.masked_fill(~keep, -math.inf)
         return torch.nan_to_num(torch.softmax(s, -1) @ vv)
@@ -156,6 +177,8 @@ def _attention_variants(q, k, v, causal) -> dict[str, torch.Tensor]:
         "sees keys j <= S - T + i": attend(k_i, v_i, top_left=True),
         "the mask hides the query's own position: query i sees keys j <= S - T + i (mask "
         "j > S - T + i, not j >= S - T + i)": attend(k_i, v_i, diagonal=False),
+        "the mask lets each query see one key too many: query i sees keys j <= S - T + i "
+        "(mask j > S - T + i)": attend(k_i, v_i, extra=1),
         "the scores are not scaled: S_ij = Q_i K_jᵀ / √d": attend(k_i, v_i, scale=1.0),
         "the scores are divided by d, not √d": attend(k_i, v_i, scale=1 / d),
         "wrong grouped-query mapping: query head h reads K/V head h // (H / H_kv) — use "
@@ -177,13 +200,31 @@ def _attention_hint(args, kwargs, expected, got) -> str:
         return ("sequence 0 of the batch is right, the others are not: q, k and v are "
                 "(B, H, …, d); keep the batch dimension in every slice and product")
     if not torch.isfinite(got).all():
-        return ("the output has inf/nan: a fully masked block gives m = -inf; skip blocks "
-                "entirely above the diagonal, or guard exp(-inf - -inf)")
+        return _nonfinite_attention_hint(got, causal, q.shape[2], k.shape[2])
     skipped = ("; if you skip key blocks above the diagonal: it is shifted by S - T, so a block "
                "is hidden only when its first key > S - T + the block's last query"
                if causal and q.shape[2] < k.shape[2] else "")
     return ("values differ: check the rescaling of l_i and O_i by exp(m_old - m_new) "
             "and the blocks at the end (T, S not multiples of the block sizes)" + skipped)
+
+
+def _nonfinite_attention_hint(got, causal: bool, T: int, S: int) -> str:
+    """NaN rows: with the right mask every query sees key 0, so no row is ever fully masked —
+    NaN rows come from the mask's offset (named when the rows are the ones it hides wholly),
+    else from a first block whose scores are all -inf (m = -inf, exp(-inf - -inf))."""
+    bad = ~torch.isfinite(got).all(-1).reshape(-1, T).any(0)  # (T,): rows with inf / nan
+    offsets = {T - S: "the mask's offset has the wrong sign (j > i - (S - T)): query i sees "
+                      "keys j <= S - T + i, so every query sees key 0",
+               -1: "the mask hides key 0 from query 0: query i sees keys j <= S - T + i"}
+    if causal:
+        for offset, why in offsets.items():
+            hidden = (torch.arange(S)[None, :] <= torch.arange(T)[:, None] + offset).sum(-1) == 0
+            if offset < 0 and torch.equal(bad, hidden):
+                return f"rows 0-{int(hidden.sum()) - 1} came out inf/nan: {why}"
+    return (f"{int(bad.sum())} of {T} query rows came out inf/nan: with the right mask no row "
+            "is fully masked (every query sees key 0); a block whose scores are all -inf taken "
+            "first gives m = -inf: start m at -inf and guard exp(-inf - -inf), or check the "
+            "mask's offset S - T")
 
 
 def _attention_error_hint(args, kwargs, error) -> str:
@@ -203,6 +244,15 @@ def check_tiled_attention(fn, n_cases: int = 6, seed: int | None = None) -> int:
         return flash_attention(q, k, v, causal, block_q=block_q, block_k=block_k)
 
     seed, rng = seeded(seed)
+    g = _gen(random.Random(0))
+    q, k, v = (torch.randn(1, 4, 256, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    speed = Speed(Case("MHA 4 heads, causal, T=S=256, d=32, block_q=block_k=64",
+                       (q, k, v, True, 64, 64)),
+                  against="the package's flash_attention (one (block_q × block_k) tile of "
+                          "matrix products at a time)",
+                  point="tiles of whole matrix products — a loop over single queries or keys "
+                        "does the same arithmetic far slower", factor=10)
     return run_checks("tiled_attention", fn, ref, _attention_cases(rng, n_cases), rel=1e-7,
                       abs_=1e-9, hint=_attention_hint, seed=seed,
-                      replay="ch06.check_tiled_attention", on_error=_attention_error_hint)
+                      replay="ch06.check_tiled_attention", on_error=_attention_error_hint,
+                      speed=speed)

@@ -12,7 +12,9 @@ their difference, and the usual mistake when the wrong answer matches one: the f
 multiply-add left out, the weights counted once per sequence, the KV cache left out or counted
 once for the batch, fp32 instead of bf16 bytes, the attention FLOPs left out or counted over
 (or divided by) the KV heads, the compute roof left out, the batch left out of tokens/s,
-seconds per token returned, GiB/s read for GB/s.
+seconds per token returned, GiB/s read for GB/s, bits for bytes, milliseconds for
+seconds, the head dim left out, batch and context swapped, the context off by one. Each is
+tried on every case and the one the answer matches on all of them is named.
 
 References: :func:`llminfra.calc.roofline.layer_point` and
 :func:`llminfra.calc.roofline.decode_tokens_per_s` (taught in chapter 08).
@@ -67,11 +69,12 @@ def _block(model):
     return p_flops, p_bytes, attn, kv
 
 
-def _layer_hint(args, kwargs, expected, got) -> str:
-    model, B, c = args
+def _layer_wrong(model, B, c) -> dict[str, float]:
+    """The usual wrong intensities of one layer, by what to tell the learner."""
     p_f, p_b, attn, kv = _block(model)
+    spec = get_model(model)
     flops, nbytes = B * (2 * p_f + attn * c), 2 * p_b + B * c * kv
-    wrong = {
+    return {
         "you left out the factor 2: a weight costs a multiply AND an add per token":
             B * (p_f + attn * c / 2) / nbytes,
         "you counted the weights once per sequence: a step reads them once for the whole batch":
@@ -81,10 +84,28 @@ def _layer_hint(args, kwargs, expected, got) -> str:
             flops / (2 * p_b + c * kv),
         "you used 4 bytes (fp32) per value: the weights and cache are bf16, 2 bytes":
             flops / (2 * nbytes),
+        "you counted bits, not bytes (×8): bf16 is 2 bytes per value": flops / (8 * nbytes),
         "you left out the attention FLOPs (QKᵀ and AV over the context)":
             B * 2 * p_f / nbytes,
+        "you left out the head dim d: attention does 4·H·d FLOPs per cached position, not 4·H":
+            B * (2 * p_f + 4 * spec.num_heads * c) / nbytes,
+        "you left out the batch in the FLOPs: every sequence's token does 2·P + 4·H·d·context":
+            (2 * p_f + attn * c) / nbytes,
         "you returned bytes per FLOP: intensity is FLOPs / bytes": nbytes / flops,
+        "batch and context are swapped: the arguments are (model, batch, context)":
+            _layer_reference(model, c, B),
+        "off by one in the context: it already includes the new token (use context, not "
+        "context + 1)": _layer_reference(model, B, c + 1) if c > 0 else None,
+        "off by one in the context: it already includes the new token (use context, not "
+        "context - 1)": _layer_reference(model, B, c - 1) if c > 1 else None,
     }
+
+
+LAYER_MISTAKES = _layer_wrong  # every usual wrong value of a case at once
+
+
+def _layer_hint(args, kwargs, expected, got) -> str:
+    wrong = {k: v for k, v in _layer_wrong(*args).items() if v is not None}
     return _matching(wrong, got, expected) or (
         "expected B·(2·P_layer + 4·H·d·context) / "
         "(2·P_layer + B·context·kv_bytes_per_token/L)")
@@ -109,7 +130,7 @@ def check_layer_point(fn, seed: int | None = None) -> int:
         cases.append(Case("random dense preset, batch and context",
                           (name, rng.randint(1, 256), _context(rng, name))))
     return run_checks("layer_point", fn, _layer_reference, cases, rel=1e-6, hint=_layer_hint,
-                      seed=seed, replay="ch08.check_layer_point")
+                      seed=seed, replay="ch08.check_layer_point", mistakes=LAYER_MISTAKES)
 
 
 # --- exercise 2: the decode tokens/s bound ------------------------------------------------
@@ -143,24 +164,27 @@ def _compute_bound(rng: random.Random) -> tuple:
                 return name, gpu, batch, context
 
 
-def _decode_hint(args, kwargs, expected, got) -> str:
-    model, gpu, B, c = args
+def _decode_wrong(model, gpu, B, c) -> dict[str, float]:
+    """The usual wrong decode bounds, by what to tell the learner."""
     g = get_gpu(gpu)
     w, kv = weight_bytes(model, "bf16"), kv_bytes_per_token(model, "bf16")
     bw = g.hbm_bytes_per_s
-    memory = _step_times(model, gpu, B, c)[1]
+    compute, memory = _step_times(model, gpu, B, c)
     spec = get_model(model)
     peak = g.tflops("bf16") * 1e12
+    expected = B / max(compute, memory)
     no_attention = B * 2 * param_count(spec) / peak
 
-    def attention_over(heads: float) -> float:
-        flops = B * (2 * param_count(spec) + 4 * spec.num_layers * heads * spec.head_dim * c)
+    def attention_over(heads: float, d: int = spec.head_dim) -> float:
+        flops = B * (2 * param_count(spec) + 4 * spec.num_layers * heads * d * c)
         return B / max(flops / peak, memory)
-    wrong = {
+    return {
         "the attention FLOPs use every query head: 4·L·H·d per cached position (H, not H_kv; "
         "grouped-query attention shares K and V, not the work)": attention_over(spec.num_kv_heads),
         "you divided the attention FLOPs by the KV heads: every query head does its own "
         "4·d FLOPs per cached position (4·L·H·d)": attention_over(spec.num_heads / spec.num_kv_heads),
+        "you left out the head dim d: attention does 4·L·H·d FLOPs per cached position, not "
+        "4·L·H": attention_over(spec.num_heads, 1),
         "you left out the compute roof: this step is compute-bound, so it takes "
         "max(FLOPs / peak, bytes / bandwidth), here the FLOPs": B / memory,
         "you left out the attention FLOPs (4·L·H·d per cached position, per sequence)":
@@ -170,11 +194,30 @@ def _decode_hint(args, kwargs, expected, got) -> str:
             B * bw / (w + c * kv),
         "you counted the weights once per sequence: a step reads them once":
             B * bw / (B * w + B * c * kv),
+        "you counted bits, not bytes (×8): bf16 is 2 bytes per value, bandwidth is bytes/s":
+            B / max(compute, 8 * memory),
         "tokens/s counts every sequence's token: multiply by the batch": expected / B,
         "you returned seconds per token (step time / batch), not tokens per second": 1 / expected,
         "you returned the step time, not tokens per second": B / expected,
-        "the catalog's GB/s are 1e9 bytes/s, not GiB/s": expected * 2**30 / 1e9,
+        "you returned tokens per millisecond: the peak and bandwidth are per second":
+            expected / 1e3,
+        "you returned the step time in milliseconds, not tokens per second": 1e3 * B / expected,
+        "the catalog's GB/s are 1e9 bytes/s, not GiB/s (2³⁰)": B / max(compute, memory * 2**30 / 1e9),
+        "the catalog's TFLOPS are 1e12 FLOP/s, not 2⁴⁰": B / max(compute * 2**40 / 1e12, memory),
+        "batch and context are swapped: the arguments are (model, gpu, batch, context)":
+            _decode_reference(model, gpu, c, B),
+        "off by one in the context: it already includes the new token (use context, not "
+        "context + 1)": _decode_reference(model, gpu, B, c + 1),
+        "off by one in the context: it already includes the new token (use context, not "
+        "context - 1)": _decode_reference(model, gpu, B, c - 1) if c > 1 else None,
     }
+
+
+DECODE_MISTAKES = _decode_wrong
+
+
+def _decode_hint(args, kwargs, expected, got) -> str:
+    wrong = {k: v for k, v in _decode_wrong(*args).items() if v is not None}
     return _matching(wrong, got, expected) or (
         "expected batch / max(FLOPs / peak, (weights + batch · "
         "context · kv_bytes_per_token) / bandwidth)")
@@ -205,7 +248,7 @@ def check_decode_bound(fn, seed: int | None = None) -> int:
         cases.append(Case("random dense preset, GPU, batch and context",
                           (name, gpu(), rng.randint(1, 128), _context(rng, name))))
     return run_checks("decode_bound", fn, _decode_reference, cases, rel=1e-6, hint=_decode_hint,
-                      seed=seed, replay="ch08.check_decode_bound")
+                      seed=seed, replay="ch08.check_decode_bound", mistakes=DECODE_MISTAKES)
 
 
 __all__ = ["check_decode_bound", "check_layer_point"]

@@ -23,21 +23,34 @@ def _gpus(w, k, s, c, m, r) -> int:
     return gpus_for_memory(w, k, s, c, m, r)
 
 
+def _usable(m, r):
+    return m * (1 - r)
+
+
+#: the usual wrong GPU counts, each called like the reference: the checker names the one an
+#: answer matches on every case (a rounding slip and a forgotten reserve can agree on one case)
+GPU_MISTAKES = {
+    "round up (math.ceil): 1.2 GPUs' worth of memory needs 2 GPUs, not 1 (you rounded down)":
+        lambda w, k, s, c, m, r: max(1, math.floor((w + c * s * k) / _usable(m, r))),
+    "round() can round down: a fraction of a GPU still needs a whole one (math.ceil)":
+        lambda w, k, s, c, m, r: max(1, round((w + c * s * k) / _usable(m, r))),
+    "you left out the runtime reserve: only (1 - reserve_fraction) of each GPU is usable":
+        lambda w, k, s, c, m, r: max(1, math.ceil((w + c * s * k) / m)),
+    "you multiplied by the reserve: usable = memory · (1 - reserve_fraction), not · reserve":
+        lambda w, k, s, c, m, r: max(1, math.ceil((w + c * s * k) / (m * r))) if r else 0,
+    "you counted only the weights: the KV cache of every sequence in flight needs room too":
+        lambda w, k, s, c, m, r: max(1, math.ceil(w / _usable(m, r))),
+    "you counted one sequence's KV cache: every one of the concurrency sequences has its own":
+        lambda w, k, s, c, m, r: max(1, math.ceil((w + s * k) / _usable(m, r))),
+    "one too many: ceil already rounds up (ceil(x) + 1, or floor(x) + 1 on a whole x)":
+        lambda w, k, s, c, m, r: max(1, math.floor((w + c * s * k) / _usable(m, r)) + 1),
+    "the answer is at least 1: even an empty load needs a GPU to hold the weights":
+        lambda w, k, s, c, m, r: math.ceil((w + c * s * k) / _usable(m, r)),
+}
+
+
 def _gpus_hint(args, kwargs, expected, got) -> str:
-    w, k, s, c, m, r = args
-    need = w + c * s * k
-    wrong = {
-        "you left out the runtime reserve: only (1 - reserve_fraction) of each GPU is usable":
-            max(1, math.ceil(need / m)),
-        "you counted only the weights: the KV cache of every sequence in flight needs room too":
-            max(1, math.ceil(w / (m * (1 - r)))),
-        "round up (math.ceil): 1.2 GPUs' worth of memory needs 2 GPUs":
-            max(1, math.floor(need / (m * (1 - r)))),
-        "round() can round down: a fraction of a GPU still needs a whole one (math.ceil)":
-            max(1, round(need / (m * (1 - r)))),
-        "the answer is at least 1: even an empty load needs a GPU to hold the weights":
-            math.ceil(need / (m * (1 - r))) if need > 0 else 0,
-    }
+    wrong = {why: f(*args) for why, f in GPU_MISTAKES.items()}
     return first_matching(got, wrong, expected) or (
         "expected ceil((weights + concurrency · context · KV bytes per token) / "
         "(GPU memory · (1 - reserve_fraction))), at least 1")
@@ -67,8 +80,10 @@ def _int_answer(expected, got):
 def check_gpus_for_memory(fn, seed: int | None = None) -> int:
     """Check ``fn(weight_bytes, kv_bytes_per_token, context_tokens, concurrency,
     gpu_memory_bytes, reserve_fraction) -> int``. Fixed cases first: weights alone on one GPU
-    (concurrency 0), need exactly two GPUs' usable memory (no third), one byte over, no reserve,
-    a 70B model across GPUs; then random presets."""
+    (concurrency 0), need exactly two GPUs' usable memory (no third), one byte over, exactly
+    five at a reserve of 0.2 (a forgotten reserve and a rounding slip part there), no reserve,
+    a 70B model across GPUs; then random presets. The hint is the usual mistake the answer
+    matches on every case (:data:`GPU_MISTAKES`)."""
     seed, rng = seeded(seed)
     m = 100 * 2**30
     cases = [
@@ -76,6 +91,8 @@ def check_gpus_for_memory(fn, seed: int | None = None) -> int:
         Case("exactly two GPUs' usable memory (not three)", (2 * 0.9 * m - 10 * 4096 * 2**10,
                                                             2**10, 4096, 10, m, 0.1)),
         Case("one byte more than two GPUs' usable memory", (2 * 0.9 * m + 1, 2**10, 1, 0, m, 0.1)),
+        Case("exactly five GPUs' usable memory at a reserve of 0.2 (four without the reserve)",
+             (5 * (m * (1 - 0.2)), 2**10, 4096, 0, m, 0.2)),
         Case("no runtime reserve", (50e9, 2**19, 2048, 40, m, 0.0)),
         Case("llama-2-70b, 32 sequences of 4096 tokens, h100",
              (weight_bytes("llama-2-70b", "bf16"), kv_bytes_per_token("llama-2-70b", "bf16"),
@@ -83,7 +100,8 @@ def check_gpus_for_memory(fn, seed: int | None = None) -> int:
     ]
     cases += [Case("random preset, GPU, context and load", _gpus_case(rng)) for _ in range(6)]
     return run_checks("gpus_for_memory", fn, _gpus, cases, rel=0, hint=_gpus_hint, seed=seed,
-                      replay="ch10.check_gpus_for_memory", normalize=_int_answer)
+                      replay="ch10.check_gpus_for_memory", normalize=_int_answer,
+                      mistakes=GPU_MISTAKES)
 
 
 def _codes(expected, got):
