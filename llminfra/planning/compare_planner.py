@@ -21,7 +21,13 @@ GPUs, tensor-parallel sizes, batches and prompt / output lengths. The fit
     python -m llminfra.planning.compare_planner --aic-python .venv-aic/bin/python \\
         --json llminfra/data/compare_planner.json --fit llminfra/data/planner_efficiency.json
 
-Maintainers, once (never in CI). Taught in chapter 10.
+Maintainers, once (never in CI). ``--refit-only`` fits again from the record already in
+``--json``, without AIConfigurator (after a change to the fit):
+
+    python -m llminfra.planning.compare_planner --refit-only \\
+        --json llminfra/data/compare_planner.json --fit llminfra/data/planner_efficiency.json
+
+Taught in chapter 10.
 """
 
 from __future__ import annotations
@@ -191,15 +197,25 @@ def compare(aic_python: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--aic-python", required=True,
+    ap.add_argument("--aic-python",
                     help="the interpreter of the venv that has aiconfigurator")
-    ap.add_argument("--json", required=True, help="where to write the comparison record")
+    ap.add_argument("--json", required=True, help="where to write the comparison record "
+                    "(with --refit-only: where to read it)")
     ap.add_argument("--fit", help="also fit the efficiencies and write them here")
+    ap.add_argument("--refit-only", action="store_true",
+                    help="no AIConfigurator: fit again from the record in --json")
     args = ap.parse_args(argv)
-    record = compare(args.aic_python)
-    Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-    ok = [r for r in record["points"] if "aic_error" not in r]
-    print(f"{len(ok)} of {len(record['points'])} points estimated -> {args.json}")
+    if args.refit_only:
+        if not args.fit:
+            ap.error("--refit-only needs --fit (where to write the efficiencies)")
+        record = json.loads(Path(args.json).read_text(encoding="utf-8"))
+    elif not args.aic_python:
+        ap.error("--aic-python is required (or --refit-only to fit the record in --json)")
+    else:
+        record = compare(args.aic_python)
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        ok = [r for r in record["points"] if "aic_error" not in r]
+        print(f"{len(ok)} of {len(record['points'])} points estimated -> {args.json}")
     if args.fit:
         fitted = fit(record, source=args.json)
         Path(args.fit).write_text(json.dumps(fitted, indent=1) + "\n")

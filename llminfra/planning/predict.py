@@ -15,7 +15,11 @@ of bandwidth ``β`` and a latency ``α`` per ring step, which the bound leaves a
 tokens``: a short prompt's matmuls are too small to reach the peak), ``e_decode`` on the batch;
 both per GPU and tensor-parallel size, for dense and mixture-of-experts models apart
 (:func:`architecture`); ``α``, ``β`` per GPU's link, phase (a prefill's all-reduces are large,
-a decode step's small) and tensor-parallel size. All are fitted (:mod:`.efficiency_fit`) on part of
+a decode step's small) and tensor-parallel size, ``β`` also by the all-reduce's size
+(:func:`allreduce_values`, linear in its log between :data:`ALLREDUCE_KNOTS`): the best size's
+share times a factor in (0, 1] (:func:`link_share`), since an all-reduce's time is not linear in
+its bytes (small ones reach less of a link, and over PCIe AIConfigurator finds some larger ones
+reaching less again). All are fitted (:mod:`.efficiency_fit`) on part of
 ``compare_planner.json`` and checked on the points held back from the fit; a GPU outside the
 fit gets the median over the fitted GPUs, an extrapolation. The decode step is taken at the
 mean context of the output, ``input + output / 2`` tokens. Taught in chapter 10.
@@ -38,6 +42,9 @@ EFFICIENCY_PATH = Path(__file__).resolve().parents[1] / "data" / "planner_effici
 #: the kinds of model with efficiencies of their own: a mixture of experts multiplies each token
 #: by its routed experts' small matrices, which reach less of the peak than a dense model's
 ARCHITECTURES = ("dense", "moe")
+#: all-reduce sizes (values summed: tokens × hidden size) at which the link's share is fitted,
+#: one an octave, from a decode step of one sequence to a prefill of many long prompts
+ALLREDUCE_KNOTS = tuple(2 ** k for k in range(11, 31))
 
 
 def architecture(model: str) -> str:
@@ -61,6 +68,20 @@ def interpolate(knots: list[float], values: list[float], x: float) -> float:
             w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
             return y0 + w * (y1 - y0)
     return values[-1]
+
+
+def allreduce_values(model: str, tokens: int) -> int:
+    """The values one of ``model``'s all-reduces sums for a step over ``tokens`` new tokens:
+    one activation of ``hidden_size`` per token."""
+    return tokens * get_model(model).hidden_size
+
+
+def link_share(p: dict, phase: str, tensor_parallel: int, values: int) -> float:
+    """The share of its link's bandwidth an all-reduce of ``values`` reaches, from a GPU's
+    fitted parameters ``p``: the best size's share times this size's factor."""
+    tp, factor = str(tensor_parallel), p["link_size_factor"]
+    return (p["link_bandwidth_share"][phase][tp]
+            * interpolate(factor["values"], factor[phase][tp], values))
 
 
 def gpu_parameters(gpu: str, table: dict) -> dict:
@@ -112,9 +133,9 @@ def predict_latency(model: str, gpu: str, *, tensor_parallel: int, batch: int,
     e = p.get(architecture(model), table["fallback"][architecture(model)])
     kw = {"tensor_parallel": tensor_parallel, "dtype": dtype}
     tp = str(tensor_parallel)
-    link = {ph: {"link_share": p["link_bandwidth_share"][ph][tp],
+    link = {ph: {"link_share": link_share(p, ph, tensor_parallel, allreduce_values(model, n)),
                  "link_latency_s": p["link_latency_s"][ph][tp]} if tensor_parallel > 1 else {}
-            for ph in ("prefill", "decode")}
+            for ph, n in (("prefill", batch * input_tokens), ("decode", batch))}
     pre = prefill_batch(input_tokens, batch)
     dec = decode_batch(batch, input_tokens + output_tokens // 2)
     roof_pre, comm_pre = step_parts(model, gpu, pre, logits="last", **kw, **link["prefill"])
@@ -128,5 +149,6 @@ def predict_latency(model: str, gpu: str, *, tensor_parallel: int, batch: int,
             "prefill_efficiency": e_pre, "decode_efficiency": e_dec}
 
 
-__all__ = ["ARCHITECTURES", "EFFICIENCY_PATH", "architecture", "interpolate", "load_efficiencies",
-           "predict_latency", "step_parts"]
+__all__ = ["ALLREDUCE_KNOTS", "ARCHITECTURES", "EFFICIENCY_PATH", "allreduce_values",
+           "architecture", "interpolate", "link_share", "load_efficiencies", "predict_latency",
+           "step_parts"]
