@@ -18,11 +18,12 @@ KERNEL_DISPLAY_NAME := Python 3
 # What `make course` gives `jupyter lab`: serve the repository root (notebooks/, exercises/,
 # solutions/ all reachable), the course's chapters read-only (reading one never rewrites it:
 # llminfra/course/lab_contents.py), the printed URL and the browser on the start notebook
-# (tests/test_browser.py starts its server with these arguments).
-COURSE_LAB_ARGS := --ServerApp.root_dir=. --ServerApp.contents_manager_class=llminfra.course.lab_contents.CourseContentsManager --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb notebooks/00_start_here.ipynb
+# (tests/test_browser.py starts its server with these arguments), and the file browser at the
+# repository root, not in notebooks/ (llminfra/course/lab_setup.py's server extension).
+COURSE_LAB_ARGS := --ServerApp.root_dir=. --ServerApp.contents_manager_class=llminfra.course.lab_contents.CourseContentsManager --ServerApp.jpserver_extensions=llminfra.course.lab_setup=True --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb notebooks/00_start_here.ipynb
 
 .PHONY: install course test test-fast check-stable notebooks exercises screenshots grade \
-	check-machines reset-exercises compare-engines check-vllm-commands compare-routers compare-planner clean
+	check-machines reset-exercises compare-engines check-vllm-commands compare-routers compare-planner refit-planner clean
 
 # the learner's install: torch, the package, JupyterLab and the kernel (pip shows its progress).
 # pip byte-compiles what it installs: where PYTHONDONTWRITEBYTECODE is set (these machines) a
@@ -192,6 +193,11 @@ $(AIC_VENV)/.installed:
 
 compare-planner: $(BIN)/.course-installed $(AIC_VENV)/.installed
 	$(BIN)/python -m llminfra.planning.compare_planner --aic-python $(AIC_VENV)/bin/python \
+		--json llminfra/data/compare_planner.json --fit llminfra/data/planner_efficiency.json
+
+# the fit again from the recorded compare_planner.json, without AIConfigurator (seconds, CPU)
+refit-planner: $(BIN)/.course-installed
+	$(BIN)/python -m llminfra.planning.compare_planner --refit-only \
 		--json llminfra/data/compare_planner.json --fit llminfra/data/planner_efficiency.json
 
 clean:

@@ -281,9 +281,12 @@ def test_make_course_opens_the_start_notebook_with_exercises_reachable(lab, page
         page.goto(start.as_uri())
         page.locator(".lm-TabBar-tabLabel:text-is('00_start_here.ipynb')").wait_for(timeout=60_000)
         crumbs = page.locator(".jp-BreadCrumbs").first
-        # the browser follows the opened file: go to the server's root (notebooks/ if misconfigured)
-        if "notebooks" in crumbs.inner_text():
-            crumbs.locator(".jp-BreadCrumbs-home").click()
+        # JupyterLab follows the opened file into notebooks/; the course's server redirects the
+        # start page to the root folder (llminfra.course.lab_setup), where exercises/ is listed
+        page.wait_for_function("() => { const c = document.querySelector('.jp-BreadCrumbs');"
+                               " return c !== null && !c.innerText.includes('notebooks'); }",
+                               timeout=30_000)
+        assert "notebooks" not in crumbs.inner_text(), crumbs.inner_text()
         listing = page.locator(".jp-DirListing-content .jp-DirListing-itemText")
         page.wait_for_function("() => [...document.querySelectorAll('.jp-DirListing-itemText')]"
                                ".some(e => e.innerText.trim() === 'exercises')", timeout=30_000)

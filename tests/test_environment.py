@@ -32,7 +32,9 @@ def learner_requirements() -> set[str]:
 def environment_pip_requirements() -> set[str]:
     text = (ROOT / "environment.yml").read_text()
     pip_block = text.split("- pip:", 1)[1]
-    return {m.group(1).strip() for m in re.finditer(r"^\s+-\s+(.+)$", pip_block, re.M)}
+    # the packages (an option line such as Binder's CPU index for torch is not one)
+    return {m.group(1).strip() for m in re.finditer(r"^\s+-\s+(.+)$", pip_block, re.M)
+            if not m.group(1).startswith("-")}
 
 
 def _make_variable(name: str) -> str:

@@ -68,3 +68,24 @@ def test_large_token_counts_read_as_numbers_not_exponents():
     from llminfra.widgets.deployment_advisor import millions
     assert millions(43_020e6) == "43,020"
     assert millions(75e6) == "75" and millions(2.25e6) == "2.25" and millions(999.4e6) == "999.4"
+
+
+def test_the_volume_slider_stops_only_on_round_numbers(panel):
+    """Issue 53: the log slider's quarter steps landed on 177,828 requests a day; every stop is
+    now 1, 2 or 5 times a power of ten, and its readout is the number with commas."""
+    slider = panel.controls["requests_per_day"]
+    for label, value in slider.options:
+        assert int(str(value).rstrip("0") or "0") in (1, 2, 5), value
+        assert label == f"{value:,}"
+    slider.value = 200_000
+    assert panel.data["monthly_tokens"] == 200_000 * 2_500 * 30
+    with pytest.raises(ValueError, match="round stops"):
+        DeploymentAdvisor(PRICES, requests_per_day=177_828)
+
+
+def test_the_checkbox_labels_are_not_cut(panel):
+    """Issue 53: "needs an open-weights mo…": a checkbox's label was cut to the default box
+    width (its indent took a description's width); it now sizes to its label."""
+    for name in ("data_may_leave", "needs_open_weights", "has_gpu_team", "single_user"):
+        box = panel.controls[name]
+        assert box.indent is False and box.layout.width == "auto", name

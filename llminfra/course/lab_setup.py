@@ -18,7 +18,14 @@
   configuration too (``etc/jupyter/jupyter_server_config.d/llminfra-course.json``), for a
   JupyterLab started otherwise (Binder).
 
-``python -m llminfra.course.lab_setup [ROOT]`` does all three (``make course``, Binder's
+* **Open the file browser at the repository root** (:func:`_load_jupyter_server_extension`, a
+  Jupyter server extension ``make course`` and the server configuration enable): JupyterLab's
+  file browser follows the notebook a URL opens, so the start page
+  (``/lab/tree/notebooks/00_start_here.ipynb``) left it in ``notebooks/``, one folder below
+  ``exercises/`` and ``solutions/``. Loading the start page adds ``file-browser-path=/`` to its
+  URL (the query JupyterLab 4 reads to place the file browser), so the root's folders show.
+
+``python -m llminfra.course.lab_setup [ROOT]`` does all four (``make course``, Binder's
 ``postBuild``); ``tests/test_browser.py`` starts its JupyterLab with the same settings and trust.
 """
 
@@ -27,6 +34,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from tornado.web import OutputTransform
 
 #: JupyterLab plugin id -> settings, as the course ships them
 OVERRIDES = {
@@ -71,7 +81,49 @@ def install_overrides(prefix: str | Path = sys.prefix) -> Path:
 
 #: the Jupyter server configuration the course ships (chapters read-only)
 SERVER_CONFIG = {"ServerApp": {
-    "contents_manager_class": "llminfra.course.lab_contents.CourseContentsManager"}}
+    "contents_manager_class": "llminfra.course.lab_contents.CourseContentsManager",
+    "jpserver_extensions": {"llminfra.course.lab_setup": True}}}
+#: the URL query JupyterLab 4 reads to place its file browser when a page opens
+FILE_BROWSER_PATH = "file-browser-path"
+
+
+class BrowserAtRoot(OutputTransform):
+    """Answer a page load of :attr:`start_path` (the server's ``default_url``, the start
+    notebook) that names no :data:`FILE_BROWSER_PATH` with a redirect to the same URL plus
+    ``file-browser-path=/`` (its token kept); every other response passes unchanged."""
+
+    #: the start page's path, set when the extension loads
+    start_path = ""
+
+    def __init__(self, request) -> None:
+        self.location = None
+        if (request.method == "GET" and self.start_path and request.path == self.start_path
+                and FILE_BROWSER_PATH not in parse_qs(request.query)):
+            query = f"{request.query}&" if request.query else ""
+            self.location = f"{request.path}?{query}{FILE_BROWSER_PATH}=/"
+
+    def transform_first_chunk(self, status_code, headers, chunk, finishing):
+        if self.location is None or status_code != 200:
+            self.location = None
+            return status_code, headers, chunk
+        for name in ("Content-Type", "Content-Encoding", "Etag"):
+            headers.pop(name, None)
+        headers["Location"] = self.location
+        headers["Content-Length"] = "0"
+        return 302, headers, b""
+
+    def transform_chunk(self, chunk, finishing):
+        return chunk if self.location is None else b""
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "llminfra.course.lab_setup"}]
+
+
+def _load_jupyter_server_extension(serverapp) -> None:
+    """The Jupyter server extension: :class:`BrowserAtRoot` on the server's start page."""
+    BrowserAtRoot.start_path = urlparse(serverapp.default_url).path
+    serverapp.web_app.add_transform(BrowserAtRoot)
 
 
 def install_server_config(prefix: str | Path = sys.prefix) -> Path:

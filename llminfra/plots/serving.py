@@ -12,6 +12,7 @@ from __future__ import annotations
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from llminfra.plots.labels import MIN_FONT_PT, label_points
 from llminfra.plots.offscreen import DPI, offscreen_figure, png_bytes
@@ -87,17 +88,31 @@ def _spaced_tick_labels(xs: list[float], min_gap: float = 0.12) -> list[str]:
     return out
 
 
+#: where :func:`plot_latency_throughput` puts its x ticks
+XTICKS = ("measured", "round")
+
+
 def plot_latency_throughput(points: list[dict], ax: Axes, latency_key: str = "tpot_s",
-                            label: str | None = None) -> Axes:
+                            label: str | None = None, xticks: str = "measured") -> Axes:
     """Throughput (output tokens/s, x) against a latency percentile (ms, y), one point per
     load level, annotated with its concurrency. ``points``: ``{"concurrency",
-    "output_tokens_per_s", latency_key: {"p50": …}}`` rows, e.g. :func:`run_loadtest` results."""
+    "output_tokens_per_s", latency_key: {"p50": …}}`` rows, e.g. :func:`run_loadtest` results.
+    ``xticks``: ``"measured"`` ticks at the points' throughputs (a label left out where two
+    would touch), ``"round"`` a scale of round numbers (500, 1,000, …; four ticks or more) that
+    stays readable however close the points land."""
+    if xticks not in XTICKS:
+        raise ValueError(f"xticks={xticks!r}: expected one of {', '.join(XTICKS)}")
     xs = [p["output_tokens_per_s"] for p in points]
     ys = [1e3 * p[latency_key]["p50"] for p in points]
     ax.plot(xs, ys, "o-", label=label)
     ax.margins(x=0.12, y=0.1)                      # room for the labels of the end points
     label_points(ax, [(x, y, f"C={p['concurrency']}") for p, x, y in zip(points, xs, ys)])
-    ax.set_xticks(xs, _spaced_tick_labels(xs))
+    if xticks == "measured":
+        ax.set_xticks(xs, _spaced_tick_labels(xs))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 5, 10], min_n_ticks=4))
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: f"{x:,.0f}" if float(x).is_integer() else f"{x:,.6g}"))
     ax.set_xlabel("throughput (output tokens/s)")
     name = {"tpot_s": "time per output token", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
     ax.set_ylabel(f"median {name.get(latency_key, latency_key)} (ms)")

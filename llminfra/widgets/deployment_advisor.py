@@ -26,6 +26,9 @@ from llminfra.calc.deployment import Prices, Requirements, millions, rank_deploy
 #: the names the table shows for each option
 OPTION_NAMES = {"api": "hosted API", "rented": "rented cloud GPUs", "own": "own servers",
                 "local": "local (PC / laptop)"}
+#: the requests-a-day slider's stops: round numbers 1, 2, 5, 10, ... 10,000,000 (a log slider's
+#: quarter steps landed on 177,828)
+REQUESTS_PER_DAY = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5)) + (10_000_000,)
 
 
 def advise(prices: Prices, requests_per_day: float, input_tokens: float, output_tokens: float,
@@ -117,13 +120,18 @@ class DeploymentAdvisor:
                              f"got {type(prices).__name__}")
         self.prices = prices
         self.api_prices_per_million = api_prices_per_million
+        if requests_per_day not in REQUESTS_PER_DAY:
+            raise ValueError(f"requests_per_day must be one of the slider's round stops "
+                             f"(1, 2, 5, 10, 20, 50, ... 10,000,000), got {requests_per_day!r}")
         style = {"description_width": "130px"}
         layout = widgets.Layout(width="420px")
+        # a checkbox's label gets its own width (the default box cut "needs an open-weights mo…")
+        box = {"indent": False, "layout": widgets.Layout(width="auto", margin="0 24px 0 0")}
         self.controls = {
-            "requests_per_day": widgets.FloatLogSlider(
-                value=requests_per_day, base=10, min=1, max=7, step=0.25,
+            "requests_per_day": widgets.SelectionSlider(
+                options=[(f"{n:,}", n) for n in REQUESTS_PER_DAY], value=requests_per_day,
                 description="requests / day", style=style, layout=layout,
-                continuous_update=False, readout_format=",.0f"),
+                continuous_update=False),
             "input_tokens": widgets.IntSlider(value=input_tokens, min=0, max=32_000, step=100,
                                               description="input tokens", style=style,
                                               layout=layout, continuous_update=False),
@@ -135,12 +143,16 @@ class DeploymentAdvisor:
                                                layout=layout, continuous_update=False,
                                                readout_format=".0%"),
             "data_may_leave": widgets.Checkbox(value=data_may_leave,
-                                               description="data may leave the company"),
+                                               description="data may leave the company",
+                                               **box),
             "needs_open_weights": widgets.Checkbox(value=needs_open_weights,
-                                                   description="needs an open-weights model"),
+                                                   description="needs an open-weights model",
+                                                   **box),
             "has_gpu_team": widgets.Checkbox(value=has_gpu_team,
-                                             description="a team can run GPU servers"),
-            "single_user": widgets.Checkbox(value=single_user, description="one user only"),
+                                             description="a team can run GPU servers",
+                                             **box),
+            "single_user": widgets.Checkbox(value=single_user, description="one user only",
+                                            **box),
         }
         self.summary = widgets.HTML()
         self.summary.add_class("llminfra-deployment-summary")

@@ -35,10 +35,21 @@ def _frame(verdict: str, chapter: str) -> pd.DataFrame:
     return ledger_frame(None if verdict == ALL else verdict, None if chapter == ALL else chapter)
 
 
-def ledger_html(frame: pd.DataFrame) -> str:
+def nothing_matched(verdict: str, chapter: str) -> str:
+    """The line shown in place of an empty table: which filter matched nothing, what to do."""
+    which = " and ".join(part for part in (
+        f"verdict '{verdict}'" if verdict != ALL else "",
+        f"chapter {chapter}" if chapter != ALL else "") if part) or "this filter"
+    return f"No claim matches {which}: choose another verdict or chapter."
+
+
+def ledger_html(frame: pd.DataFrame, empty: str = "No claim matches this filter.") -> str:
     """The rows of ``frame`` (columns :data:`SHOWN`) as an HTML table, each id an anchor
     ``#claim-<id>`` that chapters link to; an id never wraps (``000-11``, not ``000-`` over
-    ``11``: the narrow id column broke at its hyphen)."""
+    ``11``: the narrow id column broke at its hyphen). No rows: the line ``empty`` instead of
+    a table that is only its header."""
+    if frame.empty:
+        return f"<p class='llminfra-ledger-empty'><i>{html.escape(empty, quote=False)}</i></p>"
     rows = []
     for _, r in frame.iterrows():
         cells = [f'<a id="claim-{r["id"]}"></a><b>{html.escape(r["id"])}</b>'] + [
@@ -76,4 +87,5 @@ class LedgerWidget:
     def _update(self, _change=None) -> None:
         frame = _frame(self.verdict.value, self.chapter.value)
         self.count.value = f"{len(frame)} of {self.total} claims"
-        self.table.value = ledger_html(frame)
+        self.table.value = ledger_html(frame, nothing_matched(self.verdict.value,
+                                                              self.chapter.value))

@@ -17,13 +17,20 @@ from llminfra.attention.tile_trace import TileTrace, tile_trace
 from llminfra.plots.attention import tile_grid_png
 from llminfra.widgets.panel import Panel, natural_size
 
-_LEFT, _RIGHT = "style='text-align:left'", "style='text-align:right'"
+#: each cell's alignment, and room on either side of it: a widget's HTML gets none of
+#: JupyterLab's table style, so without padding a column's numbers run into the next one's
+_PAD = "padding:0.1em 0.75em"
+_LEFT, _RIGHT = f"style='text-align:left;{_PAD}'", f"style='text-align:right;{_PAD}'"
+#: a header cell: the same, ruled off from the numbers below it
+_RULE = "border-bottom:1px solid #bdbdbd"
+_LEFT_HEAD = f"style='text-align:left;{_PAD};{_RULE}'"
+_RIGHT_HEAD = f"style='text-align:right;{_PAD};{_RULE}'"
 
 
 def step_html(trace: TileTrace, step: int) -> str:
     """The numbers of one step as an HTML table (4 significant digits): each cell says its
-    alignment (the widget's HTML gets no table style of JupyterLab's), numbers right, the
-    three output values (a list) left."""
+    alignment and padding (the widget's HTML gets no table style of JupyterLab's), numbers
+    right, the three output values (a list) left, the header row ruled off below."""
     s = trace.steps[step]
     rows = "".join(
         f"<tr><td {_RIGHT}>{i}</td><td {_RIGHT}>{s.m[i].item():.4g}</td>"
@@ -35,8 +42,9 @@ def step_html(trace: TileTrace, step: int) -> str:
             f"slow memory so far: {s.slow_read_bytes:,} B read, {s.slow_write_bytes:,} B written "
             f"(naive total: {trace.naive_slow_bytes:,} B); fast memory for this tile: "
             f"{s.fast_bytes:,} B (naive score matrix: {trace.naive_peak_scores_bytes:,} B)"
-            f"<table><tr><th {_RIGHT}>row i</th><th {_RIGHT}>m_i (running max)</th>"
-            f"<th {_RIGHT}>l_i (running sum)</th><th {_LEFT}>O_i[:3] (partial output)</th></tr>"
+            f"<table><tr><th {_RIGHT_HEAD}>row i</th><th {_RIGHT_HEAD}>m_i (running max)</th>"
+            f"<th {_RIGHT_HEAD}>l_i (running sum)</th>"
+            f"<th {_LEFT_HEAD}>O_i[:3] (partial output)</th></tr>"
             f"{rows}</table>")
 
 
