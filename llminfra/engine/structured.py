@@ -169,6 +169,18 @@ def check_schema_shape(schema) -> str:
 _SIZE_CAP = 10 ** 18
 
 
+def _atom_end(pattern: str, i: int) -> int:
+    """The index after the escape (``\\x``) or character class (``[…]``, ``[^…]``, ``[]…]``)
+    that starts at ``pattern[i]``: one item to the lexer, whatever it holds."""
+    if pattern[i] == "\\":
+        return i + 2
+    j = i + 1 + (pattern[i + 1:i + 2] == "^")
+    j += pattern[j:j + 1] == "]"
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
 def pattern_size(pattern: str) -> int:
     """How large a regular expression is with its counted repetitions written out — what the
     grammar library's lexer builds: a character, class or escape is 1, an anchor (``^``,
@@ -181,14 +193,8 @@ def pattern_size(pattern: str) -> int:
     stack, i = [[0, 0, 0]], 0
     while i < len(pattern):
         c, frame = pattern[i], stack[-1]
-        if c == "\\":
-            item, i = 1, i + 2
-        elif c == "[":
-            j = i + 1 + (pattern[i + 1:i + 2] == "^")
-            j += pattern[j:j + 1] == "]"
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            item, i = 1, j + 1
+        if c in "\\[":
+            item, i = 1, _atom_end(pattern, i)
         elif c == "(":
             stack.append([0, 0, 0])
             i += 3 if pattern.startswith("?:", i + 1) else 1       # (?:…) flags count 0
@@ -224,14 +230,8 @@ def pattern_repeats(pattern: str) -> int:
     stack, last, best, i = [1], 1, 1, 0     # stack: max weight inside each open group
     while i < len(pattern):
         c = pattern[i]
-        if c == "\\":
-            last, i = 1, i + 2
-        elif c == "[":
-            j = i + 1 + (pattern[i + 1:i + 2] == "^")
-            j += pattern[j:j + 1] == "]"
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            last, i = 1, j + 1
+        if c in "\\[":
+            last, i = 1, _atom_end(pattern, i)
         elif c == "(":
             stack.append(1)
             i += 1
